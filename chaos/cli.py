@@ -1,0 +1,180 @@
+"""``chaos``: run, replay, and the subcommands other modules contribute.
+
+Exit status: 0 all scenarios pass, 1 any fails, 2 harness error or bad input (one
+clear line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from chaos.errors import ChaosError, ConfigError
+from chaos.scenario import Scenario, _parse_value, parse_fault
+from chaos.workload.config import WorkloadConfig
+
+# Modules under chaos.commands that add a subcommand; missing ones are skipped.
+EXTRA_COMMANDS = ("interval", "bench")
+
+
+def _key_values(items: list[str], what: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"malformed {what} {item!r}: expected key=value")
+        out[key] = _parse_value(raw)
+    return out
+
+
+def default_faults(cfg: WorkloadConfig, world_size: int) -> list[str]:
+    """The embedded default: kill the last rank between two saves, past the middle of the run."""
+    step = max(2, round(cfg.steps * 0.575))
+    if cfg.save_every and step % cfg.save_every == 0:
+        step -= 1
+    return [f"kill:rank={world_size - 1},step={max(1, step)}"]
+
+
+def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
+    overrides = _key_values(args.workload, "--workload")
+    known = {f.name for f in dataclasses.fields(WorkloadConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f"unknown --workload key(s) {', '.join(unknown)}: known are {', '.join(sorted(known))}")
+    cfg = WorkloadConfig(**{**overrides, "seed": args.seed, "steps": args.steps, "save_every": args.save_every})
+    fault_specs = args.fault or default_faults(cfg, args.world_size)
+    faults = [parse_fault(f) for f in fault_specs]
+    scenario = Scenario(checkpointer=args.checkpointer, world_size=args.world_size, workload=cfg, faults=faults,
+                        ckpt_options=_key_values(args.ckpt_opt, "--ckpt-opt"), max_restarts=args.max_restarts)
+    return [scenario]
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="PATH", help="write the results JSON here")
+    p.add_argument("--scratch", metavar="DIR", help="parent directory of scenario scratch roots (default: system temp)")
+    p.add_argument("--keep", action="store_true", help="keep each scenario's scratch root for inspection")
+    p.add_argument("--cache-dir", metavar="DIR", help="golden-run cache (default ~/.cache/chaos/golden)")
+    p.add_argument("--no-cache", action="store_true", help="always rerun the golden run")
+    p.add_argument("--hang-timeout", type=float, default=60.0, metavar="S",
+                   help="declare a hang when no rank makes progress for S seconds")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chaos", description="Chaos harness for training-checkpoint recovery.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run fault scenarios against a checkpointer and judge recovery")
+    run.add_argument("--checkpointer", default="reference",
+                     help="built-in name (reference, dcp, dcp-async, torch-save), pkg.module:Class or file.py:Class")
+    run.add_argument("--ckpt-opt", action="append", default=[], metavar="KEY=VALUE",
+                     help="keyword option passed to the checkpointer (repeatable)")
+    run.add_argument("--world-size", type=int, default=2)
+    run.add_argument("--steps", type=int, default=40)
+    run.add_argument("--save-every", type=int, default=5)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--max-restarts", type=int, default=3)
+    run.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                     help="e.g. kill:rank=1,step=23 | term:rank=0,step=12,grace=2 | stop:rank=1,step=9 (repeatable)")
+    run.add_argument("--workload", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a workload setting, e.g. d_model=128 (repeatable)")
+    _add_run_options(run)
+
+    replay = sub.add_parser("replay", help="rerun scenarios exactly as recorded in a results JSON")
+    replay.add_argument("results", help="results JSON written by chaos run --json")
+    replay.add_argument("--scenario", action="append", default=[], metavar="ID",
+                        help="only these scenario ids (default: every failing one, else all)")
+    _add_run_options(replay)
+
+    for name in EXTRA_COMMANDS:
+        try:
+            module = importlib.import_module(f"chaos.commands.{name}")
+        except ImportError:
+            continue
+        extra = sub.add_parser(module.NAME, help=module.HELP)
+        module.add_arguments(extra)
+        extra.set_defaults(handler=module.run)
+    return parser
+
+
+def _load_replay(args: argparse.Namespace) -> list[Scenario]:
+    path = Path(args.results)
+    try:
+        doc = json.loads(path.read_text())
+        entries = doc["scenarios"]
+    except FileNotFoundError:
+        raise ConfigError(f"results file not found: {path}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} is not a chaos results JSON: {exc}") from None
+    if args.scenario:
+        chosen = [e for e in entries if e.get("id") in args.scenario]
+        missing = set(args.scenario) - {e.get("id") for e in chosen}
+        if missing:
+            raise ConfigError(f"{path} has no scenario {', '.join(sorted(missing))}")
+    else:
+        chosen = [e for e in entries if e.get("verdict") in ("fail", "error")] or entries
+    try:
+        return [Scenario.from_dict(e["scenario"]) for e in chosen]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: scenario entry is malformed: {exc}") from None
+
+
+def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
+    from rich.console import Console
+
+    from chaos.results import exit_status, write_results
+    from chaos.runner import RunOptions, run_scenario
+    from reports.console import scenario_line, summary_table
+
+    console = Console(stderr=False)
+    options = RunOptions(scratch_base=args.scratch, keep=args.keep,
+                         cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+                         use_golden_cache=not args.no_cache, hang_timeout_s=args.hang_timeout)
+    results = []
+    for scenario in scenarios:
+        with console.status(f"running {scenario.id}", spinner="dots"):
+            result = run_scenario(scenario, options)
+        results.append(result)
+        scenario_line(console, result)
+    summary_table(console, results)
+    if args.json:
+        write_results(args.json, results)
+        console.print(f"results written to {args.json}")
+    return exit_status(results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+
+    def _terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        if args.command == "run":
+            return _run(args, build_scenarios(args))
+        if args.command == "replay":
+            return _run(args, _load_replay(args))
+        return int(args.handler(args))
+    except ConfigError as exc:
+        print(f"chaos: error: {exc}", file=sys.stderr)
+        return 2
+    except ChaosError as exc:
+        print(f"chaos: harness error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        from chaos import cluster
+
+        cluster.kill_all()
+        print("chaos: interrupted; every rank process was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

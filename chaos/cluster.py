@@ -1,0 +1,295 @@
+"""Launch, supervise and restart real rank processes.
+
+Ranks are forked from a multiprocessing *fork server* that preloaded torch and the
+workload once, so a launch or a restart costs a fork (tens of ms), not a 2 s torch
+import. Each rank makes itself a process-group leader, so one ``killpg`` takes down a
+rank together with any helper process it started. The supervisor restarts the whole
+job from its latest checkpoint up to ``max_restarts`` times, the way
+``torchrun --max-restarts`` does, and no rank outlives ``run`` — not on failure, not
+on timeout, not on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+from chaos.errors import HarnessError
+from chaos.scenario import PROCESS_FAULTS, Fault
+from chaos.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
+
+_ctx: Any = None
+_live: dict[int, Any] = {}  # pid -> Process, every rank not yet reaped
+
+
+def _context() -> Any:
+    global _ctx
+    if _ctx is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["chaos.workload.preload"])
+        _ctx = ctx
+    return _ctx
+
+
+def warm_up() -> None:
+    """Start the fork server now (it imports torch once), e.g. while a golden run is looked up."""
+    from multiprocessing import forkserver
+
+    _context()
+    forkserver.ensure_running()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def kill_all() -> None:
+    """SIGKILL every live rank's process group and reap it."""
+    for pid, proc in list(_live.items()):
+        _signal_group(pid, signal.SIGKILL)
+        _signal_group(pid, signal.SIGCONT)
+        proc.join(timeout=10)
+        _live.pop(pid, None)
+
+
+atexit.register(kill_all)
+
+
+@dataclass
+class LaunchPlan:
+    """One job: what every rank runs, and the faults the supervisor carries out."""
+
+    world_size: int
+    workload: dict[str, Any]
+    log_dir: str
+    checkpointer: str | None = None
+    ckpt_options: dict[str, Any] = field(default_factory=dict)
+    ckpt_root: str | None = None
+    faults: list[Fault] = field(default_factory=list)
+    max_restarts: int = 0
+    backend: str = "gloo"
+    hang_timeout_s: float = 60.0
+    attempt_timeout_s: float = 900.0
+
+
+@dataclass
+class FiredFault:
+    index: int
+    spec: str
+    kind: str
+    attempt: int
+    rank: int
+    step: int | None
+    signal: str
+    pid: int
+    t: float
+
+
+@dataclass
+class AttemptResult:
+    attempt: int
+    outcome: str  # ok | rank_failed | hang | timeout | config_error
+    exit_codes: dict[int, int | None]
+    started: float
+    ended: float
+    fired: list[FiredFault] = field(default_factory=list)
+    detail: str = ""
+
+
+@dataclass
+class ClusterResult:
+    attempts: list[AttemptResult]
+
+    @property
+    def completed(self) -> bool:
+        return bool(self.attempts) and self.attempts[-1].outcome == "ok"
+
+    @property
+    def config_error(self) -> bool:
+        return any(a.outcome == "config_error" for a in self.attempts)
+
+    def fired(self) -> list[FiredFault]:
+        return [f for a in self.attempts for f in a.fired]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempts": [asdict(a) for a in self.attempts]}
+
+
+def log_path(log_dir: str, rank: int, attempt: int) -> str:
+    return str(Path(log_dir) / f"rank{rank}.attempt{attempt}.jsonl")
+
+
+class _Attempt:
+    """Supervises one launch of all ranks until they all exit, one fails, or they hang."""
+
+    def __init__(self, plan: LaunchPlan, attempt: int) -> None:
+        self.plan, self.attempt = plan, attempt
+        self.procs: dict[int, Any] = {}
+        self.conns: dict[int, Any] = {}
+        self.codes: dict[int, int | None] = {}
+        self.fired: list[FiredFault] = []
+        self.pending_kills: list[tuple[float, int]] = []  # (deadline, rank): SIGTERM grace expiry
+
+    def _spec(self, rank: int, port: int) -> RankSpec:
+        plan = self.plan
+        step_faults = [
+            {"index": i, "kind": f.kind, "step": f.step}
+            for i, f in enumerate(plan.faults)
+            if f.kind in PROCESS_FAULTS and f.rank == rank and f.attempt == self.attempt
+        ]
+        return RankSpec(
+            rank=rank, world_size=plan.world_size, attempt=self.attempt, master_addr="127.0.0.1",
+            master_port=port, workload=plan.workload, log_path=log_path(plan.log_dir, rank, self.attempt),
+            checkpointer=plan.checkpointer, ckpt_options=plan.ckpt_options, ckpt_root=plan.ckpt_root,
+            backend=plan.backend, step_faults=step_faults,
+        )
+
+    def _start(self, rank: int, port: int) -> None:
+        ctx = _context()
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_rank_target, args=(self._spec(rank, port), child), daemon=False)
+        proc.start()
+        child.close()
+        _live[proc.pid] = proc
+        self.procs[rank], self.conns[rank] = proc, parent
+
+    def launch(self) -> None:
+        """Start rank 0, wait until its rendezvous store listens, then start the rest."""
+        port = free_port()
+        self._start(0, port)
+        conn, proc = self.conns[0], self.procs[0]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not wait([conn, proc.sentinel], timeout=1.0):
+                continue
+            if conn.poll():
+                try:
+                    if conn.recv()[0] == "store_ready":
+                        break
+                except (EOFError, OSError):
+                    pass
+            if not proc.is_alive():
+                break  # rank 0 died at start: supervise() records its exit
+        for rank in range(1, self.plan.world_size):
+            self._start(rank, port)
+
+    def _fire(self, rank: int, index: int) -> None:
+        fault = self.plan.faults[index]
+        sig_name = PROCESS_FAULTS[fault.kind][0]
+        pid = self.procs[rank].pid
+        self.fired.append(FiredFault(index, fault.spec(), fault.kind, self.attempt, rank, fault.step,
+                                     sig_name, pid, time.time()))
+        _signal_group(pid, getattr(signal, sig_name))
+        if fault.kind == "term":
+            grace = float(fault.param("grace", 5.0))
+            self.pending_kills.append((time.monotonic() + grace, rank))
+            # A rank that handles SIGTERM (preemption) may go on; let it.
+            self.conns[rank].send(("go",))
+
+    def _kill_rest(self) -> None:
+        for rank, proc in self.procs.items():
+            if self.codes.get(rank) is None:
+                _signal_group(proc.pid, signal.SIGKILL)
+                _signal_group(proc.pid, signal.SIGCONT)
+        for rank, proc in self.procs.items():
+            proc.join(timeout=10)
+            self.codes[rank] = proc.exitcode
+            _live.pop(proc.pid, None)
+
+    def supervise(self) -> AttemptResult:
+        started = time.time()
+        deadline = time.monotonic() + self.plan.attempt_timeout_s
+        last_progress = time.monotonic()
+        outcome, detail = "ok", ""
+        try:
+            while True:
+                sentinels = {p.sentinel: r for r, p in self.procs.items() if self.codes.get(r) is None}
+                conns = {c: r for r, c in self.conns.items()}
+                for obj in wait(list(sentinels) + list(conns), timeout=0.25):
+                    if obj in conns:
+                        rank = conns[obj]
+                        try:
+                            msg = obj.recv()
+                        except (EOFError, OSError):
+                            self.conns.pop(rank, None)
+                            continue
+                        last_progress = time.monotonic()
+                        if msg[0] == "fault":
+                            self._fire(rank, msg[1])
+                    else:
+                        rank = sentinels[obj]
+                        self.procs[rank].join()
+                        self.codes[rank] = self.procs[rank].exitcode
+                        _live.pop(self.procs[rank].pid, None)
+                now = time.monotonic()
+                for deadline_kill, rank in list(self.pending_kills):
+                    if now >= deadline_kill:
+                        self.pending_kills.remove((deadline_kill, rank))
+                        if self.codes.get(rank) is None:
+                            _signal_group(self.procs[rank].pid, signal.SIGKILL)
+                failed = {r: c for r, c in self.codes.items() if c not in (None, EXIT_OK)}
+                if failed:
+                    outcome = "config_error" if EXIT_CONFIG in failed.values() else "rank_failed"
+                    detail = ", ".join(f"rank {r} exit {c}" for r, c in sorted(failed.items()))
+                    break
+                if len(self.codes) == self.plan.world_size and all(c == EXIT_OK for c in self.codes.values()):
+                    break
+                if now - last_progress > self.plan.hang_timeout_s:
+                    outcome, detail = "hang", f"no rank made progress for {self.plan.hang_timeout_s:.0f} s"
+                    break
+                if now > deadline:
+                    outcome, detail = "timeout", f"attempt exceeded {self.plan.attempt_timeout_s:.0f} s"
+                    break
+        finally:
+            self._kill_rest()
+            for conn in self.conns.values():
+                conn.close()
+        return AttemptResult(self.attempt, outcome, dict(sorted(self.codes.items())), started, time.time(),
+                             self.fired, detail)
+
+
+def _rank_target(spec: RankSpec, conn: Any) -> None:
+    from chaos.workload.train import rank_entry
+
+    rank_entry(spec, conn)
+
+
+def run(plan: LaunchPlan) -> ClusterResult:
+    """Run the job, restarting after a failed attempt up to ``plan.max_restarts`` times."""
+    Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
+    attempts: list[AttemptResult] = []
+    try:
+        for attempt in range(plan.max_restarts + 1):
+            runner = _Attempt(plan, attempt)
+            runner.launch()
+            result = runner.supervise()
+            attempts.append(result)
+            if result.outcome in ("ok", "config_error"):
+                break
+    except KeyboardInterrupt:
+        kill_all()
+        raise
+    except OSError as exc:
+        kill_all()
+        raise HarnessError(f"could not run the ranks: {exc}") from exc
+    return ClusterResult(attempts)

@@ -1,0 +1,47 @@
+"""The results JSON every consumer reads (CI, reports, replay): one object per run."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from chaos import __version__
+from chaos.runner import ScenarioResult
+
+SCHEMA_VERSION = 1
+VERDICTS = ("pass", "fail", "error", "skipped")
+
+
+def results_document(results: list[ScenarioResult]) -> dict[str, Any]:
+    counts = Counter(r.verdict for r in results)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "summary": {v: counts.get(v, 0) for v in VERDICTS} | {"total": len(results)},
+        "environment": {"chaos": __version__, "torch": metadata.version("torch"),
+                        "python": platform.python_version(), "platform": platform.platform()},
+        "scenarios": [r.to_dict() for r in results],
+    }
+
+
+def write_results(path: str | Path, results: list[ScenarioResult]) -> None:
+    """Write atomically, so a reader never sees half a results file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(results_document(results), f, indent=1)
+    os.replace(tmp, target)
+
+
+def exit_status(results: list[ScenarioResult]) -> int:
+    """0 all pass (or skipped), 1 any fail, 2 any harness error (results not trustworthy)."""
+    verdicts = {r.verdict for r in results}
+    if "error" in verdicts:
+        return 2
+    return 1 if "fail" in verdicts else 0

@@ -1,0 +1,117 @@
+"""Run one scenario end to end: golden, faulted run, record, oracles, verdict.
+
+Every scenario gets a fresh scratch root that is removed afterwards (unless kept on
+request), on success, failure, timeout and Ctrl-C alike.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos import cluster
+from chaos.errors import ChaosError, ConfigError, HarnessError
+from chaos.golden import GoldenRun, get_golden
+from chaos.oracles import OracleResult, judge
+from chaos.protocol import validate_spec
+from chaos.record import RunRecord
+from chaos.scenario import Scenario
+
+
+@dataclass
+class RunOptions:
+    scratch_base: str | None = None
+    keep: bool = False
+    cache_dir: Path | None = None
+    use_golden_cache: bool = True
+    hang_timeout_s: float = 60.0
+    attempt_timeout_s: float = 900.0
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    verdict: str  # pass | fail | error | skipped
+    oracles: dict[str, OracleResult] = field(default_factory=dict)
+    record: RunRecord | None = None
+    golden: GoldenRun | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    golden_cached: bool = False
+    scratch: str | None = None
+
+    @property
+    def replay(self) -> str:
+        return self.scenario.replay_command()
+
+    def failing(self) -> list[OracleResult]:
+        return [o for o in self.oracles.values() if not o.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.scenario
+        return {
+            "id": s.id, "seed": s.workload.seed, "checkpointer": s.checkpointer, "backend": s.backend,
+            "world_size": s.world_size, "faults": [f.to_dict() for f in s.faults],
+            "fired": self.record.fired_faults() if self.record else [],
+            "verdict": self.verdict, "oracles": {n: o.to_dict() for n, o in self.oracles.items()},
+            "replay": self.replay, "error": self.error, "seconds": round(self.seconds, 3),
+            "golden_cached": self.golden_cached, "scenario": s.to_dict(),
+            "attempts": self.record.attempts if self.record else [],
+            "losses": {str(r): self.record.losses(r) for r in range(s.world_size)} if self.record else {},
+            "golden_losses": {str(r): c for r, c in self.golden.curves.items()} if self.golden else {},
+        }
+
+
+def _verdict(oracles: dict[str, OracleResult]) -> str:
+    return "pass" if all(o.passed for o in oracles.values()) else "fail"
+
+
+def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> ScenarioResult:
+    """Run and judge one scenario. Bad input raises ConfigError; harness faults become verdict 'error'."""
+    options = options or RunOptions()
+    scenario.validate()
+    scenario.checkpointer = validate_spec(scenario.checkpointer)
+    cluster.warm_up()
+    started = time.time()
+    if options.scratch_base:
+        Path(options.scratch_base).mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="chaos-", dir=options.scratch_base))
+    result = ScenarioResult(scenario, "error", scratch=str(scratch) if options.keep else None)
+    try:
+        golden = get_golden(scenario.workload, scenario.world_size, scratch, cache_dir=options.cache_dir,
+                            use_cache=options.use_golden_cache)
+        result.golden, result.golden_cached = golden, golden.cached
+        log_dir = scratch / "logs"
+        plan = cluster.LaunchPlan(
+            world_size=scenario.world_size, workload=scenario.workload.to_dict(), log_dir=str(log_dir),
+            checkpointer=scenario.checkpointer, ckpt_options=dict(scenario.ckpt_options),
+            ckpt_root=str(scratch / "ckpt"), faults=list(scenario.faults), max_restarts=scenario.max_restarts,
+            hang_timeout_s=options.hang_timeout_s, attempt_timeout_s=options.attempt_timeout_s,
+        )
+        outcome = cluster.run(plan)
+        record = RunRecord.collect(outcome, str(log_dir), scenario.world_size)
+        result.record = record
+        if outcome.config_error:
+            msgs = [e["message"] for e in record.errors() if e.get("kind") == "config"]
+            raise ConfigError(msgs[0] if msgs else "a rank rejected its configuration")
+        result.oracles = judge(golden, record)
+        result.verdict = _verdict(result.oracles)
+    except ConfigError:
+        raise
+    except ChaosError as exc:
+        result.verdict, result.error = "error", f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - reported as a harness error with its type
+        result.verdict, result.error = "error", f"harness error: {type(exc).__name__}: {exc}"
+    finally:
+        cluster.kill_all()
+        result.seconds = time.time() - started
+        if not options.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return result
+
+
+__all__ = ["RunOptions", "ScenarioResult", "run_scenario", "HarnessError"]

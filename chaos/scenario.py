@@ -1,0 +1,164 @@
+"""Scenarios and fault plans: what to run and what to break, as plain data.
+
+A fault on the command line reads ``KIND:key=value,...``, e.g. ``kill:rank=1,step=23``.
+Every fault round-trips through ``Fault.spec()`` so a scenario's replay command is
+exactly the faults it ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.errors import ConfigError
+from chaos.workload.config import WorkloadConfig
+
+# kind -> (signal sent by the supervisor, keys the kind accepts besides rank/step/attempt)
+PROCESS_FAULTS: dict[str, tuple[str, frozenset[str]]] = {
+    "kill": ("SIGKILL", frozenset()),
+    "term": ("SIGTERM", frozenset({"grace"})),
+    "stop": ("SIGSTOP", frozenset()),
+}
+COMMON_KEYS = frozenset({"rank", "step", "attempt"})
+
+
+def _parse_value(text: str) -> Any:
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if re.fullmatch(r"-?\d+\.\d*(e-?\d+)?", text):
+        return float(text)
+    if text in ("true", "false"):
+        return text == "true"
+    return text
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One planned fault. ``attempt`` is the run attempt (0 = first launch) it fires in."""
+
+    kind: str
+    rank: int | None = None
+    step: int | None = None
+    attempt: int = 0
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def param(self, key: str, default: Any = None) -> Any:
+        return dict(self.params).get(key, default)
+
+    def spec(self) -> str:
+        parts = []
+        if self.rank is not None:
+            parts.append(f"rank={self.rank}")
+        if self.step is not None:
+            parts.append(f"step={self.step}")
+        if self.attempt:
+            parts.append(f"attempt={self.attempt}")
+        parts += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.params]
+        return f"{self.kind}:{','.join(parts)}" if parts else self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rank": self.rank, "step": self.step, "attempt": self.attempt,
+                "params": dict(self.params), "spec": self.spec()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Fault:
+        return cls(data["kind"], data.get("rank"), data.get("step"), int(data.get("attempt", 0)),
+                   tuple(sorted(data.get("params", {}).items())))
+
+
+def parse_fault(text: str) -> Fault:
+    """Parse ``KIND:key=value,...``; every error names the offending text."""
+    kind, _, rest = text.strip().partition(":")
+    if kind not in PROCESS_FAULTS:
+        known = ", ".join(sorted(PROCESS_FAULTS))
+        raise ConfigError(f"unknown fault kind {kind!r} in {text!r}: known kinds are {known}")
+    allowed = COMMON_KEYS | PROCESS_FAULTS[kind][1]
+    values: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, raw = item.partition("=")
+        if not eq or not key or not raw:
+            raise ConfigError(f"malformed fault {text!r}: expected key=value, got {item!r}")
+        if key not in allowed:
+            raise ConfigError(f"fault {text!r}: {kind} takes {', '.join(sorted(allowed))}, not {key!r}")
+        if key in values:
+            raise ConfigError(f"fault {text!r}: {key!r} given twice")
+        values[key] = _parse_value(raw)
+    for key in ("rank", "step", "attempt"):
+        if key in values and (not isinstance(values[key], int) or values[key] < 0):
+            raise ConfigError(f"fault {text!r}: {key} must be a non-negative integer")
+    if "step" not in values:
+        raise ConfigError(f"fault {text!r}: {kind} needs step=N (the step at which it fires)")
+    if "rank" not in values:
+        raise ConfigError(f"fault {text!r}: {kind} needs rank=R")
+    params = tuple(sorted((k, v) for k, v in values.items() if k not in COMMON_KEYS))
+    return Fault(kind, values["rank"], values["step"], values.get("attempt", 0), params)
+
+
+@dataclass
+class Scenario:
+    """One run to judge: a checkpointer, a cluster shape, a workload and its faults."""
+
+    checkpointer: str
+    world_size: int = 2
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    faults: list[Fault] = field(default_factory=list)
+    ckpt_options: dict[str, Any] = field(default_factory=dict)
+    backend: str = "file"
+    max_restarts: int = 3
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            tag = "+".join(f.spec() for f in self.faults) or "nofault"
+            raw = f"{self.checkpointer}-{tag}-seed{self.workload.seed}"
+            self.id = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", raw)
+
+    def validate(self) -> None:
+        if self.world_size < 1:
+            raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
+        if self.workload.steps < 1:
+            raise ConfigError(f"--steps must be at least 1, got {self.workload.steps}")
+        if self.workload.save_every < 0:
+            raise ConfigError(f"--save-every must be non-negative, got {self.workload.save_every}")
+        for f in self.faults:
+            if f.rank is not None and f.rank >= self.world_size:
+                raise ConfigError(f"fault {f.spec()!r}: rank {f.rank} does not exist with --world-size {self.world_size}")
+            if f.step is not None and not 1 <= f.step <= self.workload.steps:
+                raise ConfigError(f"fault {f.spec()!r}: step must be in 1..{self.workload.steps}")
+            if f.attempt > self.max_restarts:
+                raise ConfigError(f"fault {f.spec()!r}: attempt {f.attempt} exceeds --max-restarts {self.max_restarts}")
+
+    def replay_command(self) -> str:
+        w = self.workload
+        args = ["chaos", "run", "--checkpointer", self.checkpointer, "--world-size", str(self.world_size),
+                "--steps", str(w.steps), "--save-every", str(w.save_every), "--seed", str(w.seed),
+                "--max-restarts", str(self.max_restarts)]
+        default = WorkloadConfig()
+        for f in dataclasses.fields(WorkloadConfig):
+            if f.name in ("seed", "steps", "save_every"):
+                continue
+            value = getattr(w, f.name)
+            if value != getattr(default, f.name):
+                args += ["--workload", f"{f.name}={value}"]
+        for key, value in sorted(self.ckpt_options.items()):
+            args += ["--ckpt-opt", f"{key}={value}"]
+        for fault in self.faults:
+            args += ["--fault", fault.spec()]
+        return shlex.join(args)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "checkpointer": self.checkpointer, "world_size": self.world_size,
+                "workload": self.workload.to_dict(), "faults": [f.to_dict() for f in self.faults],
+                "ckpt_options": dict(self.ckpt_options), "backend": self.backend,
+                "max_restarts": self.max_restarts}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Scenario:
+        return cls(checkpointer=data["checkpointer"], world_size=int(data["world_size"]),
+                   workload=WorkloadConfig.from_dict(data["workload"]),
+                   faults=[Fault.from_dict(f) for f in data.get("faults", [])],
+                   ckpt_options=dict(data.get("ckpt_options", {})), backend=data.get("backend", "file"),
+                   max_restarts=int(data.get("max_restarts", 3)), id=data.get("id", ""))

@@ -1,0 +1,94 @@
+"""Synthetic token corpus and a resumable, reshuffling distributed sampler.
+
+The batch a rank sees depends on four pieces of state, all of which a checkpoint must
+carry: the sampler's own generator (epoch permutation), the position within the
+epoch, python's ``random`` (crop offsets) and numpy's global RNG (token noise). A
+checkpointer that drops any of them resumes onto different data and the bit-exact
+oracle sees it.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from chaos.workload.config import WorkloadConfig
+
+
+def make_corpus(cfg: WorkloadConfig) -> torch.Tensor:
+    """A seeded first-order Markov chain over the vocabulary: learnable, not trivial."""
+    g = torch.Generator().manual_seed(cfg.seed + 7919)
+    row_len = cfg.seq_len + 1 + cfg.crop_slack
+    fanout = 4
+    successors = torch.randint(0, cfg.vocab, (cfg.vocab, fanout), generator=g)
+    corpus = torch.empty(cfg.corpus_sequences, row_len, dtype=torch.long)
+    corpus[:, 0] = torch.randint(0, cfg.vocab, (cfg.corpus_sequences,), generator=g)
+    choices = torch.randint(0, fanout, (cfg.corpus_sequences, row_len), generator=g)
+    for i in range(1, row_len):
+        corpus[:, i] = successors[corpus[:, i - 1], choices[:, i]]
+    return corpus
+
+
+class ResumableSampler:
+    """Per-epoch reshuffle from a dedicated generator; this rank takes every world_size-th index.
+
+    ``sampler_rng`` is the generator state *before* the current epoch's permutation was
+    drawn, so restoring it and redrawing reproduces the permutation exactly.
+    """
+
+    def __init__(self, n: int, rank: int, world_size: int, batch_size: int, seed: int) -> None:
+        self.n, self.rank, self.world_size, self.batch_size = n, rank, world_size, batch_size
+        self.gen = torch.Generator().manual_seed(seed + 104729)
+        self.epoch = 0
+        self.position = 0
+        self._start_epoch()
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return (self.n // self.world_size) // self.batch_size
+
+    def _start_epoch(self) -> None:
+        self._epoch_rng = self.gen.get_state()
+        perm = torch.randperm(self.n, generator=self.gen)
+        per_rank = self.n // self.world_size
+        self._indices = perm[self.rank :: self.world_size][:per_rank]
+
+    def next_indices(self) -> torch.Tensor:
+        if self.position >= self.batches_per_epoch:
+            self.epoch += 1
+            self.position = 0
+            self._start_epoch()
+        b = self.batch_size
+        idx = self._indices[self.position * b : (self.position + 1) * b]
+        self.position += 1
+        return idx
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "sampler_rng": self._epoch_rng.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self.gen.set_state(state["sampler_rng"])
+        self._start_epoch()
+
+
+class Loader:
+    """Turns sampled rows into (input, target) batches with random crops and token noise."""
+
+    def __init__(self, cfg: WorkloadConfig, rank: int, world_size: int) -> None:
+        self.cfg = cfg
+        self.corpus = make_corpus(cfg)
+        self.sampler = ResumableSampler(cfg.corpus_sequences, rank, world_size, cfg.batch_size, cfg.seed)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        rows = self.corpus[self.sampler.next_indices()]
+        offsets = [random.randrange(cfg.crop_slack + 1) for _ in range(rows.size(0))]
+        window = torch.stack([r[o : o + cfg.seq_len + 1] for r, o in zip(rows, offsets)])
+        noise = np.random.random(tuple(window.shape)) < cfg.noise_p
+        replacement = np.random.randint(0, cfg.vocab, size=tuple(window.shape))
+        window = torch.where(torch.from_numpy(noise), torch.from_numpy(replacement), window)
+        return window[:, :-1].contiguous(), window[:, 1:].contiguous()

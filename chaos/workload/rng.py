@@ -1,0 +1,55 @@
+"""Capture and restore every RNG a rank uses, as tensors and plain numbers.
+
+Python's and numpy's states are tuples holding big ints and arrays; they are stored as
+int64 tensors so that any checkpointer that can store tensors can store them, and no
+pickle is needed. ``gauss`` values use NaN for "no cached value" (None).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import torch
+
+
+def capture() -> dict:
+    version, words, gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
+    assert np_name == "MT19937"
+    state = {
+        "python": {
+            "version": int(version),
+            "state": torch.tensor(list(words), dtype=torch.int64),
+            "gauss": float("nan") if gauss is None else float(gauss),
+        },
+        "numpy": {
+            "state": torch.from_numpy(np.asarray(np_keys, dtype=np.int64).copy()),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore(state: dict) -> None:
+    py = state["python"]
+    gauss = None if math.isnan(py["gauss"]) else py["gauss"]
+    random.setstate((int(py["version"]), tuple(int(w) for w in py["state"].tolist()), gauss))
+    npst = state["numpy"]
+    keys = npst["state"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, int(npst["pos"]), int(npst["has_gauss"]), float(npst["cached_gaussian"])))
+    torch.set_rng_state(state["torch"].to(torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([t.to(torch.uint8) for t in state["cuda"]])
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

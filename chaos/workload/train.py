@@ -1,0 +1,261 @@
+"""The program each rank process runs: train, save, resume — and log everything.
+
+It is imported once in the warm fork server (torch preloaded) and entered through
+``rank_entry`` in every forked rank, so a launch or restart costs a fork, not a
+torch import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import signal
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from chaos import statehash
+from chaos.errors import ConfigError
+from chaos.protocol import load_checkpointer
+from chaos.workload import rng
+from chaos.workload.config import WorkloadConfig
+from chaos.workload.data import Loader
+from chaos.workload.log import EventLog
+from chaos.workload.model import build_model
+from chaos.workload.spec import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, RankSpec
+
+# The pid that imported this module (and torch with it). In a rank forked from the warm
+# fork server it differs from the rank's own pid: proof that the rank imported nothing.
+IMPORTED_IN_PID = os.getpid()
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this rank when the process that forked it dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def lr_lambda_factory(cfg: WorkloadConfig):
+    def lr_lambda(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        span = max(1, cfg.steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return lr_lambda
+
+
+class Trainer:
+    """The training state of one rank and how it maps to the checkpoint state dict."""
+
+    def __init__(self, cfg: WorkloadConfig, rank: int, world_size: int) -> None:
+        self.cfg = cfg
+        rng.seed_all(cfg.seed * 1000 + rank)
+        self.model = DDP(build_model(cfg))
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda_factory(cfg))
+        self.loader = Loader(cfg, rank, world_size)
+        self.step = 0
+        self.tokens = 0
+        self.tokens_per_step = cfg.batch_size * cfg.seq_len * world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng.capture(),
+            "data": self.loader.sampler.state_dict(),
+            "progress": {"step": self.step, "tokens": self.tokens},
+        }
+
+    def template(self) -> dict[str, Any]:
+        """The state as a loader must fill it: shaped like a saved one even before step 1.
+
+        A fresh AdamW has no per-parameter state yet; checkpointers that load in place
+        (DCP) need the moments' shapes up front, so the template carries zero-filled
+        entries of the right shape and dtype, exactly as AdamW creates them.
+        """
+        state = self.state_dict()
+        opt = state["optimizer"]
+        if not opt["state"]:
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            opt["state"] = {
+                i: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+                for i, p in enumerate(params)
+            }
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.loader.sampler.load_state_dict(state["data"])
+        self.step = int(state["progress"]["step"])
+        self.tokens = int(state["progress"]["tokens"])
+        rng.restore(state["rng"])
+
+    def train_step(self) -> tuple[float, float]:
+        x, y = self.loader.next_batch()
+        self.model.train()
+        logits = self.model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        return float(loss.item()), float(lr)
+
+
+class FaultTrigger:
+    """Stops this rank at a planned point and lets the supervisor act on it from outside."""
+
+    def __init__(self, spec: RankSpec, conn: Any, log: EventLog) -> None:
+        self.by_step = {int(f["step"]): f for f in spec.step_faults if f.get("step") is not None}
+        self.conn, self.log = conn, log
+
+    def at_step(self, step: int) -> None:
+        fault = self.by_step.get(step)
+        if fault is None or self.conn is None:
+            return
+        self.log.emit("fault_point", step=step, fault=fault)
+        self.conn.send(("fault", fault["index"]))
+        self.conn.recv()  # the supervisor answers only if the rank is meant to go on
+
+    def heartbeat(self, step: int) -> None:
+        if self.conn is not None:
+            self.conn.send(("hb", step))
+
+
+def _install_hooks(spec: RankSpec, log: EventLog) -> None:
+    """In-rank fault hooks (the I/O interposer) are installed before the checkpointer exists."""
+    if not spec.rank_hooks:
+        return
+    from faults.inrank import install_rank_hooks
+
+    install_rank_hooks(spec, log)
+
+
+def _make_checkpointer(spec: RankSpec):
+    if spec.checkpointer is None:
+        return None
+    cls = load_checkpointer(spec.checkpointer)
+    try:
+        return cls(spec.ckpt_root, spec.rank, spec.world_size, **spec.ckpt_options)
+    except TypeError as exc:
+        raise ConfigError(f"checkpointer {spec.checkpointer!r} rejected its options {spec.ckpt_options}: {exc}") from exc
+
+
+def _init_process_group(spec: RankSpec, cfg: WorkloadConfig, conn: Any) -> None:
+    """Rendezvous on MASTER_ADDR:MASTER_PORT, with rank 0 hosting the store *before* the others are forked.
+
+    A client that reaches the store before its server listens backs off for up to a
+    second; the supervisor avoids that by launching the other ranks only once rank 0
+    says its store is up.
+    """
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = spec.master_addr, str(spec.master_port)
+    timeout = timedelta(seconds=cfg.collective_timeout_s)
+    master = spec.rank == 0
+    store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=master,
+                          timeout=timeout, wait_for_workers=False)
+    if master and conn is not None:
+        conn.send(("store_ready",))
+    dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
+                            timeout=timeout)
+
+
+def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
+    cfg = WorkloadConfig.from_dict(spec.workload)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    _init_process_group(spec, cfg, conn)
+    log.emit("pg_ready")
+    trainer = Trainer(cfg, spec.rank, spec.world_size)
+    log.emit("trainer_ready")
+    _install_hooks(spec, log)
+    ckpt = _make_checkpointer(spec)
+    trigger = FaultTrigger(spec, conn, log)
+
+    if ckpt is not None:
+        t0 = time.time()
+        loaded = ckpt.load_latest(trainer.template())
+        if loaded is not None:
+            step, state = loaded
+            log.emit("resume", step=int(step), seconds=time.time() - t0, fingerprint=statehash.fingerprint(state))
+            trainer.load_state_dict(state)
+            if trainer.step != int(step):
+                log.emit("warning", message=f"load_latest said step {step} but the state says {trainer.step}")
+        else:
+            log.emit("resume", step=0, seconds=time.time() - t0, fingerprint=None)
+
+    pending: list[int] = []
+    while trainer.step < cfg.steps:
+        trigger.at_step(trainer.step + 1)
+        loss, lr = trainer.train_step()
+        log.emit("step", step=trainer.step, loss=loss, loss_hex=loss.hex(), lr=lr)
+        trigger.heartbeat(trainer.step)
+        if ckpt is not None and cfg.save_every and trainer.step % cfg.save_every == 0:
+            if pending:
+                t0 = time.time()
+                ckpt.wait()
+                log.emit("ack", steps=pending, wait_seconds=time.time() - t0)
+                pending = []
+            state = trainer.state_dict()
+            log.emit("save_call", step=trainer.step, fingerprint=statehash.fingerprint(state))
+            t0 = time.time()
+            ckpt.save(trainer.step, state)
+            log.emit("save_return", step=trainer.step, seconds=time.time() - t0)
+            pending.append(trainer.step)
+    if ckpt is not None:
+        t0 = time.time()
+        ckpt.wait()
+        if pending:
+            log.emit("ack", steps=pending, wait_seconds=time.time() - t0)
+        ckpt.close()
+    log.emit("final", step=trainer.step, fingerprint=statehash.fingerprint(trainer.state_dict()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def rank_entry(spec: RankSpec, conn: Any = None) -> None:
+    """Process entry point: its own process group, its own log, a typed exit status."""
+    os.setpgid(0, 0)
+    _die_with_parent()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    log = EventLog(spec.log_path, spec.rank, spec.attempt)
+    log.emit("start", pid=os.getpid(), preloaded_torch=IMPORTED_IN_PID != os.getpid(), checkpointer=spec.checkpointer)
+    code = EXIT_OK
+    try:
+        train(spec, conn, log)
+        log.emit("exit", code=EXIT_OK)
+    except ConfigError as exc:
+        code = EXIT_CONFIG
+        log.emit("error", kind="config", type=type(exc).__name__, message=str(exc))
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the record
+        code = EXIT_FAILED
+        log.emit(
+            "error",
+            kind="rank",
+            type=type(exc).__name__,
+            message=str(exc)[:2000],
+            traceback=traceback.format_exc()[-4000:],
+        )
+    finally:
+        log.close()
+    os._exit(code)

@@ -1,0 +1,1 @@
+"""Renderers of results: rich console now; JSON-derived HTML and certification later."""
