@@ -20,7 +20,7 @@ from chaos.scenario import Scenario, _parse_value, parse_fault
 from chaos.workload.config import WorkloadConfig
 
 # Modules under chaos.commands that add a subcommand; missing ones are skipped.
-EXTRA_COMMANDS = ("interval", "bench")
+EXTRA_COMMANDS = ("interval", "bench", "launchbench")
 
 
 def _key_values(items: list[str], what: str) -> dict[str, Any]:

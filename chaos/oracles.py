@@ -35,45 +35,60 @@ def _unfinished(record: RunRecord) -> str:
             f"(last: {last.get('outcome')} {last.get('detail', '')}){why}")
 
 
+def _first_loss_mismatch(golden: GoldenRun, record: RunRecord) -> dict[str, Any] | None:
+    for rank in range(record.world_size):
+        gold = golden.losses.get(rank, {})
+        for entry in record.losses(rank):
+            want = gold.get(entry["step"])
+            if want != entry["loss_hex"]:
+                return {"rank": rank, "step": entry["step"], "attempt": entry["attempt"], "loss": entry["loss"],
+                        "golden_loss": float.fromhex(want) if want else None}
+        missing = sorted(set(gold) - set(record.loss_by_step(rank)))
+        if missing:
+            return {"rank": rank, "missing_steps": missing}
+    return None
+
+
+def _first_state_mismatch(golden: GoldenRun, record: RunRecord) -> dict[str, Any] | None:
+    for rank in range(record.world_size):
+        final = record.final_fingerprint(rank) or {}
+        diff = first_difference(golden.finals[rank], final)
+        if diff is not None:
+            path = diff.rsplit(":", 1)[0]
+            differing = sum(1 for p in golden.finals[rank] if final.get(p) != golden.finals[rank][p])
+            return {"rank": rank, "tensor": path, "detail": diff, "differing_entries": differing,
+                    "golden_digest": golden.finals[rank].get(path), "digest": final.get(path)}
+    return None
+
+
 def bit_exact(golden: GoldenRun, record: RunRecord) -> OracleResult:
     """Final state equal to the golden run's tensor by tensor, and every step's loss equal too.
 
     Losses are compared for *every* execution of a step, including steps re-run after a
     restart: a resumed run that diverges and later happens to converge is still caught.
+    The evidence names both the first differing final-state entry and the first step
+    whose loss differs, since either alone can hide where the damage came from.
     """
     name = "bit_exact"
     if not record.completed:
         return OracleResult(name, False, _unfinished(record), {"attempts": len(record.attempts)})
-    checked_leaves = checked_steps = 0
-    for rank in range(record.world_size):
-        gold_losses = golden.losses.get(rank, {})
-        for entry in record.losses(rank):
-            checked_steps += 1
-            want = gold_losses.get(entry["step"])
-            if want != entry["loss_hex"]:
-                return OracleResult(
-                    name, False,
-                    f"rank {rank} step {entry['step']} (attempt {entry['attempt']}): loss {entry['loss']!r} "
-                    f"differs from the golden run's {float.fromhex(want) if want else None!r}",
-                    {"rank": rank, "step": entry["step"], "attempt": entry["attempt"],
-                     "loss": entry["loss"], "golden_loss": float.fromhex(want) if want else None},
-                )
-        covered = set(record.loss_by_step(rank))
-        missing = sorted(set(gold_losses) - covered)
-        if missing:
-            return OracleResult(name, False, f"rank {rank} never ran step(s) {missing[:10]}",
-                                {"rank": rank, "missing_steps": missing})
-        final = record.final_fingerprint(rank) or {}
-        diff = first_difference(golden.finals[rank], final)
-        if diff is not None:
-            path = diff.rsplit(":", 1)[0]
-            return OracleResult(name, False, f"rank {rank} final state: {diff} (first of the final state)",
-                                {"rank": rank, "first_difference": path, "detail": diff,
-                                 "golden_digest": golden.finals[rank].get(path), "digest": final.get(path)})
-        checked_leaves += len(final)
-    return OracleResult(name, True,
-                        f"{checked_leaves} final state entries and {checked_steps} step losses equal the golden run",
-                        {"leaves": checked_leaves, "steps": checked_steps})
+    state = _first_state_mismatch(golden, record)
+    loss = _first_loss_mismatch(golden, record)
+    if state is None and loss is None:
+        leaves = sum(len(record.final_fingerprint(r) or {}) for r in range(record.world_size))
+        steps = sum(len(record.losses(r)) for r in range(record.world_size))
+        return OracleResult(name, True, f"{leaves} final state entries and {steps} step losses equal the golden run",
+                            {"leaves": leaves, "steps": steps})
+    parts = []
+    if state is not None:
+        parts.append(f"rank {state['rank']} final state: first differing tensor {state['tensor']!r} "
+                     f"({state['differing_entries']} entries differ)")
+    if loss is not None and "missing_steps" in loss:
+        parts.append(f"rank {loss['rank']} never ran step(s) {loss['missing_steps'][:10]}")
+    elif loss is not None:
+        parts.append(f"rank {loss['rank']} step {loss['step']} (attempt {loss['attempt']}): loss {loss['loss']!r} "
+                     f"!= golden {loss['golden_loss']!r}")
+    return OracleResult(name, False, "; ".join(parts), {"first_state_difference": state, "first_loss_difference": loss})
 
 
 ORACLES: dict[str, Callable[[GoldenRun, RunRecord], OracleResult]] = {"bit_exact": bit_exact}

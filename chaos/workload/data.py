@@ -87,7 +87,7 @@ class Loader:
         cfg = self.cfg
         rows = self.corpus[self.sampler.next_indices()]
         offsets = [random.randrange(cfg.crop_slack + 1) for _ in range(rows.size(0))]
-        window = torch.stack([r[o : o + cfg.seq_len + 1] for r, o in zip(rows, offsets)])
+        window = torch.stack([r[o : o + cfg.seq_len + 1] for r, o in zip(rows, offsets, strict=True)])
         noise = np.random.random(tuple(window.shape)) < cfg.noise_p
         replacement = np.random.randint(0, cfg.vocab, size=tuple(window.shape))
         window = torch.where(torch.from_numpy(noise), torch.from_numpy(replacement), window)

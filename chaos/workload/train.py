@@ -235,7 +235,10 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
 
 def rank_entry(spec: RankSpec, conn: Any = None) -> None:
     """Process entry point: its own process group, its own log, a typed exit status."""
-    os.setpgid(0, 0)
+    try:
+        os.setpgid(0, 0)
+    except PermissionError:
+        pass  # already a session leader (e.g. under torchrun): its own group already
     _die_with_parent()
     os.environ["OMP_NUM_THREADS"] = "1"
     log = EventLog(spec.log_path, spec.rank, spec.attempt)

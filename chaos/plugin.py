@@ -1,0 +1,123 @@
+"""pytest plugin (entry point ``pytest11``): markers, options and fixtures for chaos suites.
+
+A test asks the ``chaos`` fixture to run a scenario and ``chaos.check(result)`` to
+assert on it; a failure message names the oracle, its evidence and the one-line
+replay command, and the same facts go into JUnit XML as properties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.runner import RunOptions, ScenarioResult, run_scenario
+from chaos.scenario import Scenario, parse_fault
+from chaos.workload.config import WorkloadConfig
+
+MARKERS = {
+    "chaos": "a real multi-process fault scenario (run with -m chaos)",
+    "slow": "long-running; excluded from the default run",
+    "root": "needs root (mounts, namespaces)",
+    "s3": "needs the embedded S3 endpoint",
+    "gpu": "needs CUDA (NCCL)",
+    "docker": "needs a Docker engine",
+    "bench": "benchmark; reports ratios, asserts no timings",
+}
+BUILTINS = ("reference", "dcp", "dcp-async", "torch-save")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("chaos", "chaos harness")
+    group.addoption("--chaos-checkpointer", action="append", default=[],
+                    help="checkpointer(s) the suites parametrize over (default: all built-ins)")
+    group.addoption("--chaos-backend", default="file", help="storage backend URL or name (default: file)")
+    group.addoption("--chaos-world-size", type=int, default=2)
+    group.addoption("--chaos-seed", type=int, default=0)
+    group.addoption("--chaos-budget", type=float, default=0.0,
+                    help="seconds of extra property-based exploration (0 = the small default)")
+    group.addoption("--chaos-json", default=None, help="write every scenario run in this session to a results JSON")
+    group.addoption("--chaos-cache-dir", default=None, help="golden-run cache (default: a session temp dir)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "checkpointer" in metafunc.fixturenames and not any(
+        m.name == "parametrize" and "checkpointer" in m.args[0] for m in metafunc.definition.iter_markers()
+    ):
+        chosen = metafunc.config.getoption("--chaos-checkpointer") or list(BUILTINS)
+        metafunc.parametrize("checkpointer", chosen)
+
+
+@dataclass
+class ChaosSession:
+    options: RunOptions
+    world_size: int
+    seed: int
+    results: list[ScenarioResult] = field(default_factory=list)
+
+
+@pytest.fixture(scope="session")
+def chaos_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosSession]:
+    cfg = request.config
+    cache = cfg.getoption("--chaos-cache-dir")
+    scratch = tmp_path_factory.mktemp("chaos-scratch")
+    session = ChaosSession(
+        RunOptions(scratch_base=str(scratch), cache_dir=Path(cache) if cache else tmp_path_factory.mktemp("golden")),
+        cfg.getoption("--chaos-world-size"), cfg.getoption("--chaos-seed"))
+    yield session
+    out = cfg.getoption("--chaos-json")
+    if out and session.results:
+        from chaos.results import write_results
+
+        write_results(out, session.results)
+
+
+class ChaosRunner:
+    """What a test gets: run a scenario, then check it."""
+
+    def __init__(self, session: ChaosSession, record_property: Any) -> None:
+        self.session, self._record = session, record_property
+
+    def scenario(self, checkpointer: str, faults: list[str] = (), world_size: int | None = None,
+                 ckpt_options: dict[str, Any] | None = None, max_restarts: int = 3, **workload: Any) -> Scenario:
+        cfg = WorkloadConfig(**{"seed": self.session.seed, **workload})
+        return Scenario(checkpointer=checkpointer, world_size=world_size or self.session.world_size, workload=cfg,
+                        faults=[parse_fault(f) for f in faults], ckpt_options=dict(ckpt_options or {}),
+                        max_restarts=max_restarts)
+
+    def run(self, scenario: Scenario) -> ScenarioResult:
+        result = run_scenario(scenario, self.session.options)
+        self.session.results.append(result)
+        self._record("chaos_scenario", scenario.id)
+        self._record("chaos_verdict", result.verdict)
+        self._record("chaos_replay", result.replay)
+        return result
+
+    @staticmethod
+    def explain(result: ScenarioResult) -> str:
+        lines = [f"scenario {result.scenario.id}: verdict {result.verdict}"]
+        for o in result.oracles.values():
+            lines.append(f"  {o.name}: {'pass' if o.passed else 'FAIL'} - {o.summary}")
+            if not o.passed and o.evidence:
+                lines.append(f"    evidence: {o.evidence}")
+        if result.error:
+            lines.append(f"  error: {result.error}")
+        lines.append(f"  replay: {result.replay}")
+        return "\n".join(lines)
+
+    def check(self, result: ScenarioResult, expect: str = "pass") -> None:
+        if result.verdict != expect:
+            pytest.fail(f"expected verdict {expect!r}\n{self.explain(result)}", pytrace=False)
+
+
+@pytest.fixture
+def chaos(chaos_session: ChaosSession, record_property: Any) -> ChaosRunner:
+    return ChaosRunner(chaos_session, record_property)

@@ -1,0 +1,41 @@
+"""Fault injectors: the nemeses of the chaos harness.
+
+Each module does one job and speaks plain data: a rule or plan (a dataclass) goes in,
+a JSON-serialisable record of exactly what was done comes out, so the run record,
+the oracles and ``chaos replay`` all read the same description of a fault.
+
+    interposer   in-rank I/O tracing and fault actions at the Nth op, byte X, or a phase
+    crashstate   power-loss states (ALICE / LazyFS model) built from an I/O trace
+    corrupt      at-rest corruption of committed files (truncate, bit flips, ...)
+    disk         real ENOSPC: private tmpfs mounts and pre-filled file systems
+    network      per-rank network namespaces on a veth bridge, link down/up, TCP proxy
+    process      signals to process groups, and reaping that leaves nothing behind
+
+Importing this package imports none of them: a rank process pays only for what it uses.
+"""
+
+from __future__ import annotations
+
+from chaos.errors import ChaosError, ConfigError
+
+
+class FaultError(ChaosError):
+    """A fault could not be set up, carried out or torn down as asked."""
+
+
+class OutsideScratchRoot(FaultError, ConfigError):
+    """A fault was aimed at a path outside the scenario's scratch root; refused.
+
+    Corruption and disk fillers edit real files, so every entry point checks the
+    realpath of its target against the scratch root before touching anything.
+    """
+
+
+class Unsupported(FaultError):
+    """This machine cannot provide the mechanism (not root, no namespaces, ...).
+
+    Carries a one-line reason that the harness turns into a *skipped* verdict.
+    """
+
+
+__all__ = ["FaultError", "OutsideScratchRoot", "Unsupported"]

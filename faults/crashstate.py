@@ -1,0 +1,639 @@
+"""Power-loss crash states built from a recorded I/O trace (the ALICE / LazyFS model).
+
+A process crash (SIGKILL) leaves exactly what the trace says reached the kernel. A
+*power loss* can leave less: the page cache and un-journalled directory updates are
+gone. This module replays a save's trace (from :mod:`faults.interposer`) over the
+directory as it was before the save, and lists the states a POSIX file system may
+legally be left in, under a deliberately strict model:
+
+- the crash happens after some prefix ``ops[:k]`` of the trace (every k, 0..n);
+- file data written since that file's last ``fsync``/``fdatasync`` is *pending*.
+  What persists is a prefix of the pending byte stream, in write order: none of it,
+  all of it, up to any write boundary, or torn inside a write at a seeded point.
+  Example: ``write(a, off=0, 100 B); fsync(a); write(a, off=100, 50 B)`` then crash:
+  ``a`` holds 100, 100+t (seeded 0<t<50) or 150 bytes;
+- directory entries created, renamed or unlinked since their directory's last fsync
+  are pending too. Each directory's pending entries persist as a prefix of that
+  directory's own list (a journal commits them in order), independently of other
+  directories. ``fsync`` of a file does *not* persist its name (POSIX leaves that to
+  a directory fsync; ext4 happens to do it, other file systems need not). A rename
+  across directories travels with its destination directory.
+
+So ``write tmp; fsync tmp; rename tmp -> final`` with no directory fsync yields, at
+the last prefix, three states: nothing, ``tmp`` with its data, ``final`` with its
+data; the missing rename is the classic lost commit.
+
+Everything before the trace is taken as durable. Short traces are enumerated
+exhaustively; long ones are sampled with a seed (each prefix's all-lost and
+all-persisted states first, then uniform draws), reporting the total number of
+combinations, the number generated and how. States with identical contents are
+generated once.
+
+A :class:`CrashState` is small data (prefix and choices, plus a description of
+what was lost); :meth:`CrashModel.materialize` writes its files into a directory.
+A worker pool ships the model once per worker and states as ``to_dict()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from faults import FaultError
+
+# A pending data element: ("w", offset, bytes) or ("t", length, b"").
+_DataOp = tuple[str, int, bytes]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Contents of a directory tree: ``files`` relpath -> bytes, ``dirs`` relpaths."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    dirs: tuple[str, ...] = ()
+
+    @classmethod
+    def capture(cls, root: str | os.PathLike[str]) -> Snapshot:
+        """Read every file and directory under ``root`` (take it before the save)."""
+        r = os.path.realpath(os.fspath(root))
+        files: dict[str, bytes] = {}
+        dirs: list[str] = []
+        for dirpath, dnames, fnames in os.walk(r):
+            for d in dnames:
+                dirs.append(os.path.relpath(os.path.join(dirpath, d), r))
+            for f in fnames:
+                p = os.path.join(dirpath, f)
+                if os.path.isfile(p) and not os.path.islink(p):
+                    with open(p, "rb") as fh:
+                        files[os.path.relpath(p, r)] = fh.read()
+        return cls(files, tuple(sorted(dirs)))
+
+
+@dataclass(frozen=True)
+class _DirOp:
+    seq: int
+    kind: str  # link | unlink | rename
+    dir: int
+    name: str
+    ino: int | None
+    src_dir: int | None = None
+    src_name: str | None = None
+    desc: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class _Prefix:
+    ddir: dict[int, dict[str, int]]
+    ddata: dict[int, bytes]
+    pdir: dict[int, tuple[_DirOp, ...]]
+    pdata: dict[int, tuple[_DataOp, ...]]
+    names: dict[int, str]  # last known relpath of each inode (for descriptions)
+    seq: int | None  # seq of the last op in the prefix
+
+
+@dataclass
+class CrashState:
+    """One possible on-disk state after power loss.
+
+    ``prefix``: ops of the trace that had been issued; ``after_seq``: the last one's
+    seq. ``dirs``: directory inode -> how many of its pending entries persisted.
+    ``data``: file inode -> (whole pending writes persisted, extra bytes of the next).
+    ``lost``: what the crash dropped, e.g. ``{"what": "dir_entry", "op": "rename",
+    "src": "step10.tmp", "path": "step10"}`` or ``{"what": "data", "path": "a",
+    "persisted": 100, "pending": 150, "torn": true}``.
+    """
+
+    id: str
+    prefix: int
+    after_seq: int | None
+    dirs: dict[int, int]
+    data: dict[int, tuple[int, int]]
+    lost: list[dict[str, Any]]
+    fingerprint: str = ""
+    equivalents: int = 1  # combinations (over all prefixes) that leave these same contents
+    _model: CrashModel | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "prefix": self.prefix, "after_seq": self.after_seq,
+            "dirs": [[k, v] for k, v in sorted(self.dirs.items())],
+            "data": [[k, list(v)] for k, v in sorted(self.data.items())],
+            "lost": self.lost, "fingerprint": self.fingerprint, "equivalents": self.equivalents,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], model: CrashModel | None = None) -> CrashState:
+        return cls(d["id"], d["prefix"], d["after_seq"], {k: v for k, v in d["dirs"]},
+                   {k: (v[0], v[1]) for k, v in d["data"]}, d["lost"], d.get("fingerprint", ""),
+                   d.get("equivalents", 1), model)
+
+
+@dataclass
+class CrashSet:
+    """The generated states and how they were chosen."""
+
+    states: list[CrashState]
+    total_possible: int  # combinations over all prefixes, duplicates included
+    generated: int  # distinct states returned
+    exhaustive: bool
+    seed: int
+    sampling: str
+    prefixes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total_possible": self.total_possible, "generated": self.generated,
+            "exhaustive": self.exhaustive, "seed": self.seed, "sampling": self.sampling,
+            "prefixes": self.prefixes, "states": [s.to_dict() for s in self.states],
+        }
+
+
+def merge_traces(traces: Iterable[Iterable[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Merge several ranks' traces into one order by their monotonic timestamps.
+
+    ``time.monotonic()`` is one clock for all processes of a machine, so this is
+    the order the kernel saw, up to ops racing within microseconds.
+    """
+    allrecs = [r for t in traces for r in t]
+    return sorted(allrecs, key=lambda r: (r.get("ts", 0.0), r.get("rank", 0), r.get("seq", 0)))
+
+
+def _apply_data(base: bytes, ops: Iterable[_DataOp], extra: tuple[str, int, bytes] | None = None) -> bytes:
+    buf = bytearray(base)
+    for kind, a, data in itertools.chain(ops, [extra] if extra else []):
+        if kind == "t":
+            if a < len(buf):
+                del buf[a:]
+            else:
+                buf.extend(bytes(a - len(buf)))
+        else:
+            end = a + len(data)
+            if a > len(buf):
+                buf.extend(bytes(a - len(buf)))
+            buf[a:end] = data
+    return bytes(buf)
+
+
+class CrashModel:
+    """Replay of one trace over a base snapshot; the source of crash states.
+
+    >>> base = Snapshot.capture(root)             # before the save
+    >>> ...save under the interposer...
+    >>> model = CrashModel(root, base, read_trace(trace, with_data=True))
+    >>> cs = model.generate(seed=7)
+    >>> for st in cs.states: model.materialize(st, f"/scratch/cs/{st.id}")
+    """
+
+    def __init__(self, root: str | os.PathLike[str], base: Snapshot,
+                 records: Iterable[dict[str, Any]], *, torn_per_write: int = 1,
+                 seed: int = 0) -> None:
+        self.root = os.path.realpath(os.fspath(root))
+        self.torn_per_write = torn_per_write
+        self.seed = seed
+        self.ops = [r for r in records if r.get("event", "op") == "op" and r.get("error") is None]
+        self._kind: dict[int, str] = {0: "d"}
+        self._next = 1
+        self._prefixes: list[_Prefix] = []
+        self._replay(base)
+
+    # ------------------------------------------------------------------ replay
+    def _rel(self, path: str) -> str | None:
+        if path == self.root:
+            return ""
+        if not path.startswith(self.root.rstrip("/") + "/"):
+            return None
+        return os.path.relpath(path, self.root)
+
+    def _new(self, kind: str) -> int:
+        ino = self._next
+        self._next += 1
+        self._kind[ino] = kind
+        return ino
+
+    def _replay(self, base: Snapshot) -> None:
+        vdir: dict[int, dict[str, int]] = {0: {}}
+        ddir: dict[int, dict[str, int]] = {0: {}}
+        ddata: dict[int, bytes] = {}
+        pdir: dict[int, tuple[_DirOp, ...]] = {}
+        pdata: dict[int, tuple[_DataOp, ...]] = {}
+        names: dict[int, str] = {0: ""}
+        fds: dict[tuple[int, int], int] = {}
+
+        def lookup(rel: str) -> int | None:
+            ino = 0
+            for part in (p for p in rel.split("/") if p):
+                nxt = vdir.get(ino, {}).get(part)
+                if nxt is None:
+                    return None
+                ino = nxt
+            return ino
+
+        def parent(rel: str) -> tuple[int | None, str]:
+            head, tail = os.path.split(rel)
+            return lookup(head), tail
+
+        for d in sorted(base.dirs, key=lambda s: s.count("/")):
+            pi, name = parent(d)
+            if pi is None:
+                raise FaultError(f"snapshot directory {d!r} has no parent")
+            ino = self._new("d")
+            vdir[ino], ddir[ino] = {}, {}
+            vdir[pi][name] = ddir[pi][name] = ino
+            names[ino] = d
+        for f, content in sorted(base.files.items()):
+            pi, name = parent(f)
+            if pi is None:
+                raise FaultError(f"snapshot file {f!r} has no parent directory")
+            ino = self._new("f")
+            vdir[pi][name] = ddir[pi][name] = ino
+            ddata[ino] = content
+            names[ino] = f
+
+        def snap(seq: int | None) -> None:
+            self._prefixes.append(_Prefix(
+                {d: dict(e) for d, e in ddir.items()}, dict(ddata),
+                {d: q for d, q in pdir.items() if q}, {i: q for i, q in pdata.items() if q},
+                dict(names), seq))
+
+        def queue(op: _DirOp) -> None:
+            pdir[op.dir] = pdir.get(op.dir, ()) + (op,)
+
+        def file_of(rec: dict[str, Any]) -> int | None:
+            if rec.get("fd") is not None and (rec.get("rank", 0), rec["fd"]) in fds:
+                return fds[(rec.get("rank", 0), rec["fd"])]
+            rel = self._rel(rec.get("path") or "")
+            return None if rel is None else lookup(rel)
+
+        snap(None)
+        for rec in self.ops:
+            kind, seq = rec["op"], rec.get("seq")
+            path = rec.get("path") or ""
+            rel = self._rel(path)
+            key = (rec.get("rank", 0), rec.get("fd"))
+            if kind == "open":
+                ino = lookup(rel) if rel is not None else None
+                if ino is None and rel is not None:
+                    pi, name = parent(rel)
+                    if pi is not None:
+                        ino = self._new("f")
+                        ddata[ino] = b""
+                        vdir[pi][name] = ino
+                        names[ino] = rel
+                        queue(_DirOp(seq, "link", pi, name, ino,
+                                     desc={"op": "create", "path": rel}))
+                elif ino is not None and rec.get("trunc") and self._kind[ino] == "f":
+                    pdata[ino] = pdata.get(ino, ()) + (("t", 0, b""),)
+                if ino is not None and rec.get("fd") is not None:
+                    fds[key] = ino
+            elif kind == "write":
+                ino = file_of(rec)
+                if ino is not None:
+                    data = rec.get("data")
+                    if data is None:
+                        raise FaultError(f"trace has no data for write seq {seq} ({path}); "
+                                         "read it with read_trace(..., with_data=True)")
+                    pdata[ino] = pdata.get(ino, ()) + (("w", rec["offset"], data),)
+            elif kind == "truncate":
+                ino = file_of(rec)
+                if ino is not None:
+                    pdata[ino] = pdata.get(ino, ()) + (("t", rec["length"], b""),)
+            elif kind in ("fsync", "fdatasync"):
+                ino = file_of(rec)
+                if ino is None:
+                    pass
+                elif self._kind[ino] == "d":
+                    for op in pdir.pop(ino, ()):
+                        self._apply_dirop(ddir, op)
+                else:
+                    ddata[ino] = _apply_data(ddata.get(ino, b""), pdata.pop(ino, ()))
+            elif kind == "close":
+                fds.pop(key, None)
+            elif kind in ("rename", "link"):
+                srel, drel = self._rel(rec.get("src") or ""), self._rel(rec.get("dst") or "")
+                if srel is None or drel is None:
+                    raise FaultError(f"{kind} across the model root is not modelled (seq {seq})")
+                spi, sname = parent(srel)
+                dpi, dname = parent(drel)
+                ino = vdir.get(spi, {}).get(sname) if spi is not None else None
+                if ino is None or dpi is None:
+                    continue
+                if kind == "rename":
+                    del vdir[spi][sname]
+                vdir[dpi][dname] = ino
+                names[ino] = drel
+                if kind == "rename":
+                    queue(_DirOp(seq, "rename", dpi, dname, ino, spi, sname,
+                                 desc={"op": "rename", "src": srel, "path": drel}))
+                else:
+                    queue(_DirOp(seq, "link", dpi, dname, ino,
+                                 desc={"op": "link", "src": srel, "path": drel}))
+            elif kind in ("unlink", "rmdir") and rel is not None:
+                pi, name = parent(rel)
+                if pi is not None and name in vdir.get(pi, {}):
+                    del vdir[pi][name]
+                    queue(_DirOp(seq, "unlink", pi, name, None, desc={"op": kind, "path": rel}))
+            elif kind == "mkdir" and rel is not None:
+                pi, name = parent(rel)
+                if pi is not None:
+                    ino = self._new("d")
+                    vdir[ino], ddir[ino] = {}, {}
+                    vdir[pi][name] = ino
+                    names[ino] = rel
+                    queue(_DirOp(seq, "link", pi, name, ino, desc={"op": "mkdir", "path": rel}))
+            snap(seq)
+
+    @staticmethod
+    def _apply_dirop(tree: dict[int, dict[str, int]], op: _DirOp) -> None:
+        entries = tree.setdefault(op.dir, {})
+        if op.kind == "unlink":
+            entries.pop(op.name, None)
+        elif op.kind == "link":
+            entries[op.name] = op.ino  # type: ignore[assignment]
+        else:  # rename: the journal record carries the inode, so dst appears either way
+            src = tree.setdefault(op.src_dir, {})  # type: ignore[arg-type]
+            if src.get(op.src_name) == op.ino:  # type: ignore[arg-type]
+                del src[op.src_name]  # type: ignore[arg-type]
+            entries[op.name] = op.ino  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------ choices
+    def _cuts(self, ino: int, ops: tuple[_DataOp, ...]) -> list[tuple[int, int]]:
+        """Persistable prefixes of a pending stream: (whole elements, bytes of the next)."""
+        cuts = [(i, 0) for i in range(len(ops) + 1)]
+        for i, (kind, _a, data) in enumerate(ops):
+            if kind == "w" and len(data) >= 2 and self.torn_per_write > 0:
+                rng = random.Random(f"{self.seed}:{ino}:{i}:{len(data)}")
+                k = min(self.torn_per_write, len(data) - 1)
+                for t in sorted(rng.sample(range(1, len(data)), k)):
+                    cuts.append((i, t))
+        return cuts
+
+    def _dims(self, k: int) -> tuple[list[tuple[int, int]], list[tuple[int, list[tuple[int, int]]]]]:
+        p = self._prefixes[k]
+        dirs = [(d, len(q) + 1) for d, q in sorted(p.pdir.items())]
+        data = [(i, self._cuts(i, q)) for i, q in sorted(p.pdata.items())]
+        return dirs, data
+
+    def count(self, k: int) -> int:
+        """Number of crash-state combinations after prefix ``k`` (duplicates included)."""
+        dirs, data = self._dims(k)
+        n = 1
+        for _d, m in dirs:
+            n *= m
+        for _i, cuts in data:
+            n *= len(cuts)
+        return n
+
+    @property
+    def n_prefixes(self) -> int:
+        return len(self._prefixes)
+
+    def state(self, k: int, dirs: dict[int, int], data: dict[int, tuple[int, int]]) -> CrashState:
+        """The crash state after prefix ``k`` with the given choices (data + description)."""
+        p = self._prefixes[k]
+        lost: list[dict[str, Any]] = []
+        for d, q in sorted(p.pdir.items()):
+            j = dirs.get(d, len(q))
+            for op in q[j:]:
+                lost.append({"what": "dir_entry", **op.desc, "dir": p.names.get(d, "?"),
+                             "reason": "directory not fsynced"})
+        for i, q in sorted(p.pdata.items()):
+            whole, extra = data.get(i, (len(q), 0))
+            total = sum(len(x[2]) for x in q)
+            kept = sum(len(x[2]) for x in q[:whole]) + extra
+            if whole < len(q) or extra:
+                lost.append({"what": "data", "path": p.names.get(i, "?"), "persisted": kept,
+                             "pending": total, "ops_persisted": whole, "ops_pending": len(q),
+                             "torn": extra > 0, "reason": "file not fsynced"})
+        sid = f"k{k}" + "".join(f".d{d}={j}" for d, j in sorted(dirs.items())) + "".join(
+            f".f{i}={w}" + (f"+{t}" if t else "") for i, (w, t) in sorted(data.items()))
+        return CrashState(sid, k, p.seq, dict(dirs), dict(data), lost, "", 1, self)
+
+    # ------------------------------------------------------------------ contents
+    def contents(self, st: CrashState) -> tuple[list[str], dict[str, bytes]]:
+        """Directories (relpaths, parents first) and files of a state, in memory."""
+        p = self._prefixes[st.prefix]
+        tree = {d: dict(e) for d, e in p.ddir.items()}
+        chosen = [op for d, q in p.pdir.items() for op in q[: st.dirs.get(d, len(q))]]
+        for op in sorted(chosen, key=lambda o: o.seq):
+            self._apply_dirop(tree, op)
+        dirs: list[str] = []
+        files: dict[str, bytes] = {}
+        stack: list[tuple[int, str]] = [(0, "")]
+        seen = {0}
+        while stack:
+            d, rel = stack.pop()
+            for name, ino in sorted(tree.get(d, {}).items()):
+                path = f"{rel}/{name}" if rel else name
+                if self._kind.get(ino) == "d":
+                    if ino in seen:
+                        continue
+                    seen.add(ino)
+                    dirs.append(path)
+                    stack.append((ino, path))
+                else:
+                    files[path] = self._file_data(p, ino, st.data)
+        dirs.sort(key=lambda s: (s.count("/"), s))
+        return dirs, files
+
+    def _file_data(self, p: _Prefix, ino: int, choice: dict[int, tuple[int, int]]) -> bytes:
+        base = p.ddata.get(ino, b"")
+        q = p.pdata.get(ino)
+        if not q:
+            return base
+        whole, extra = choice.get(ino, (len(q), 0))
+        tail = None
+        if extra and whole < len(q) and q[whole][0] == "w":
+            kind, off, data = q[whole]
+            tail = (kind, off, data[:extra])
+        return _apply_data(base, q[:whole], tail)
+
+    def fingerprint(self, st: CrashState) -> str:
+        dirs, files = self.contents(st)
+        h = xxhash.xxh3_128()
+        for d in dirs:
+            h.update(b"D" + d.encode() + b"\0")
+        for f in sorted(files):
+            h.update(b"F" + f.encode() + b"\0" + xxhash.xxh3_64_digest(files[f]))
+        return h.hexdigest()
+
+    def materialize(self, st: CrashState | dict[str, Any], dest: str | os.PathLike[str]) -> str:
+        """Write the state's tree into ``dest`` (created; must be empty if it exists)."""
+        if isinstance(st, dict):
+            st = CrashState.from_dict(st, self)
+        out = os.fspath(dest)
+        os.makedirs(out, exist_ok=True)
+        if os.listdir(out):
+            raise FaultError(f"materialize target {out} is not empty")
+        dirs, files = self.contents(st)
+        for d in dirs:
+            os.mkdir(os.path.join(out, d))
+        for f, data in files.items():
+            fd = os.open(os.path.join(out, f), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+        return out
+
+    # ------------------------------------------------------------------ enumeration
+    def _all(self, k: int) -> Iterator[CrashState]:
+        dirs, data = self._dims(k)
+        ranges = [range(m) for _d, m in dirs] + [cuts for _i, cuts in data]
+        for combo in itertools.product(*ranges):
+            dch = {d: combo[n] for n, (d, _m) in enumerate(dirs)}
+            fch = {i: combo[len(dirs) + n] for n, (i, _c) in enumerate(data)}
+            yield self.state(k, dch, fch)  # type: ignore[arg-type]
+
+    def _extremes(self, k: int) -> Iterator[CrashState]:
+        dirs, data = self._dims(k)
+        yield self.state(k, {d: 0 for d, _m in dirs}, {i: (0, 0) for i, _c in data})
+        pdata = self._prefixes[k].pdata
+        yield self.state(k, {d: m - 1 for d, m in dirs}, {i: (len(pdata[i]), 0) for i, _c in data})
+
+    def _random(self, k: int, rng: random.Random) -> CrashState:
+        dirs, data = self._dims(k)
+        return self.state(k, {d: rng.randrange(m) for d, m in dirs},
+                          {i: rng.choice(c) for i, c in data})
+
+    def generate(self, *, seed: int | None = None, exhaustive_limit: int = 4096,
+                 samples: int = 512, max_attempts: int | None = None) -> CrashSet:
+        """Distinct crash states: all of them when the total is at most
+        ``exhaustive_limit``, else up to ``samples`` drawn with ``seed``."""
+        seed = self.seed if seed is None else seed
+        counts = [self.count(k) for k in range(self.n_prefixes)]
+        total = sum(counts)
+        seen: dict[str, CrashState] = {}
+        out: list[CrashState] = []
+
+        # Later prefixes first: of all combinations leaving the same contents, the one
+        # kept is the crash latest in the save, whose ``lost`` list says the most
+        # ("rename issued but lost" rather than "crashed before the rename").
+        def add(st: CrashState) -> None:
+            fp = self.fingerprint(st)
+            if fp in seen:
+                seen[fp].equivalents += 1
+            else:
+                st.fingerprint = fp
+                seen[fp] = st
+                out.append(st)
+
+        def done(exhaustive: bool, how: str) -> CrashSet:
+            out.sort(key=lambda s: (s.prefix, s.id))
+            return CrashSet(out, total, len(out), exhaustive, seed, how, self.n_prefixes)
+
+        if total <= exhaustive_limit:
+            for k in reversed(range(self.n_prefixes)):
+                for st in self._all(k):
+                    add(st)
+            return done(True, "exhaustive")
+        rng = random.Random(seed)
+        for k in reversed(range(self.n_prefixes)):
+            for st in self._extremes(k):
+                add(st)
+                if len(out) >= samples:
+                    break
+        attempts = max_attempts if max_attempts is not None else samples * 20
+        while len(out) < samples and attempts > 0:
+            attempts -= 1
+            add(self._random(rng.randrange(self.n_prefixes), rng))
+        return done(False, f"seeded sample: per-prefix all-lost/all-persisted, then uniform "
+                           f"prefix and uniform choices (seed {seed}, {samples} wanted)")
+
+
+def materialize(state: CrashState, dest: str | os.PathLike[str]) -> str:
+    """Write ``state`` (made by a :class:`CrashModel`) into ``dest``."""
+    if state._model is None:
+        raise FaultError("state has no model; use CrashModel.materialize(state_dict, dest)")
+    return state._model.materialize(state, dest)
+
+
+def clear(dest: str | os.PathLike[str]) -> None:
+    """Empty a materialisation directory for reuse (keeps ``dest`` itself)."""
+    out = os.fspath(dest)
+    for name in os.listdir(out):
+        p = os.path.join(out, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        else:
+            os.unlink(p)
+
+
+def bench(dest_root: str = "/dev/shm", *, files: int = 6, file_bytes: int = 256 << 10,
+          seconds: float = 3.0) -> dict[str, Any]:
+    """Materialisation rate for a checkpoint-shaped save (``python -m faults.crashstate``).
+
+    An older checkpoint of ``files`` files is the base; the traced save writes the same
+    number of ``file_bytes`` files into ``step-2.tmp`` in 64 KiB writes, fsyncs each,
+    renames the directory and writes a manifest without a final directory fsync. One
+    process then materialises states round-robin into fresh directories for
+    ``seconds`` (each state's directory removed again, as a checker would).
+    """
+    import tempfile
+    import time
+
+    from faults.interposer import Interposer, read_trace
+
+    work = tempfile.mkdtemp(prefix="chaos-csbench-", dir=dest_root)
+    try:
+        root = os.path.join(work, "ckpt")
+        os.makedirs(os.path.join(root, "step-1"))
+        for i in range(files):
+            with open(os.path.join(root, "step-1", f"shard{i}"), "wb") as f:
+                f.write(os.urandom(file_bytes))
+        base = Snapshot.capture(root)
+        trace = os.path.join(work, "trace.jsonl")
+        with Interposer(root, 0, trace):
+            tmp = os.path.join(root, "step-2.tmp")
+            os.mkdir(tmp)
+            for i in range(files):
+                with open(os.path.join(tmp, f"shard{i}"), "wb") as f:
+                    blob = os.urandom(file_bytes)
+                    for o in range(0, file_bytes, 64 << 10):
+                        f.write(blob[o:o + (64 << 10)])
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.rename(tmp, os.path.join(root, "step-2"))
+            with open(os.path.join(root, "latest"), "w") as f:
+                f.write("step-2")
+        t0 = time.perf_counter()
+        model = CrashModel(root, base, read_trace(trace, with_data=True), seed=0)
+        cs = model.generate(samples=200)
+        t_gen = time.perf_counter() - t0
+        out = os.path.join(work, "out")
+        os.mkdir(out)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            st = cs.states[n % len(cs.states)]
+            d = os.path.join(out, str(n))
+            model.materialize(st, d)
+            shutil.rmtree(d)
+            n += 1
+        el = time.perf_counter() - t0
+        return {"dest_root": dest_root, "ops": len(model.ops), "prefixes": model.n_prefixes,
+                "total_possible": cs.total_possible, "generated": cs.generated,
+                "exhaustive": cs.exhaustive, "generate_s": round(t_gen, 3),
+                "bytes_per_state_max": (2 * files + 1) * file_bytes,
+                "materialized": n, "states_per_s": round(n / el, 1)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":  # pragma: no cover - a benchmark, not a test
+    import json
+    import sys
+
+    for where in sys.argv[1:] or ["/dev/shm", "/tmp"]:
+        print(json.dumps(bench(where)))
+
+
+__all__ = ["CrashModel", "CrashSet", "CrashState", "Snapshot", "bench", "clear", "materialize",
+           "merge_traces"]

@@ -1,0 +1,377 @@
+"""Network drop between ranks: one network namespace per rank on a private veth bridge.
+
+Topology for a lab with suffix ``3fa9c1`` and two ranks (all names carry the suffix,
+so concurrent scenarios never collide; interface names stay within 15 characters)::
+
+    netns chaos-3fa9c1-r0            root namespace                netns chaos-3fa9c1-r1
+    cxn3fa9c10  10.213.47.1/24 ── cxh3fa9c10 ─┐             ┌─ cxh3fa9c11 ── cxn3fa9c11  10.213.47.2/24
+                                              └─ cxb3fa9c1 ─┘   (bridge, no address)
+
+The bridge has no address, so the /24 exists only inside the namespaces: nothing on
+the host can reach it and it cannot shadow a host route. A rank enters its namespace
+from a forked child with :func:`enter_netns` (``setns(2)`` through ctypes; Python
+3.11 has no ``os.setns``) before it creates any socket, then uses ``addr(0)`` as
+``MASTER_ADDR``.
+
+``link_down(rank)`` sets the rank's host-side veth down: the rank's interface loses
+carrier and every packet to or from it is silently dropped, as with a pulled cable
+(TCP retransmits, collectives hang until their timeout). ``side="ns"`` downs the
+interface inside the namespace instead, which removes its route: sends then fail at
+once with ENETUNREACH. ``link_up`` restores either.
+
+There is no netem here, so delay and loss are not kernel features: :class:`TcpProxy`
+is the user-space alternative (pass, blackhole, reset) for traffic that can be
+pointed at a proxy (an object-store endpoint, a TCPStore).
+
+Teardown always runs (context manager, idempotent) and :func:`leftovers` lists any
+namespace, link or bridge of ours still present. A namespace whose name is deleted
+lives on while a process is still inside it; reap the ranks first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import re
+import secrets
+import select
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from faults import FaultError, Unsupported
+
+CLONE_NEWNET = 0x40000000
+NETNS_PREFIX = "chaos-"
+IF_PREFIXES = ("cxb", "cxh", "cxn")
+_SUFFIX_RE = re.compile(r"^[0-9a-f]{6}$")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and p.returncode != 0:
+        raise FaultError(f"ip {' '.join(args)} failed: {p.stderr.strip()}")
+    return p
+
+
+def _netns_names() -> list[str]:
+    p = _ip("netns", "list", check=False)
+    return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
+
+
+def _link_names() -> list[str]:
+    p = _ip("-o", "link", "show", check=False)
+    out = []
+    for line in p.stdout.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) >= 2:
+            out.append(parts[1].strip().split("@")[0])
+    return out
+
+
+def leftovers(suffix: str | None = None) -> list[str]:
+    """Namespaces (``netns:NAME``) and links (``link:NAME``) of ours still present;
+    only those of one lab when ``suffix`` is given."""
+    ns_pre = NETNS_PREFIX + (f"{suffix}-" if suffix else "")
+    out = [f"netns:{n}" for n in _netns_names() if n.startswith(ns_pre)]
+    for name in _link_names():
+        for pre in IF_PREFIXES:
+            rest = name[len(pre):]
+            if name.startswith(pre) and (rest.startswith(suffix) if suffix else
+                                         _SUFFIX_RE.match(rest[:6]) is not None):
+                out.append(f"link:{name}")
+                break
+    return sorted(out)
+
+
+def enter_netns(target: str | int) -> None:
+    """Move this (single-threaded, freshly forked) process into a network namespace.
+
+    ``target``: a netns name (``/run/netns/NAME``), a path to a namespace file, or a
+    pid (its ``/proc/PID/ns/net``). Sockets made afterwards live in that namespace.
+    """
+    if isinstance(target, int):
+        path = f"/proc/{target}/ns/net"
+    elif "/" in target:
+        path = target
+    else:
+        path = f"/run/netns/{target}"
+    try:
+        ntask = len(os.listdir("/proc/self/task"))
+    except OSError:
+        ntask = 1
+    if ntask > 1:
+        raise FaultError(f"setns(CLONE_NEWNET) in a process with {ntask} threads moves only "
+                         "the calling thread; call it right after fork")
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"setns({path}): {os.strerror(e)}")
+    finally:
+        os.close(fd)
+
+
+def can_use_netns() -> tuple[bool, str]:
+    """Whether namespaces, veth and bridges can be made here: tries a tiny lab."""
+    if os.geteuid() != 0:
+        return False, "not root: network namespaces need CAP_SYS_ADMIN/CAP_NET_ADMIN"
+    try:
+        with NetworkLab(1) as lab:
+            _ip("-n", lab.ns_name(0), "link", "show")
+    except (FaultError, OSError, subprocess.SubprocessError) as e:
+        return False, f"netns probe failed: {e}"
+    return True, "root; netns + veth + bridge work"
+
+
+@dataclass
+class NetworkLab:
+    """Per-rank network namespaces joined by veth pairs to one bridge.
+
+    >>> with NetworkLab(2) as lab:           # setup on enter, teardown on exit
+    ...     # in rank r's forked child: enter_netns(lab.ns_name(r)); MASTER_ADDR=lab.addr(0)
+    ...     lab.link_down(1); ...; lab.link_up(1)
+    """
+
+    n_ranks: int
+    suffix: str = field(default_factory=lambda: secrets.token_hex(3))
+    subnet: str = "10.213.47"  # first three octets of the /24
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not _SUFFIX_RE.match(self.suffix):
+            raise FaultError(f"suffix must be 6 hex digits, got {self.suffix!r}")
+        if not 1 <= self.n_ranks <= 250:
+            raise FaultError(f"n_ranks must be in 1..250, got {self.n_ranks}")
+
+    # names ---------------------------------------------------------------
+    @property
+    def bridge(self) -> str:
+        return f"cxb{self.suffix}"
+
+    def ns_name(self, rank: int) -> str:
+        return f"{NETNS_PREFIX}{self.suffix}-r{rank}"
+
+    def ns_path(self, rank: int) -> str:
+        return f"/run/netns/{self.ns_name(rank)}"
+
+    def host_if(self, rank: int) -> str:
+        return f"cxh{self.suffix}{rank}"
+
+    def ns_if(self, rank: int) -> str:
+        return f"cxn{self.suffix}{rank}"
+
+    def addr(self, rank: int) -> str:
+        return f"{self.subnet}.{rank + 1}"
+
+    def rank_env(self, rank: int, port: int = 29500) -> dict[str, str]:
+        """Environment for a rank inside its namespace. Gloo picks its interface from
+        the host name, which resolves to a host address unreachable from the
+        namespace, so ``GLOO_SOCKET_IFNAME`` must name the rank's veth."""
+        return {"MASTER_ADDR": self.addr(0), "MASTER_PORT": str(port),
+                "GLOO_SOCKET_IFNAME": self.ns_if(rank), "TP_SOCKET_IFNAME": self.ns_if(rank)}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(bridge=self.bridge, namespaces=[self.ns_name(r) for r in range(self.n_ranks)],
+                 addresses=[self.addr(r) for r in range(self.n_ranks)])
+        return d
+
+    def _do(self, *args: str) -> None:
+        _ip(*args)
+        self.log.append({"cmd": "ip " + " ".join(args), "ts": time.time()})
+
+    # lifecycle -----------------------------------------------------------
+    def setup(self) -> dict[str, Any]:
+        """Create bridge, namespaces and veth pairs; on any failure tear down and raise."""
+        if os.geteuid() != 0:
+            raise Unsupported("network namespaces need root")
+        try:
+            self._do("link", "add", self.bridge, "type", "bridge")
+            self._do("link", "set", self.bridge, "up")
+            for r in range(self.n_ranks):
+                ns, h, n = self.ns_name(r), self.host_if(r), self.ns_if(r)
+                self._do("netns", "add", ns)
+                self._do("link", "add", h, "type", "veth", "peer", "name", n)
+                self._do("link", "set", n, "netns", ns)
+                self._do("link", "set", h, "master", self.bridge)
+                self._do("link", "set", h, "up")
+                self._do("-n", ns, "addr", "add", f"{self.addr(r)}/24", "dev", n)
+                self._do("-n", ns, "link", "set", "lo", "up")
+                self._do("-n", ns, "link", "set", n, "up")
+        except BaseException:
+            self.teardown()
+            raise
+        return {"action": "netns_setup", **self.to_dict()}
+
+    def teardown(self) -> dict[str, Any]:
+        """Remove namespaces, links and bridge; safe to call any number of times."""
+        errors = []
+        for r in range(self.n_ranks):
+            if self.ns_name(r) in _netns_names():
+                p = _ip("netns", "del", self.ns_name(r), check=False)
+                if p.returncode:
+                    errors.append(p.stderr.strip())
+        links = set(_link_names())
+        for name in [self.host_if(r) for r in range(self.n_ranks)] + [self.bridge]:
+            if name in links:
+                p = _ip("link", "del", name, check=False)
+                if p.returncode and "Cannot find" not in p.stderr:
+                    errors.append(p.stderr.strip())
+        left = leftovers(self.suffix)
+        return {"action": "netns_teardown", "suffix": self.suffix, "leftovers": left,
+                "errors": errors}
+
+    def __enter__(self) -> NetworkLab:
+        self.setup()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+    # faults --------------------------------------------------------------
+    def link_down(self, rank: int, side: str = "host") -> dict[str, Any]:
+        """Cut ``rank`` off: ``host`` side (silent drop) or ``ns`` side (route gone)."""
+        return self._set(rank, "down", side)
+
+    def link_up(self, rank: int, side: str = "host") -> dict[str, Any]:
+        """Reconnect ``rank`` (undo :meth:`link_down` with the same ``side``)."""
+        return self._set(rank, "up", side)
+
+    def _set(self, rank: int, state: str, side: str) -> dict[str, Any]:
+        if side == "host":
+            self._do("link", "set", self.host_if(rank), state)
+        elif side == "ns":
+            self._do("-n", self.ns_name(rank), "link", "set", self.ns_if(rank), state)
+        else:
+            raise FaultError(f"side must be 'host' or 'ns', got {side!r}")
+        return {"action": f"link_{state}", "rank": rank, "side": side, "suffix": self.suffix,
+                "interface": self.host_if(rank) if side == "host" else self.ns_if(rank),
+                "ts": time.time()}
+
+
+# ---------------------------------------------------------------------- TCP proxy
+class TcpProxy:
+    """User-space TCP proxy with a switchable fault mode, the no-netem alternative.
+
+    ``pass``: forward both ways. ``blackhole``: keep connections open but drop every
+    byte both ways (peers hang until their own timeouts). ``reset``: abort every open
+    connection with RST and reset new ones at once. Point the client at ``address``.
+    """
+
+    MODES = ("pass", "blackhole", "reset")
+
+    def __init__(self, target: tuple[str, int], listen: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+        self.target = target
+        self.mode = "pass"
+        self.log: list[dict[str, Any]] = []
+        self._lsock = socket.create_server(listen)
+        self.address: tuple[str, int] = self._lsock.getsockname()[:2]
+        self._conns: list[tuple[socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._accept, daemon=True, name="tcpproxy")]
+        self._threads[0].start()
+
+    def set_mode(self, mode: str) -> dict[str, Any]:
+        if mode not in self.MODES:
+            raise FaultError(f"proxy mode must be one of {self.MODES}, got {mode!r}")
+        self.mode = mode
+        if mode == "reset":
+            with self._lock:
+                conns, self._conns = self._conns, []
+            for a, b in conns:
+                _rst(a)
+                _rst(b)
+        rec = {"action": f"proxy_{mode}", "listen": list(self.address),
+               "target": list(self.target), "ts": time.time()}
+        self.log.append(rec)
+        return rec
+
+    def _accept(self) -> None:
+        self._lsock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                c, _ = self._lsock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if self.mode == "reset":
+                _rst(c)
+                continue
+            try:
+                u = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                _rst(c)
+                continue
+            with self._lock:
+                self._conns.append((c, u))
+            t = threading.Thread(target=self._pump, args=(c, u), daemon=True)
+            t.start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while not self._stop.is_set():
+                r, _, _ = select.select([a, b], [], [], 0.2)
+                for s in r:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    if self.mode == "pass":
+                        peers[s].sendall(data)
+        except OSError:
+            return
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._lsock.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for a, b in conns:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.close()
+        self._threads[0].join(timeout=2)
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _rst(s: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.close()
+
+
+def run_in_netns(target: str | int, fn: Callable[[], int]) -> int:
+    """Fork a child that enters ``target`` and runs ``fn`` (its return is the exit
+    status); returns the child's pid. For tests and small helpers."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            enter_netns(target)
+            code = int(fn())
+        finally:
+            os._exit(code)
+    return pid
+
+
+__all__ = ["NetworkLab", "TcpProxy", "can_use_netns", "enter_netns", "leftovers", "run_in_netns"]

@@ -1,0 +1,149 @@
+"""Signals to rank process groups, and reaping that leaves nothing alive.
+
+Each rank runs in its own process group (session), so one ``killpg`` reaches the
+rank and anything it started (data-loader workers, an async-save process). Every
+function returns a plain dict for the run record, e.g.::
+
+    {"action": "terminate", "pgid": 4242, "signal": "SIGTERM", "grace_s": 2.0,
+     "escalated": true, "members_before": [4242, 4250], "survivors": []}
+
+A zombie counts as dead: it runs no code and holds no files; ``alive`` reads the
+state letter from ``/proc/PID/stat`` rather than trusting ``kill(pid, 0)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from typing import Any
+
+
+def _state(pid: int) -> str | None:
+    """The /proc state letter of ``pid`` (R, S, D, T, Z, ...), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return raw[raw.rfind(")") + 2:].split(" ", 1)[0]
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    s = _state(pid)
+    return s is not None and s not in ("Z", "X")
+
+
+def state(pid: int) -> str | None:
+    """Public form of the /proc state letter ("T" after SIGSTOP, None when gone)."""
+    return _state(pid)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is ``pgid``, from /proc."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = raw[raw.rfind(")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(name))
+    return sorted(out)
+
+
+def signal_group(pgid: int, sig: int | signal.Signals) -> dict[str, Any]:
+    """Send ``sig`` to every process of group ``pgid``; an empty group is not an error."""
+    members = group_members(pgid)
+    sent = True
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        sent = False
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:  # 0 probes existence only
+        name = str(int(sig))
+    return {"action": "signal", "pgid": pgid, "signal": name,
+            "members_before": members, "delivered": sent, "ts": time.time()}
+
+
+def kill_group(pgid: int) -> dict[str, Any]:
+    """SIGKILL the group: the rank dies between two instructions, no handler runs."""
+    rec = signal_group(pgid, signal.SIGKILL)
+    rec["action"] = "kill"
+    return rec
+
+
+def stop_group(pgid: int) -> dict[str, Any]:
+    """SIGSTOP the group: the rank freezes (a hung peer: collectives time out)."""
+    rec = signal_group(pgid, signal.SIGSTOP)
+    rec["action"] = "stop"
+    return rec
+
+
+def cont_group(pgid: int) -> dict[str, Any]:
+    """SIGCONT the group: a stopped rank resumes where it froze."""
+    rec = signal_group(pgid, signal.SIGCONT)
+    rec["action"] = "cont"
+    return rec
+
+
+def wait_gone(pgid: int, timeout: float, poll: float = 0.02) -> list[int]:
+    """Poll until no live member of ``pgid`` remains; return the survivors at timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = group_members(pgid)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(poll)
+
+
+def terminate_group(pgid: int, grace_s: float = 5.0) -> dict[str, Any]:
+    """SIGTERM (and SIGCONT, so a stopped rank can act on it), wait ``grace_s``, then
+    SIGKILL whatever is left. A preemption notice followed by the hard kill."""
+    rec = signal_group(pgid, signal.SIGTERM)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGCONT)
+    left = wait_gone(pgid, grace_s)
+    escalated = bool(left)
+    if left:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        left = wait_gone(pgid, 5.0)
+    rec.update(action="terminate", grace_s=grace_s, escalated=escalated, survivors=left)
+    return rec
+
+
+def reap_group(pgid: int, timeout: float = 10.0) -> dict[str, Any]:
+    """Guarantee nothing of group ``pgid`` survives: SIGKILL it (repeatedly, in case
+    members fork while dying) and wait until /proc shows no live member. Raises
+    :class:`faults.FaultError` if any survive ``timeout``.
+
+    Exit statuses are left for their owner to collect (``Popen.wait``): a dead child
+    is a zombie until then, and zombies count as gone."""
+    from faults import FaultError
+
+    members = group_members(pgid)
+    deadline = time.monotonic() + timeout
+    left = members
+    while True:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        left = wait_gone(pgid, min(0.5, max(0.0, deadline - time.monotonic())))
+        if not left or time.monotonic() >= deadline:
+            break
+    if left:
+        raise FaultError(f"process group {pgid} survived SIGKILL for {timeout}s: {left} "
+                         f"(states {[state(p) for p in left]})")
+    return {"action": "reap", "pgid": pgid, "members_before": members, "survivors": []}
+
+
+__all__ = ["alive", "cont_group", "group_members", "kill_group", "reap_group", "signal_group",
+           "state", "stop_group", "terminate_group", "wait_gone"]

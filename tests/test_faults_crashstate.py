@@ -1,0 +1,141 @@
+"""Crash states follow the model: lost renames, torn un-fsynced data, exact counts, seeds."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from faults.crashstate import CrashModel, CrashState, Snapshot, materialize
+from faults.interposer import Interposer, read_trace
+
+R = "/r"
+
+
+def op(seq: int, kind: str, **kw: object) -> dict:
+    return {"event": "op", "seq": seq, "rank": 0, "op": kind, **kw}
+
+
+def tmp_fsync_rename(dir_fsync: bool = False) -> list[dict]:
+    """write tmp (100 B), fsync tmp, close, rename tmp -> ckpt; optionally fsync the dir."""
+    t = [op(0, "open", path=f"{R}/ckpt.tmp", fd=5, created=True, trunc=True),
+         op(1, "write", path=f"{R}/ckpt.tmp", fd=5, offset=0, length=100, data=b"A" * 100),
+         op(2, "fsync", path=f"{R}/ckpt.tmp", fd=5),
+         op(3, "close", path=f"{R}/ckpt.tmp", fd=5),
+         op(4, "rename", src=f"{R}/ckpt.tmp", dst=f"{R}/ckpt", path=f"{R}/ckpt")]
+    if dir_fsync:
+        t += [op(5, "open", path=R, fd=6, is_dir=True), op(6, "fsync", path=R, fd=6),
+              op(7, "close", path=R, fd=6)]
+    return t
+
+
+def contents(model: CrashModel, st: CrashState) -> dict[str, bytes]:
+    return model.contents(st)[1]
+
+
+def test_tmp_fsync_rename_without_dir_fsync() -> None:
+    base = Snapshot({"old": b"OLD"})
+    m = CrashModel(R, base, tmp_fsync_rename(), seed=1)
+    cs = m.generate()
+    # per prefix: 1 | create 2 | create 2 x cuts{0, torn, 100} 3 | 2 | 2 | queue[create, rename] 3
+    assert [m.count(k) for k in range(m.n_prefixes)] == [1, 2, 6, 2, 2, 3]
+    assert cs.exhaustive and cs.total_possible == 16 and cs.sampling == "exhaustive"
+    got = {tuple(sorted((k, len(v)) for k, v in contents(m, s).items())) for s in cs.states}
+    torn = [s for s in cs.states if any(x.get("torn") for x in s.lost)]
+    assert len(torn) == 1
+    t = torn[0].lost[0]["persisted"]
+    assert 0 < t < 100
+    assert got == {(("old", 3),), (("ckpt.tmp", 0), ("old", 3)), (("ckpt.tmp", t), ("old", 3)),
+                   (("ckpt.tmp", 100), ("old", 3)), (("ckpt", 100), ("old", 3))}
+    assert cs.generated == 5 == len(cs.states)
+    assert sum(s.equivalents for s in cs.states) == 16
+    # the rename was issued but lost: tmp survives with its fsynced data, ckpt absent
+    lost_rename = [s for s in cs.states if s.prefix == 5 and contents(m, s) == {
+        "old": b"OLD", "ckpt.tmp": b"A" * 100}]
+    assert lost_rename and [x["op"] for x in lost_rename[0].lost] == ["rename"]
+    assert lost_rename[0].lost[0]["src"] == "ckpt.tmp" and lost_rename[0].lost[0]["path"] == "ckpt"
+    # the torn state is a prefix of what was written
+    assert contents(m, torn[0])["ckpt.tmp"] == b"A" * t
+
+
+def test_dir_fsync_makes_the_rename_durable() -> None:
+    m = CrashModel(R, Snapshot(), tmp_fsync_rename(dir_fsync=True), seed=1)
+    last = m.n_prefixes - 1
+    assert m.count(last) == 1
+    (st,) = [s for s in m.generate().states if s.prefix == last]
+    assert contents(m, st) == {"ckpt": b"A" * 100} and st.lost == []
+
+
+def test_unsynced_data_lost_torn_and_dir_rename_without_entries() -> None:
+    """A checkpoint dir renamed into place whose files were never fsynced, nor the dir."""
+    t = [op(0, "mkdir", path=f"{R}/s.tmp"),
+         op(1, "open", path=f"{R}/s.tmp/w", fd=3, created=True, trunc=True),
+         op(2, "write", path=f"{R}/s.tmp/w", fd=3, offset=0, length=8, data=b"12345678"),
+         op(3, "write", path=f"{R}/s.tmp/w", fd=3, offset=8, length=4, data=b"abcd"),
+         op(4, "close", path=f"{R}/s.tmp/w", fd=3),
+         op(5, "rename", src=f"{R}/s.tmp", dst=f"{R}/s", path=f"{R}/s"),
+         op(6, "open", path=R, fd=4, is_dir=True), op(7, "fsync", path=R, fd=4)]
+    m = CrashModel(R, Snapshot(), t, seed=3)
+    finals = [s for s in m.generate().states if s.prefix == m.n_prefixes - 1]
+    dirs_files = [(tuple(m.contents(s)[0]), tuple(sorted(m.contents(s)[1].items()))) for s in finals]
+    # root fsynced: 's' exists; its own entry list was never fsynced, so 'w' may be missing
+    assert (("s",), ()) in dirs_files
+    datas = {dict(f).get("s/w") for _d, f in dirs_files if f}
+    assert {b"", b"12345678", b"12345678abcd"} <= datas  # whole-write prefixes
+    assert any(d is not None and 0 < len(d) < 12 and len(d) != 8 for d in datas)  # torn inside
+
+
+def test_sampling_is_seeded_and_reports_totals() -> None:
+    t = []
+    seq = 0
+    for f in range(3):
+        t.append(op(seq, "open", path=f"{R}/f{f}", fd=10 + f, created=True, trunc=True))
+        seq += 1
+    for i in range(30):
+        f = i % 3
+        t.append(op(seq, "write", path=f"{R}/f{f}", fd=10 + f, offset=(i // 3) * 10, length=10,
+                    data=bytes([i]) * 10))
+        seq += 1
+    ma = CrashModel(R, Snapshot(), t, seed=5)
+    a = ma.generate(samples=60)
+    b = CrashModel(R, Snapshot(), t, seed=5).generate(samples=60)
+    c = CrashModel(R, Snapshot(), t, seed=6).generate(samples=60)
+    assert not a.exhaustive and a.generated == 60
+    assert a.total_possible == sum(ma.count(k) for k in range(ma.n_prefixes)) > 4096
+    assert [s.id for s in a.states] == [s.id for s in b.states]
+    assert [s.fingerprint for s in a.states] != [s.fingerprint for s in c.states]
+    assert "seed 5" in a.sampling
+    assert len({s.fingerprint for s in a.states}) == 60  # distinct contents
+
+
+def test_real_trace_materializes(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "keep").write_bytes(b"K")
+    base = Snapshot.capture(root)
+    trace = tmp_path / "trace.jsonl"
+    with Interposer(root, 0, trace):
+        os.makedirs(root / "step-1.tmp")
+        with open(root / "step-1.tmp" / "shard", "wb") as f:
+            f.write(b"x" * 5000)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(root / "step-1.tmp", root / "step-1")
+    m = CrashModel(root, base, read_trace(trace, with_data=True))
+    cs = m.generate()
+    assert cs.exhaustive and cs.generated >= 4
+    for st in cs.states:
+        dest = tmp_path / "out" / st.id
+        materialize(st, dest)
+        dirs, files = m.contents(st)
+        on_disk = {str(p.relative_to(dest)): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+        assert on_disk == files
+        assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_dir()) == sorted(dirs)
+        assert files["keep"] == b"K"  # what existed before the save is durable
+    # a state dict (as a worker pool would receive it) materializes the same
+    d = cs.states[-1].to_dict()
+    m.materialize(d, tmp_path / "from_dict")
+    assert (tmp_path / "from_dict" / "step-1" / "shard").read_bytes() == b"x" * 5000
+    with pytest.raises(Exception, match="not empty"):
+        m.materialize(d, tmp_path / "from_dict")

@@ -1,0 +1,62 @@
+import pytest
+
+from chaos.cli import build_scenarios, make_parser
+from chaos.errors import ConfigError
+from chaos.scenario import Fault, Scenario, parse_fault
+from chaos.workload.config import WorkloadConfig
+
+
+def test_parse_fault_roundtrips_through_spec():
+    f = parse_fault("term:rank=1,step=7,grace=2")
+    assert f == Fault("term", 1, 7, 0, (("grace", 2),))
+    assert parse_fault(f.spec()) == f
+    assert Fault.from_dict(f.to_dict()) == f
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("boom:rank=1,step=2", "unknown fault kind 'boom'"),
+        ("kill:rank=1", "needs step"),
+        ("kill:step=3", "needs rank"),
+        ("kill:rank=1,step", "expected key=value"),
+        ("kill:rank=1,step=2,rank=0", "given twice"),
+        ("kill:rank=-1,step=2", "non-negative"),
+        ("kill:rank=1,step=2,grace=3", "not 'grace'"),
+    ],
+)
+def test_malformed_faults_are_rejected_with_the_text(text, needle):
+    with pytest.raises(ConfigError, match=needle) as err:
+        parse_fault(text)
+    assert text in str(err.value)
+
+
+def test_scenario_validation_names_the_fault():
+    s = Scenario("dcp", world_size=2, faults=[parse_fault("kill:rank=5,step=3")])
+    with pytest.raises(ConfigError, match="rank 5 does not exist"):
+        s.validate()
+    s = Scenario("dcp", world_size=2, workload=WorkloadConfig(steps=10), faults=[parse_fault("kill:rank=0,step=30")])
+    with pytest.raises(ConfigError, match=r"step must be in 1\.\.10"):
+        s.validate()
+
+
+def test_replay_command_rebuilds_the_same_scenario():
+    args = make_parser().parse_args([
+        "run", "--checkpointer", "dcp", "--steps", "12", "--save-every", "4", "--seed", "3",
+        "--fault", "kill:rank=1,step=9", "--workload", "d_model=64", "--ckpt-opt", "per_rank_keys=rng",
+    ])
+    (scenario,) = build_scenarios(args)
+    replay = scenario.replay_command().split()
+    assert replay[:2] == ["chaos", "run"]
+    (again,) = build_scenarios(make_parser().parse_args(replay[1:]))
+    assert again.to_dict() == scenario.to_dict()
+    assert Scenario.from_dict(scenario.to_dict()).to_dict() == scenario.to_dict()
+
+
+def test_default_fault_kills_between_saves():
+    args = make_parser().parse_args(["run"])
+    (scenario,) = build_scenarios(args)
+    (fault,) = scenario.faults
+    assert fault.kind == "kill" and fault.rank == 1
+    assert fault.step % scenario.workload.save_every != 0
+    assert scenario.checkpointer == "reference"
