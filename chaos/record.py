@@ -15,6 +15,10 @@ from typing import Any
 from chaos.cluster import ClusterResult, log_path
 
 
+TIMELINE_EVENTS = frozenset({"start", "pg_ready", "trainer_ready", "resume", "save_call", "save_return", "ack",
+                             "fault_point", "phase", "io_fault", "warning", "error", "final", "exit"})
+
+
 def read_events(path: str | Path) -> list[dict[str, Any]]:
     """Parse a rank log; a line torn by a kill (the last one) is dropped, not fatal."""
     events = []
@@ -62,7 +66,8 @@ class RunRecord:
     def losses(self, rank: int) -> list[dict[str, Any]]:
         """Every executed step of every attempt: ``{attempt, step, loss, loss_hex}``."""
         return [
-            {"attempt": e["attempt"], "step": e["step"], "loss": e["loss"], "loss_hex": e["loss_hex"], "lr": e["lr"]}
+            {"attempt": e["attempt"], "step": e["step"], "loss": e["loss"], "loss_hex": e["loss_hex"], "lr": e["lr"],
+             "t": e["t"]}
             for e in self.rank_events(rank, "step")
         ]
 
@@ -77,6 +82,16 @@ class RunRecord:
 
     def resumes(self, rank: int) -> list[dict[str, Any]]:
         return self.rank_events(rank, "resume")
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """Every event but per-step ones and fingerprints, time-ordered: what a timeline draws."""
+        out = []
+        for a in sorted(self.events):
+            for r in sorted(self.events[a]):
+                for e in self.events[a][r]:
+                    if e["ev"] in TIMELINE_EVENTS:
+                        out.append({k: v for k, v in e.items() if k not in ("fingerprint", "traceback")})
+        return sorted(out, key=lambda e: e["t"])
 
     def to_dict(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "attempts": self.attempts,

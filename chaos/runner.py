@@ -63,6 +63,7 @@ class ScenarioResult:
             "attempts": self.record.attempts if self.record else [],
             "losses": {str(r): self.record.losses(r) for r in range(s.world_size)} if self.record else {},
             "golden_losses": {str(r): c for r, c in self.golden.curves.items()} if self.golden else {},
+            "timeline": self.record.timeline() if self.record else [],
         }
 
 
