@@ -22,8 +22,9 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from chaos.environment import Environment
 from chaos.errors import HarnessError
-from chaos.scenario import PROCESS_FAULTS, Fault
+from chaos.scenario import PROCESS_SIGNALS, Fault
 from chaos.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
 
 _ctx: Any = None
@@ -90,6 +91,10 @@ class LaunchPlan:
     backend: str = "gloo"
     hang_timeout_s: float = 60.0
     attempt_timeout_s: float = 900.0
+    trace_io: bool = False  # trace every rank's checkpoint I/O even without an I/O fault
+
+    def wants_trace(self) -> bool:
+        return self.trace_io or any(f.family in ("io", "powerloss") for f in self.faults)
 
 
 @dataclass
@@ -100,9 +105,10 @@ class FiredFault:
     attempt: int
     rank: int
     step: int | None
-    signal: str
-    pid: int
+    signal: str | None
+    pid: int | None
     t: float
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -139,29 +145,49 @@ def log_path(log_dir: str, rank: int, attempt: int) -> str:
     return str(Path(log_dir) / f"rank{rank}.attempt{attempt}.jsonl")
 
 
+def trace_path(log_dir: str, rank: int, attempt: int) -> str:
+    return str(Path(log_dir) / f"io-rank{rank}.attempt{attempt}.jsonl")
+
+
 class _Attempt:
     """Supervises one launch of all ranks until they all exit, one fails, or they hang."""
 
-    def __init__(self, plan: LaunchPlan, attempt: int) -> None:
-        self.plan, self.attempt = plan, attempt
+    def __init__(self, plan: LaunchPlan, attempt: int, env: Environment) -> None:
+        self.plan, self.attempt, self.env = plan, attempt, env
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, Any] = {}
         self.codes: dict[int, int | None] = {}
         self.fired: list[FiredFault] = []
         self.pending_kills: list[tuple[float, int]] = []  # (deadline, rank): SIGTERM grace expiry
+        self.pending_rest: list[Fault] = []  # corruption to apply once every rank is down
+        self.barriers: dict[int, set[int]] = {}  # fault index -> ranks waiting at it
+
+    def _mine(self) -> list[tuple[int, Fault]]:
+        return [(i, f) for i, f in enumerate(self.plan.faults) if f.attempt == self.attempt]
 
     def _spec(self, rank: int, port: int) -> RankSpec:
         plan = self.plan
-        step_faults = [
-            {"index": i, "kind": f.kind, "step": f.step}
-            for i, f in enumerate(plan.faults)
-            if f.kind in PROCESS_FAULTS and f.rank == rank and f.attempt == self.attempt
-        ]
+        triggers, rules = [], []
+        for i, f in self._mine():
+            if f.family == "io" and f.rank == rank:
+                rules += self.env.io_rules(f)
+            elif f.family == "disk" and self.env.disk_mechanism == "interposer":
+                rules += self.env.io_rules(f)
+            elif f.family in ("process", "net") and f.rank == rank:
+                triggers.append({"index": i, "step": f.step, "phase": f.param("phase")})
+            elif f.family in ("rest", "disk") and rank == (f.rank or 0):
+                triggers.append({"index": i, "step": f.step, "phase": None})
+            elif f.family == "powerloss":
+                triggers.append({"index": i, "step": f.step, "phase": "save"})
+        addr, netns, env = self.env.rank_network(rank, port)
+        traced = plan.wants_trace() or bool(rules)
         return RankSpec(
-            rank=rank, world_size=plan.world_size, attempt=self.attempt, master_addr="127.0.0.1",
+            rank=rank, world_size=plan.world_size, attempt=self.attempt, master_addr=addr,
             master_port=port, workload=plan.workload, log_path=log_path(plan.log_dir, rank, self.attempt),
             checkpointer=plan.checkpointer, ckpt_options=plan.ckpt_options, ckpt_root=plan.ckpt_root,
-            backend=plan.backend, step_faults=step_faults,
+            backend=plan.backend, triggers=triggers, io_rules=rules,
+            trace_path=trace_path(plan.log_dir, rank, self.attempt) if traced else None,
+            trace_data=any(f.family == "powerloss" for _, f in self._mine()), netns=netns, env=env,
         )
 
     def _start(self, rank: int, port: int) -> None:
@@ -193,18 +219,47 @@ class _Attempt:
         for rank in range(1, self.plan.world_size):
             self._start(rank, port)
 
-    def _fire(self, rank: int, index: int) -> None:
+    def _record(self, index: int, rank: int | None, sig: str | None = None, detail: dict | None = None) -> None:
         fault = self.plan.faults[index]
-        sig_name = PROCESS_FAULTS[fault.kind][0]
-        pid = self.procs[rank].pid
-        self.fired.append(FiredFault(index, fault.spec(), fault.kind, self.attempt, rank, fault.step,
-                                     sig_name, pid, time.time()))
-        _signal_group(pid, getattr(signal, sig_name))
-        if fault.kind == "term":
-            grace = float(fault.param("grace", 5.0))
-            self.pending_kills.append((time.monotonic() + grace, rank))
-            # A rank that handles SIGTERM (preemption) may go on; let it.
-            self.conns[rank].send(("go",))
+        pid = self.procs[rank].pid if rank is not None else None
+        self.fired.append(FiredFault(index, fault.spec(), fault.kind, self.attempt, rank if rank is not None else -1,
+                                     fault.step, sig, pid, time.time(), dict(detail or {})))
+
+    def _go(self, *ranks: int) -> None:
+        for rank in ranks:
+            if rank in self.conns:
+                self.conns[rank].send(("go",))
+
+    def _fire(self, rank: int, index: int) -> None:
+        """Carry out fault ``index`` while ``rank`` waits at its trigger point."""
+        fault = self.plan.faults[index]
+        family = fault.family
+        if family == "process":
+            sig_name = PROCESS_SIGNALS[fault.kind]
+            self._record(index, rank, sig_name)
+            _signal_group(self.procs[rank].pid, getattr(signal, sig_name))
+            if fault.kind == "term":
+                grace = float(fault.param("grace", 5.0))
+                self.pending_kills.append((time.monotonic() + grace, rank))
+                self._go(rank)  # a rank that handles SIGTERM (preemption) may go on; let it
+        elif family == "rest":
+            self._record(index, rank, "SIGKILL", {"note": "every rank killed; files corrupted before the restart"})
+            self.pending_rest.append(fault)
+            for proc in self.procs.values():
+                _signal_group(proc.pid, signal.SIGKILL)
+        elif family == "disk":
+            self._record(index, rank, None, self.env.fill_disk(fault))
+            self._go(rank)
+        elif family == "net":
+            self._record(index, rank, None, self.env.link_down(rank))
+            self._go(rank)
+        elif family == "powerloss":
+            waiting = self.barriers.setdefault(index, set())
+            waiting.add(rank)
+            if len(waiting) == self.plan.world_size:
+                marks = self.env.mark_powerloss(index, lambda r: trace_path(self.plan.log_dir, r, self.attempt))
+                self._record(index, None, None, marks)
+                self._go(*sorted(waiting))
 
     def _kill_rest(self) -> None:
         for rank, proc in self.procs.items():
@@ -274,15 +329,25 @@ def _rank_target(spec: RankSpec, conn: Any) -> None:
     rank_entry(spec, conn)
 
 
-def run(plan: LaunchPlan) -> ClusterResult:
-    """Run the job, restarting after a failed attempt up to ``plan.max_restarts`` times."""
+def run(plan: LaunchPlan, env: Environment | None = None) -> ClusterResult:
+    """Run the job, restarting after a failed attempt up to ``plan.max_restarts`` times.
+
+    ``env`` (set up by the caller, torn down by it) provides what the faults need; a
+    plain one is made for a plan without such faults.
+    """
     Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
+    env = env or Environment([], plan.world_size, plan.ckpt_root, plan.log_dir, 0)
     attempts: list[AttemptResult] = []
     try:
         for attempt in range(plan.max_restarts + 1):
-            runner = _Attempt(plan, attempt)
+            runner = _Attempt(plan, attempt, env)
             runner.launch()
             result = runner.supervise()
+            logs = [log_path(plan.log_dir, r, attempt) for r in range(plan.world_size)]
+            for done in env.after_attempt(attempt, runner.pending_rest, logs):
+                index = next(i for i, f in enumerate(plan.faults) if f.spec() == done["spec"] and f.attempt == attempt)
+                fired = next(f for f in result.fired if f.index == index)
+                fired.detail["corruption"] = done
             attempts.append(result)
             if result.outcome in ("ok", "config_error"):
                 break

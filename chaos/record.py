@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.cluster import ClusterResult, log_path
-
+from chaos.cluster import ClusterResult, log_path, trace_path
 
 TIMELINE_EVENTS = frozenset({"start", "pg_ready", "trainer_ready", "resume", "save_call", "save_return", "ack",
                              "fault_point", "phase", "io_fault", "warning", "error", "final", "exit"})
@@ -34,19 +33,54 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
     return events
 
 
+def _io_summary(result: ClusterResult, log_dir: str, world_size: int, ckpt_root: str | None) -> dict[str, Any]:
+    """What the I/O interposer saw: op counts, the rules that fired (exact points), and
+    the checkpoint files no traced operation wrote (a C-level writer the tracer cannot see)."""
+    ops: dict[str, int] = {}
+    fired: list[dict[str, Any]] = []
+    written: set[str] = set()
+    traced = False
+    for a in result.attempts:
+        for r in range(world_size):
+            path = Path(trace_path(log_dir, r, a.attempt))
+            if not path.exists():
+                continue
+            traced = True
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("event") == "fired":
+                    fired.append({**rec, "attempt": a.attempt})
+                elif rec.get("event") == "op":
+                    ops[rec["op"]] = ops.get(rec["op"], 0) + 1
+                    for key in ("path", "dst"):
+                        if rec.get(key):
+                            written.add(rec[key])
+    if not traced:
+        return {}
+    untraced = []
+    if ckpt_root and Path(ckpt_root).is_dir():
+        root = Path(ckpt_root).resolve()
+        untraced = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and str(p) not in written)
+    return {"ops": ops, "fired": fired, "untraced_files": untraced, "traced": not untraced}
+
+
 @dataclass
 class RunRecord:
     world_size: int
     attempts: list[dict[str, Any]]
     events: dict[int, dict[int, list[dict[str, Any]]]] = field(default_factory=dict)  # attempt -> rank -> events
+    io: dict[str, Any] = field(default_factory=dict)  # I/O trace summary: ops, fired rules, untraced files
 
     @classmethod
-    def collect(cls, result: ClusterResult, log_dir: str, world_size: int) -> RunRecord:
+    def collect(cls, result: ClusterResult, log_dir: str, world_size: int, ckpt_root: str | None = None) -> RunRecord:
         events = {
             a.attempt: {r: read_events(log_path(log_dir, r, a.attempt)) for r in range(world_size)}
             for a in result.attempts
         }
-        return cls(world_size, result.to_dict()["attempts"], events)
+        return cls(world_size, result.to_dict()["attempts"], events, _io_summary(result, log_dir, world_size, ckpt_root))
 
     # -- views the oracles use ------------------------------------------------------
     @property
@@ -78,7 +112,8 @@ class RunRecord:
         return [e for a in sorted(self.events) for r in sorted(self.events[a]) for e in self.events[a][r] if e["ev"] == "error"]
 
     def fired_faults(self) -> list[dict[str, Any]]:
-        return [f for a in self.attempts for f in a.get("fired", [])]
+        """Faults the supervisor carried out, then I/O rules that fired inside ranks."""
+        return [f for a in self.attempts for f in a.get("fired", [])] + list(self.io.get("fired", []))
 
     def resumes(self, rank: int) -> list[dict[str, Any]]:
         return self.rank_events(rank, "resume")
@@ -94,10 +129,10 @@ class RunRecord:
         return sorted(out, key=lambda e: e["t"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"world_size": self.world_size, "attempts": self.attempts,
+        return {"world_size": self.world_size, "attempts": self.attempts, "io": self.io,
                 "events": {str(a): {str(r): ev for r, ev in ranks.items()} for a, ranks in self.events.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
         events = {int(a): {int(r): ev for r, ev in ranks.items()} for a, ranks in data["events"].items()}
-        return cls(int(data["world_size"]), data["attempts"], events)
+        return cls(int(data["world_size"]), data["attempts"], events, data.get("io", {}))

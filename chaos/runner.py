@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from chaos import cluster
+from chaos.environment import Environment
 from chaos.errors import ChaosError, ConfigError, HarnessError
 from chaos.golden import GoldenRun, get_golden
 from chaos.oracles import OracleResult, judge
 from chaos.protocol import validate_spec
 from chaos.record import RunRecord
 from chaos.scenario import Scenario
+from faults import Unsupported
 
 
 @dataclass
@@ -64,6 +66,7 @@ class ScenarioResult:
             "losses": {str(r): self.record.losses(r) for r in range(s.world_size)} if self.record else {},
             "golden_losses": {str(r): c for r, c in self.golden.curves.items()} if self.golden else {},
             "timeline": self.record.timeline() if self.record else [],
+            "io": self.record.io if self.record else {},
         }
 
 
@@ -93,8 +96,14 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> Scena
             ckpt_root=str(scratch / "ckpt"), faults=list(scenario.faults), max_restarts=scenario.max_restarts,
             hang_timeout_s=options.hang_timeout_s, attempt_timeout_s=options.attempt_timeout_s,
         )
-        outcome = cluster.run(plan)
-        record = RunRecord.collect(outcome, str(log_dir), scenario.world_size)
+        try:
+            with Environment(scenario.faults, scenario.world_size, plan.ckpt_root, plan.log_dir,
+                             scenario.workload.save_every) as env:
+                outcome = cluster.run(plan, env)
+        except Unsupported as exc:
+            result.verdict, result.error = "skipped", f"skipped: {exc}"
+            return result
+        record = RunRecord.collect(outcome, str(log_dir), scenario.world_size, plan.ckpt_root)
         result.record = record
         if outcome.config_error:
             msgs = [e["message"] for e in record.errors() if e.get("kind") == "config"]

@@ -16,12 +16,50 @@ from typing import Any
 from chaos.errors import ConfigError
 from chaos.workload.config import WorkloadConfig
 
-# kind -> (signal sent by the supervisor, keys the kind accepts besides rank/step/attempt)
-PROCESS_FAULTS: dict[str, tuple[str, frozenset[str]]] = {
-    "kill": ("SIGKILL", frozenset()),
-    "term": ("SIGTERM", frozenset({"grace"})),
-    "stop": ("SIGSTOP", frozenset()),
+
+@dataclass(frozen=True)
+class FaultKind:
+    """How a kind of fault is carried out, and which ``key=value`` settings it takes.
+
+    family: ``process`` (the supervisor signals the rank), ``io`` (the in-rank I/O
+    interposer acts at an exact operation), ``rest`` (every rank is killed at the step,
+    then committed files are corrupted at rest before the restart), ``disk`` (the
+    checkpoint file system fills up), ``net`` (the rank's link goes down),
+    ``powerloss`` (the save at the step is traced and every crash state a file system
+    may be left in is recovered and judged).
+    """
+
+    family: str
+    keys: frozenset[str]
+    needs_rank: bool
+    needs_step: bool
+    doc: str
+
+
+_IO_KEYS = frozenset({"op", "nth", "path", "byte", "phase", "keep", "times"})
+_REST_KEYS = frozenset({"file", "seed", "bits", "region", "fraction", "length"})
+FAULT_KINDS: dict[str, FaultKind] = {
+    "kill": FaultKind("process", frozenset({"phase"}), True, True, "SIGKILL the rank at step N (or at phase P of the save at step N)"),
+    "term": FaultKind("process", frozenset({"phase", "grace"}), True, True, "SIGTERM, then SIGKILL after grace seconds"),
+    "stop": FaultKind("process", frozenset({"phase"}), True, True, "SIGSTOP: a hung rank"),
+    "crash": FaultKind("io", _IO_KEYS, True, False, "the rank dies at an exact I/O point (op/nth, byte of path, phase)"),
+    "eio": FaultKind("io", _IO_KEYS, True, False, "an I/O operation fails with EIO"),
+    "enospc": FaultKind("io", _IO_KEYS, True, False, "an I/O operation fails with ENOSPC"),
+    "fsyncfail": FaultKind("io", _IO_KEYS, True, False, "an fsync fails with EIO"),
+    "shortwrite": FaultKind("io", _IO_KEYS, True, False, "a write stores only `keep` bytes, then the rank dies"),
+    "slowio": FaultKind("io", _IO_KEYS | {"delay"}, True, False, "an I/O operation is delayed by `delay` seconds"),
+    "truncate": FaultKind("rest", _REST_KEYS, False, True, "truncate a file of the newest checkpoint"),
+    "bitflip": FaultKind("rest", _REST_KEYS, False, True, "flip `bits` bits of a file of the newest checkpoint"),
+    "zero": FaultKind("rest", _REST_KEYS, False, True, "zero `length` bytes of a file of the newest checkpoint"),
+    "delete": FaultKind("rest", _REST_KEYS, False, True, "delete a file of the newest checkpoint"),
+    "stale": FaultKind("rest", _REST_KEYS, False, True, "replace a file with its copy from the previous checkpoint"),
+    "swap": FaultKind("rest", _REST_KEYS, False, True, "swap two files of the newest checkpoint (e.g. rank shards)"),
+    "diskfull": FaultKind("disk", frozenset({"free"}), False, True, "the checkpoint file system fills up, leaving `free` bytes"),
+    "netdrop": FaultKind("net", frozenset({"phase"}), True, True, "the rank's network link goes down"),
+    "powerloss": FaultKind("powerloss", frozenset({"seed", "max_states"}), False, True,
+                           "explore every crash state of the save at step N"),
 }
+PROCESS_SIGNALS = {"kill": "SIGKILL", "term": "SIGTERM", "stop": "SIGSTOP"}
 COMMON_KEYS = frozenset({"rank", "step", "attempt"})
 
 
@@ -48,6 +86,10 @@ class Fault:
     def param(self, key: str, default: Any = None) -> Any:
         return dict(self.params).get(key, default)
 
+    @property
+    def family(self) -> str:
+        return FAULT_KINDS[self.kind].family
+
     def spec(self) -> str:
         parts = []
         if self.rank is not None:
@@ -72,10 +114,11 @@ class Fault:
 def parse_fault(text: str) -> Fault:
     """Parse ``KIND:key=value,...``; every error names the offending text."""
     kind, _, rest = text.strip().partition(":")
-    if kind not in PROCESS_FAULTS:
-        known = ", ".join(sorted(PROCESS_FAULTS))
+    spec = FAULT_KINDS.get(kind)
+    if spec is None:
+        known = ", ".join(sorted(FAULT_KINDS))
         raise ConfigError(f"unknown fault kind {kind!r} in {text!r}: known kinds are {known}")
-    allowed = COMMON_KEYS | PROCESS_FAULTS[kind][1]
+    allowed = COMMON_KEYS | spec.keys
     values: dict[str, Any] = {}
     for item in filter(None, rest.split(",")):
         key, eq, raw = item.partition("=")
@@ -86,15 +129,17 @@ def parse_fault(text: str) -> Fault:
         if key in values:
             raise ConfigError(f"fault {text!r}: {key!r} given twice")
         values[key] = _parse_value(raw)
-    for key in ("rank", "step", "attempt"):
+    for key in ("rank", "step", "attempt", "nth", "byte", "keep", "bits", "free", "length", "seed", "max_states"):
         if key in values and (not isinstance(values[key], int) or values[key] < 0):
             raise ConfigError(f"fault {text!r}: {key} must be a non-negative integer")
-    if "step" not in values:
+    if spec.needs_step and "step" not in values:
         raise ConfigError(f"fault {text!r}: {kind} needs step=N (the step at which it fires)")
-    if "rank" not in values:
+    if spec.needs_rank and "rank" not in values:
         raise ConfigError(f"fault {text!r}: {kind} needs rank=R")
+    if spec.family == "io" and not {"op", "byte", "phase", "path"} & set(values):
+        raise ConfigError(f"fault {text!r}: {kind} needs a point: op=KIND[,nth=N], byte=X[,path=GLOB] or phase=NAME")
     params = tuple(sorted((k, v) for k, v in values.items() if k not in COMMON_KEYS))
-    return Fault(kind, values["rank"], values["step"], values.get("attempt", 0), params)
+    return Fault(kind, values.get("rank"), values.get("step"), values.get("attempt", 0), params)
 
 
 @dataclass

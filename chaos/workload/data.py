@@ -71,7 +71,7 @@ class ResumableSampler:
     def load_state_dict(self, state: dict) -> None:
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
-        self.gen.set_state(state["sampler_rng"])
+        self.gen.set_state(state["sampler_rng"].clone())  # a view into a load buffer segfaults set_state
         self._start_epoch()
 
 

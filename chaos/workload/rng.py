@@ -44,9 +44,9 @@ def restore(state: dict) -> None:
     npst = state["numpy"]
     keys = npst["state"].numpy().astype(np.uint32)
     np.random.set_state(("MT19937", keys, int(npst["pos"]), int(npst["has_gauss"]), float(npst["cached_gaussian"])))
-    torch.set_rng_state(state["torch"].to(torch.uint8))
+    torch.set_rng_state(state["torch"].to(torch.uint8).clone())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([t.to(torch.uint8) for t in state["cuda"]])
+        torch.cuda.set_rng_state_all([t.to(torch.uint8).clone() for t in state["cuda"]])
 
 
 def seed_all(seed: int) -> None:

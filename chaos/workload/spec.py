@@ -23,8 +23,15 @@ class RankSpec:
     ckpt_options: dict[str, Any] = field(default_factory=dict)
     ckpt_root: str | None = None
     backend: str = "gloo"
-    # Faults this rank triggers itself at a point of its program (step N), as dicts
-    # {"index": i, "kind": ..., "step": N}; the supervisor carries them out.
-    step_faults: list[dict[str, Any]] = field(default_factory=list)
-    # In-rank hooks (I/O interposer rules and the like), installed before training.
-    rank_hooks: list[dict[str, Any]] = field(default_factory=list)
+    # Points where this rank stops and lets the supervisor act, as dicts
+    # {"index": i, "step": N, "phase": P | None}: without a phase, before training
+    # step N; with one, when the checkpointer (or the harness) announces phase P of
+    # the save at step N.
+    triggers: list[dict[str, Any]] = field(default_factory=list)
+    # The in-rank I/O interposer: rules (IORule dicts) and where to write the trace.
+    io_rules: list[dict[str, Any]] = field(default_factory=list)
+    trace_path: str | None = None
+    trace_data: bool = False
+    # Network namespace to enter before anything opens a socket, and extra environment.
+    netns: str | None = None
+    env: dict[str, str] = field(default_factory=dict)

@@ -8,6 +8,7 @@ torch import.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import math
 import os
 import signal
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from chaos import statehash
+from chaos import phases, statehash
 from chaos.errors import ConfigError
 from chaos.protocol import load_checkpointer
 from chaos.workload import rng
@@ -124,32 +125,57 @@ class Trainer:
 
 
 class FaultTrigger:
-    """Stops this rank at a planned point and lets the supervisor act on it from outside."""
+    """Stops this rank at a planned point and lets the supervisor act on it from outside.
+
+    Points are "before training step N" or "phase P of the save at step N" (announced
+    through chaos.phases by the checkpointer, or by this loop as phase "save"). The
+    rank blocks until the supervisor answers, so the fault lands exactly there.
+    """
 
     def __init__(self, spec: RankSpec, conn: Any, log: EventLog) -> None:
-        self.by_step = {int(f["step"]): f for f in spec.step_faults if f.get("step") is not None}
         self.conn, self.log = conn, log
+        self.by_step = {int(t["step"]): t for t in spec.triggers if not t.get("phase")}
+        self.by_phase = [t for t in spec.triggers if t.get("phase")]
+        self.fired: set[int] = set()
+        if self.by_phase:
+            phases.subscribe(self.on_phase)
+
+    def _fire(self, trigger: dict[str, Any], **where: Any) -> None:
+        if self.conn is None or trigger["index"] in self.fired:
+            return
+        self.fired.add(trigger["index"])
+        self.log.emit("fault_point", index=trigger["index"], **where)
+        self.conn.send(("fault", trigger["index"]))
+        self.conn.recv()  # the supervisor answers only if the rank is meant to go on
 
     def at_step(self, step: int) -> None:
-        fault = self.by_step.get(step)
-        if fault is None or self.conn is None:
-            return
-        self.log.emit("fault_point", step=step, fault=fault)
-        self.conn.send(("fault", fault["index"]))
-        self.conn.recv()  # the supervisor answers only if the rank is meant to go on
+        trigger = self.by_step.get(step)
+        if trigger is not None:
+            self._fire(trigger, step=step)
+
+    def on_phase(self, name: str, info: dict[str, Any]) -> None:
+        for trigger in self.by_phase:
+            if trigger["phase"] == name and trigger.get("step") in (None, info.get("step")):
+                self._fire(trigger, step=info.get("step"), phase=name)
 
     def heartbeat(self, step: int) -> None:
         if self.conn is not None:
             self.conn.send(("hb", step))
 
 
-def _install_hooks(spec: RankSpec, log: EventLog) -> None:
-    """In-rank fault hooks (the I/O interposer) are installed before the checkpointer exists."""
-    if not spec.rank_hooks:
-        return
-    from faults.inrank import install_rank_hooks
+def _install_interposer(spec: RankSpec, log: EventLog) -> Any:
+    """The I/O interposer goes in before the checkpointer exists, so it sees all its I/O."""
+    if spec.trace_path is None or spec.ckpt_root is None:
+        return None
+    from faults.interposer import Interposer, IORule
 
-    install_rank_hooks(spec, log)
+    os.makedirs(spec.ckpt_root, exist_ok=True)
+    rules = [IORule.from_dict(r) for r in spec.io_rules]
+    ix = Interposer(spec.ckpt_root, spec.rank, spec.trace_path, rules,
+                    max_data_bytes=(1 << 30) if spec.trace_data else 0, keep_records=False)
+    ix.install()
+    log.emit("io_trace", path=spec.trace_path, rules=spec.io_rules, data=spec.trace_data)
+    return ix
 
 
 def _make_checkpointer(spec: RankSpec):
@@ -188,7 +214,7 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
     log.emit("pg_ready")
     trainer = Trainer(cfg, spec.rank, spec.world_size)
     log.emit("trainer_ready")
-    _install_hooks(spec, log)
+    _install_interposer(spec, log)
     ckpt = _make_checkpointer(spec)
     trigger = FaultTrigger(spec, conn, log)
 
@@ -218,6 +244,7 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
                 pending = []
             state = trainer.state_dict()
             log.emit("save_call", step=trainer.step, fingerprint=statehash.fingerprint(state))
+            phases.phase("save", step=trainer.step)
             t0 = time.time()
             ckpt.save(trainer.step, state)
             log.emit("save_return", step=trainer.step, seconds=time.time() - t0)
@@ -241,7 +268,19 @@ def rank_entry(spec: RankSpec, conn: Any = None) -> None:
         pass  # already a session leader (e.g. under torchrun): its own group already
     _die_with_parent()
     os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.update(spec.env)
+    if spec.netns:
+        from faults.network import enter_netns
+
+        enter_netns(spec.netns)  # still single-threaded: right after the fork
     log = EventLog(spec.log_path, spec.rank, spec.attempt)
+    # The rank's own output (library warnings, C++ errors, and the Python stack of a
+    # rank that dies of a signal) goes next to its log, not onto the harness's console.
+    out = os.open(spec.log_path + ".out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    faulthandler.enable()
     log.emit("start", pid=os.getpid(), preloaded_torch=IMPORTED_IN_PID != os.getpid(), checkpointer=spec.checkpointer)
     code = EXIT_OK
     try:

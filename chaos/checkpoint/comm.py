@@ -1,0 +1,61 @@
+"""Coordination between ranks on a private gloo group, exchanging JSON (never pickle).
+
+The checkpointer talks over its own gloo group, created at construction, for two
+reasons: the training group may be NCCL (which cannot move the small CPU messages
+used here), and async saves run their collectives from a background thread, which
+must not interleave with the training loop's collectives on the main group.
+With ``world_size == 1`` and no process group, every collective is local.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from chaos.checkpoint.errors import CheckpointConfigError
+
+
+class Comm:
+    def __init__(self, rank: int, world_size: int, timeout_s: float) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.group: Any = None
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_world_size() != world_size or dist.get_rank() != rank:
+                raise CheckpointConfigError(
+                    f"rank/world_size ({rank}/{world_size}) disagree with the process group "
+                    f"({dist.get_rank()}/{dist.get_world_size()})"
+                )
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        elif world_size != 1:
+            raise CheckpointConfigError(
+                f"world_size={world_size} needs torch.distributed to be initialised before the checkpointer"
+            )
+
+    def all_gather_json(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` in rank order (JSON-encoded bytes over gloo)."""
+        data = json.dumps(obj, separators=(",", ":")).encode()
+        if self.group is None:
+            return [json.loads(data)]
+        n = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        dist.all_gather(sizes, n, group=self.group)
+        longest = max(int(s.item()) for s in sizes)
+        buf = torch.zeros(longest, dtype=torch.uint8)
+        if data:
+            buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        outs = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
+        dist.all_gather(outs, buf, group=self.group)
+        return [json.loads(o[: int(s.item())].numpy().tobytes()) for o, s in zip(outs, sizes, strict=True)]
+
+    def close(self) -> None:
+        if self.group is not None:
+            try:
+                dist.destroy_process_group(self.group)
+            except Exception:  # noqa: BLE001 - teardown of a possibly broken group
+                pass
+            self.group = None

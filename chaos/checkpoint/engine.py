@@ -1,0 +1,195 @@
+"""ReferenceCheckpointer: the crash-safe checkpointer the harness holds others against.
+
+Construct it in every rank after ``torch.distributed`` is initialised (or with
+``world_size=1`` and no process group)::
+
+    ckpt = ReferenceCheckpointer(root, rank, world_size, keep_last=3, async_save=True)
+    ckpt.save(step, state)        # collective
+    ckpt.wait()                   # every earlier save durable and committed, or raise
+    found = ckpt.load_latest(template)   # collective: (step, state) | None
+    ckpt.close()
+
+Options (strings from the CLI are coerced; unknown names raise a ConfigError that is
+also a TypeError): ``keep_last`` (3), ``milestones`` (steps, ``"every-N"`` or N),
+``async_save`` (False), ``hash`` (``xxh3`` | ``sha256`` | ``crc32c``), ``throttle_mb_s``
+(None), ``verify`` (True: check checksums on load), ``timeout_s`` (600, for the
+checkpointer's collectives), ``metrics`` (True: rank 0 writes ``metrics.prom``),
+``serializer`` (``native`` | ``safetensors``), ``latency_alert_factor`` (3.0),
+``disk_alert_free_fraction`` (0.05), ``max_manifest_bytes``, ``async_dedup`` (True:
+an async snapshot copies only the tensors this rank writes and hashes the replicated
+ones another rank wrote last time; a changed replication pattern aborts that one save).
+
+Observability: ``events`` (list of dicts: saves, loads, rejections, alerts),
+``prometheus_text()`` and ``cadence`` (a :class:`~chaos.checkpoint.policy.Cadence` fed
+with measured stalls). Sharded tensors (DTensor) are stored per rank, not resharded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from typing import Any
+
+from chaos.checkpoint import commit, policy
+from chaos.checkpoint.async_writer import BackgroundCommit, Staging
+from chaos.checkpoint.comm import Comm
+from chaos.checkpoint.errors import CheckpointError, CommitError, NoValidCheckpointError
+from chaos.checkpoint.loader import candidate_order, describe, load_step
+from chaos.checkpoint.metrics import Metrics
+from chaos.checkpoint.options import Options, parse_options
+from chaos.checkpoint.saver import Snapshot, run_save, take_snapshot
+from chaos.phases import phase
+
+log = logging.getLogger("chaos.checkpoint")
+
+
+def _remove_all(paths: list[str]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class ReferenceCheckpointer:
+    """Per-rank safetensors shards + JSON manifest, two-phase commit, verified load."""
+
+    def __init__(self, root: str, rank: int, world_size: int, **options: Any) -> None:
+        self.options: Options = parse_options(**options)
+        if not (isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size):
+            raise CheckpointError(f"bad rank/world_size {rank!r}/{world_size!r}")
+        self.root = os.path.abspath(root)
+        self.rank = rank
+        self.world_size = world_size
+        os.makedirs(self.root, exist_ok=True)
+        self.comm = Comm(rank, world_size, self.options.timeout_s)
+        self.metrics = Metrics(
+            self.root, rank, self.options.latency_alert_factor, self.options.disk_alert_free_fraction, self.options.metrics
+        )
+        self.events = self.metrics.events
+        self.cadence = policy.Cadence()
+        self._staging = Staging()
+        self._background = BackgroundCommit()
+        self._janitor = BackgroundCommit()
+        self._skip: frozenset[str] = frozenset()  # async: replicated tensors other ranks write
+        if rank == 0:
+            commit.clean_stale(self.root)  # leftovers of crashed saves; no save of ours runs yet
+        self._closed = False
+
+    # -- save -------------------------------------------------------------------
+    def save(self, step: int, state: dict) -> None:
+        """Collective. Sync: returns after the durable commit. Async: after the snapshot."""
+        self._check_open()
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CheckpointError(f"step must be a non-negative int, got {step!r}")
+        start = time.perf_counter()
+        if self.options.async_save:
+            self._background.join()
+            self._raise_pending()
+        snap = take_snapshot(step, state, self._staging if self.options.async_save else None, self._skip)
+        if self.options.async_save:
+            stall = time.perf_counter() - start
+            self._background.submit(lambda: self._commit(snap, start, stall))
+            return
+        self._commit(snap, start, None)
+
+    def _commit(self, snap: Snapshot, start: float, stall: float | None) -> None:
+        try:
+            result = run_save(self.root, self.comm, self.options, snap)
+        except BaseException as exc:
+            self._skip = frozenset()
+            seconds = time.perf_counter() - start
+            self.metrics.save(snap.step, False, seconds, stall if stall is not None else seconds, 0, 0, describe(exc))
+            if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
+                # e.g. a collective failing because a peer rank died mid-save
+                raise CommitError(f"save of step {snap.step} failed, nothing acknowledged: {describe(exc)}") from exc
+            raise
+        if self.options.async_save and self.options.async_dedup:
+            self._skip = result.written_by_others
+        seconds = time.perf_counter() - start
+        stall = seconds if stall is None else stall
+        self.cadence.record_save(stall)
+        self.metrics.save(snap.step, True, seconds, stall, result.bytes_written, result.checkpoint_bytes)
+        if self.rank == 0:
+            self._retention(snap.step)
+
+    def _retention(self, step: int) -> None:
+        """After a commit only; failures are logged, never turn a committed save into an error."""
+        try:
+            phase("retention", step=step)
+            doomed = policy.select_for_deletion(commit.list_steps(self.root), step, self.options.keep_last, self.options.milestones)
+            hidden = [commit.hide_dir(self.root, commit.step_dirname(old)) for old in doomed]
+            if doomed:
+                self.metrics.emit("retention", step=step, deleted=doomed)
+                # Removing the files is slow and no longer visible to loaders: off the save path.
+                self._janitor.submit(lambda: _remove_all(hidden))
+        except Exception as exc:  # noqa: BLE001 - the save is committed whatever happens here
+            log.warning("retention after step %d failed: %s", step, exc)
+
+    def wait(self) -> None:
+        """Every earlier save is durable and committed, or raise its error."""
+        self._background.join()
+        self._raise_pending()
+
+    def _raise_pending(self) -> None:
+        err = self._background.take_error()
+        if err is not None:
+            if isinstance(err, CheckpointError):
+                raise err
+            raise CommitError(f"background save failed: {describe(err)}") from err
+
+    # -- load -------------------------------------------------------------------
+    def load_latest(self, template: dict) -> tuple[int, dict] | None:
+        """Collective: the newest checkpoint valid on every rank, shaped like ``template``."""
+        self._check_open()
+        self._background.join()  # its error, if any, stays pending for save()/wait()
+        start = time.perf_counter()
+        order = self.comm.all_gather_json(candidate_order(self.root) if self.rank == 0 else None)[0]
+        rejected: list[tuple[int, str]] = []
+        for step in order:
+            loaded, verdict = None, {"ok": True}
+            try:
+                phase("load_verify", step=step)
+                loaded = load_step(
+                    self.root, step, template, self.rank, self.world_size, self.options.verify, self.options.max_manifest_bytes
+                )
+            except Exception as exc:  # noqa: BLE001 - every failure is a reason to fall back
+                verdict = {"ok": False, "why": describe(exc)}
+            verdicts = self.comm.all_gather_json(verdict)
+            if all(v["ok"] for v in verdicts):
+                assert loaded is not None
+                self.metrics.load(step, "loaded", time.perf_counter() - start, loaded.bytes_read, self.options.verify, rejected, loaded.kept_from_template)
+                return step, loaded.state
+            why = "; ".join(f"rank {r}: {v['why']}" for r, v in enumerate(verdicts) if not v["ok"])
+            rejected.append((step, why))
+            self.metrics.reject(step, why)
+        if not order:
+            self.metrics.load(None, "none", time.perf_counter() - start, 0, self.options.verify, [])
+            return None
+        self.metrics.load(None, "no_valid", time.perf_counter() - start, 0, self.options.verify, rejected)
+        raise NoValidCheckpointError(self.root, rejected)
+
+    # -- misc -------------------------------------------------------------------
+    def prometheus_text(self) -> str:
+        return self.metrics.prometheus_text()
+
+    def close(self) -> None:
+        """Finish any in-flight save, then release the checkpointer's process group."""
+        if self._closed:
+            return
+        self._background.join()
+        self._janitor.join()
+        err = self._background.take_error()
+        if err is not None:
+            log.error("an async save failed and was never waited for: %s", describe(err))
+        self.comm.close()
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError("checkpointer is closed")
+
+    def __enter__(self) -> ReferenceCheckpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,54 @@
+"""Who writes which tensor: replicated tensors once, per-rank tensors by their rank.
+
+The checkpointer is not told which tensors are DDP replicas. Each rank hashes its
+tensors (xxh3-128 over the bytes, plus dtype and shape) and the ranks exchange those
+maps: a tensor identical on every rank is *replicated* and written once, by the rank
+with the fewest bytes so far (largest tensors first, so shards come out balanced); any
+other tensor is *per-rank* and every rank holding it writes its own copy under
+``path@r<rank>``. Sharded tensors (DTensor/ShardedTensor) are not special-cased yet:
+each rank's local shard is treated as a per-rank tensor, which is correct for a resume
+at the same world size but is not resharded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+def per_rank_name(path: str, rank: int) -> str:
+    return f"{path}@r{rank}"
+
+
+@dataclass
+class Plan:
+    world_size: int
+    replicated: set[str] = field(default_factory=set)
+    owned: list[dict[str, str]] = field(default_factory=list)  # per rank: entry name -> path
+    load: list[int] = field(default_factory=list)  # bytes each rank writes
+
+    def entry_of(self, rank: int, path: str) -> str:
+        return path if path in self.replicated else per_rank_name(path, rank)
+
+
+def make_plan(metas: Sequence[dict[str, list]]) -> Plan:
+    """``metas[r]`` maps tensor path -> ``[digest, nbytes, dtype, shape]`` for rank ``r``."""
+    world = len(metas)
+    plan = Plan(world_size=world, owned=[{} for _ in range(world)], load=[0] * world)
+    paths = sorted(set().union(*metas)) if metas else []
+    replicated: list[str] = []
+    for path in paths:
+        values = [m.get(path) for m in metas]
+        if all(v is not None and v == values[0] for v in values):
+            replicated.append(path)
+            continue
+        for r, v in enumerate(values):
+            if v is not None:
+                plan.owned[r][per_rank_name(path, r)] = path
+                plan.load[r] += int(v[1])
+    for path in sorted(replicated, key=lambda p: (-int(metas[0][p][1]), p)):
+        r = min(range(world), key=lambda i: (plan.load[i], i))
+        plan.owned[r][path] = path
+        plan.load[r] += int(metas[0][path][1])
+        plan.replicated.add(path)
+    return plan

@@ -1,0 +1,226 @@
+"""The save pipeline every rank runs: snapshot, plan, write, vote, publish.
+
+Every rank goes through the same collectives whatever happens locally: a rank whose
+snapshot or write failed still takes part in the exchanges and reports the failure, so
+all ranks abort together (nobody hangs waiting for it) and nothing is published. Only
+after every rank reported a durable shard does rank 0 publish (see ``commit.py``); a
+final exchange carries rank 0's outcome so that ``save()`` returns on every rank only
+after the commit and raises on every rank when it did not happen.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from chaos.checkpoint import commit, manifest, tree
+from chaos.checkpoint.comm import Comm
+from chaos.checkpoint.errors import CommitError
+from chaos.checkpoint.hashing import digest, tensor_bytes
+from chaos.checkpoint.options import Options
+from chaos.checkpoint.planner import make_plan
+from chaos.checkpoint.shard import Throttle, write_shard
+from chaos.phases import phase
+
+
+@dataclass
+class Snapshot:
+    """What a save needs from the caller's state, taken before ``save()`` returns."""
+
+    step: int
+    skeleton: dict[str, Any] | None = None
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    model_structure: dict[str, list] | None = None
+    optimizer_structure: dict[str, Any] | None = None
+    error: str | None = None
+    # Async dedup: replicated tensors another rank wrote last time are only hashed
+    # (path -> [digest, nbytes, dtype, shape]), not copied.
+    hashed_only: dict[str, list] = field(default_factory=dict)
+
+
+def _meta(t: torch.Tensor) -> list:
+    return [digest("xxh3", tensor_bytes(t)), t.numel() * t.element_size(), manifest.DTYPE_NAMES[t.dtype], list(t.shape)]
+
+
+def optimizer_structure(opt: Any) -> dict[str, Any] | None:
+    """Tensor shapes under the optimizer and each param group's ``params`` list."""
+    if not isinstance(opt, dict):
+        return None
+    groups = opt.get("param_groups")
+    params = None
+    if isinstance(groups, list) and all(isinstance(g, dict) and "params" in g for g in groups):
+        params = [list(g["params"]) if isinstance(g["params"], (list, tuple)) else None for g in groups]
+        if any(p is None or not all(isinstance(x, (int, str)) for x in p) for p in params):
+            params = None
+    return {"tensors": manifest.structure_of(opt), "param_groups": params}
+
+
+def take_snapshot(step: int, state: Any, staging: Any | None, skip: frozenset[str] = frozenset()) -> Snapshot:
+    """Encode the tree and capture tensors (copied into ``staging`` for async saves).
+
+    Paths in ``skip`` (replicated tensors another rank wrote at the previous save) are
+    hashed instead of copied: hashing reads at memory speed without writing, so the
+    stall shrinks to copying this rank's share. If the hashes show the replication
+    pattern changed, the save aborts (loudly, on every rank) and the next one copies all.
+    """
+    snap = Snapshot(step=step)
+    try:
+        phase("snapshot", step=step)
+        skeleton, tensors = tree.encode(state)
+        for path, t in tensors.items():
+            manifest.dtype_name(t.dtype)
+            if t.layout != torch.strided:
+                raise manifest.ManifestError(path, f"tensor layout {t.layout} is not supported")
+        if staging is not None:
+            for path in skip & tensors.keys():
+                t = tensors.pop(path).detach()
+                snap.hashed_only[path] = _meta(t if t.device.type == "cpu" else t.cpu())
+            tensors = staging.copy(tensors)
+        else:
+            tensors = {p: t.detach().cpu().contiguous() for p, t in tensors.items()}
+        snap.skeleton, snap.tensors = skeleton, tensors
+        if isinstance(state, dict) and "model" in state:
+            shapes = {p: [manifest.DTYPE_NAMES[t.dtype], list(t.shape)] for p, t in tensors.items()}
+            shapes.update({p: m[2:] for p, m in snap.hashed_only.items()})
+            snap.model_structure = {p[len("model/"):]: v for p, v in sorted(shapes.items()) if p.startswith("model/")}
+        if isinstance(state, dict) and "optimizer" in state:
+            snap.optimizer_structure = optimizer_structure(state["optimizer"])
+    except Exception as exc:  # noqa: BLE001 - reported to every rank through the vote
+        snap.error = f"{type(exc).__name__}: {exc}"
+    return snap
+
+
+@dataclass
+class SaveResult:
+    bytes_written: int
+    checkpoint_bytes: int
+    written_by_others: frozenset[str] = frozenset()  # replicated paths another rank wrote
+
+
+def _raise_if_failed(step: int, stage: str, replies: list[dict[str, Any]]) -> None:
+    failed = [(r, m.get("error")) for r, m in enumerate(replies) if not m.get("ok")]
+    if failed:
+        who = "; ".join(f"rank {r}: {why}" for r, why in failed)
+        raise CommitError(f"save of step {step} aborted at {stage}, nothing committed ({who})")
+
+
+def run_save(root: str, comm: Comm, opts: Options, snap: Snapshot) -> SaveResult:
+    """Collective: write this rank's shard, vote, publish on rank 0, agree on the outcome."""
+    rank, step = comm.rank, snap.step
+    msg: dict[str, Any] = {"ok": snap.error is None, "error": snap.error}
+    if snap.error is None:
+        try:
+            msg["meta"] = {p: _meta(t) for p, t in snap.tensors.items()} | snap.hashed_only
+            msg["skeleton"] = snap.skeleton
+        except Exception as exc:  # noqa: BLE001
+            msg = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    if rank == 0:
+        msg["nonce"] = commit.new_nonce()
+    replies = comm.all_gather_json(msg)
+    _raise_if_failed(step, "snapshot", replies)
+    plan = make_plan([m["meta"] for m in replies])
+    tmp_name = commit.tmp_dirname(step, replies[0]["nonce"])
+    tmp_dir = os.path.join(root, tmp_name)
+    shard_name = f"shard-r{rank:05d}.safetensors"
+
+    vote: dict[str, Any]
+    try:
+        phase("write_shards", step=step)
+        missing = sorted(p for p in plan.owned[rank].values() if p not in snap.tensors)
+        if missing:
+            raise CommitError(
+                f"replication pattern changed since the previous save: this rank must now write {missing[:3]} "
+                "but only hashed it at snapshot time; the next save copies everything"
+            )
+        owned = {name: snap.tensors[path] for name, path in plan.owned[rank].items()}
+        checksums = {name: replies[rank]["meta"][path][0] for name, path in plan.owned[rank].items()} if opts.hash == "xxh3" else None
+        os.makedirs(tmp_dir, exist_ok=True)
+        meta = {"format": manifest.FORMAT, "step": str(step), "rank": str(rank), "world_size": str(comm.world_size)}
+        with open(os.path.join(tmp_dir, shard_name), "wb") as f:
+            info = write_shard(f, shard_name, owned, meta, opts.hash, checksums, Throttle(opts.throttle_mb_s), opts.serializer)
+            phase("fsync_shards", step=step)
+            f.flush()
+            os.fsync(f.fileno())
+        vote = {"ok": True, "file": shard_name, "size": info.size, "checksum": info.checksum, "entries": info.entries}
+    except Exception as exc:  # noqa: BLE001 - reported to every rank through the vote
+        vote = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    try:
+        phase("vote", step=step)
+    except Exception as exc:  # noqa: BLE001 - a listener that fails here fails the vote
+        vote = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    votes = comm.all_gather_json(vote)
+    try:
+        _raise_if_failed(step, "vote", votes)
+    except CommitError:
+        if rank == 0:
+            commit.clean_stale(root)
+        raise
+
+    outcome: dict[str, Any] = {"ok": True}
+    if rank == 0:
+        previous = _safe_latest(root)
+        try:
+            body = build_manifest(step, comm.world_size, opts, snap, replies, votes, plan)
+            commit.publish(root, tmp_name, step, manifest.encode_manifest(body))
+        except Exception as exc:  # noqa: BLE001 - reported to every rank below
+            outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            _roll_back(root, step, tmp_dir, previous)
+    finals = comm.all_gather_json(outcome)
+    _raise_if_failed(step, "publish", finals)
+    others = frozenset(plan.replicated - set(plan.owned[rank].values()))
+    return SaveResult(bytes_written=votes[rank]["size"], checkpoint_bytes=sum(v["size"] for v in votes), written_by_others=others)
+
+
+def _safe_latest(root: str) -> int | None:
+    try:
+        return commit.read_latest(root)
+    except Exception:  # noqa: BLE001 - a malformed pointer is simply replaced
+        return None
+
+
+def _roll_back(root: str, step: int, tmp_dir: str, previous: int | None) -> None:
+    """After a failed publish: undo a rename that happened, restore ``latest``, drop temps."""
+    try:
+        renamed = not os.path.isdir(tmp_dir) and os.path.isdir(os.path.join(root, commit.step_dirname(step)))
+        if renamed:
+            commit.unpublish(root, step)
+            if _safe_latest(root) == step and previous is not None and previous != step:
+                commit.update_latest(root, previous)
+        commit.clean_stale(root)
+    except OSError:
+        pass
+
+
+def build_manifest(step: int, world: int, opts: Options, snap: Snapshot, replies: list, votes: list, plan: Any) -> dict[str, Any]:
+    shards, entries = {}, {}
+    for r, v in enumerate(votes):
+        shards[v["file"]] = {"rank": r, "size": v["size"], "checksum": v["checksum"]}
+        for name, e in v["entries"].items():
+            entries[name] = {"shard": v["file"], **e}
+    skeletons = [tree.resolve(m["skeleton"], lambda p, r=r: plan.entry_of(r, p)) for r, m in enumerate(replies)]
+    now = time.time()
+    body: dict[str, Any] = {
+        "format": manifest.FORMAT,
+        "format_version": manifest.FORMAT_VERSION,
+        "step": step,
+        "world_size": world,
+        "hash": opts.hash,
+        "created": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(),
+        "created_unix": now,
+        "torch_version": torch.__version__,
+        "shards": shards,
+        "entries": entries,
+        "tree": tree.merge(skeletons),
+        "replicated_entries": len(plan.replicated),
+    }
+    if snap.model_structure is not None:
+        body["model_structure"] = snap.model_structure
+        body["model_fingerprint"] = manifest.fingerprint_structure(snap.model_structure)
+    if snap.optimizer_structure is not None:
+        body["optimizer_structure"] = snap.optimizer_structure
+    return body
