@@ -20,7 +20,7 @@ from chaos.scenario import Scenario, _parse_value, parse_fault
 from chaos.workload.config import WorkloadConfig
 
 # Modules under chaos.commands that add a subcommand; missing ones are skipped.
-EXTRA_COMMANDS = ("interval", "bench", "launchbench")
+EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report")
 
 
 def _key_values(items: list[str], what: str) -> dict[str, Any]:
@@ -57,6 +57,7 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the results JSON here")
+    p.add_argument("--html", metavar="PATH", help="write the HTML report here")
     p.add_argument("--scratch", metavar="DIR", help="parent directory of scenario scratch roots (default: system temp)")
     p.add_argument("--keep", action="store_true", help="keep each scenario's scratch root for inspection")
     p.add_argument("--cache-dir", metavar="DIR", help="golden-run cache (default ~/.cache/chaos/golden)")
@@ -145,6 +146,12 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     if args.json:
         write_results(args.json, results)
         console.print(f"results written to {args.json}")
+    if args.html:
+        from chaos.results import results_document
+        from reports.html import render_report
+
+        render_report(results_document(results), Path(args.html))
+        console.print(f"report written to {args.html}")
     return exit_status(results)
 
 
