@@ -74,6 +74,17 @@ def _verdict(oracles: dict[str, OracleResult]) -> str:
     return "pass" if all(o.passed for o in oracles.values()) else "fail"
 
 
+def _unfired_io_faults(scenario: Scenario, record: RunRecord) -> str | None:
+    """An I/O fault that never fired tested nothing: say so (and why, when the I/O was invisible)."""
+    wanted = [f for f in scenario.faults if f.family == "io"]
+    if not wanted or record.io.get("fired"):
+        return None
+    untraced = record.io.get("untraced_files", [])
+    why = (f"the checkpointer's I/O was not traced (written by C-level code: {', '.join(untraced[:5])})"
+           if untraced else "no I/O operation matched its point")
+    return f"skipped: I/O fault {wanted[0].spec()} never fired: {why}"
+
+
 def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> ScenarioResult:
     """Run and judge one scenario. Bad input raises ConfigError; harness faults become verdict 'error'."""
     options = options or RunOptions()
@@ -108,6 +119,10 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> Scena
         if outcome.config_error:
             msgs = [e["message"] for e in record.errors() if e.get("kind") == "config"]
             raise ConfigError(msgs[0] if msgs else "a rank rejected its configuration")
+        unfired = _unfired_io_faults(scenario, record)
+        if unfired:
+            result.verdict, result.error = "skipped", unfired
+            return result
         result.oracles = judge(golden, record)
         result.verdict = _verdict(result.oracles)
     except ConfigError:

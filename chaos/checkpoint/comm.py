@@ -19,8 +19,17 @@ import torch.distributed as dist
 from chaos.checkpoint.errors import CheckpointConfigError
 
 
+def _default_timeout() -> timedelta:
+    """The job's own collective timeout: a lost rank must fail a save as fast as it fails training."""
+    try:
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        return backend.options._timeout
+    except (AttributeError, RuntimeError):
+        return timedelta(seconds=600)
+
+
 class Comm:
-    def __init__(self, rank: int, world_size: int, timeout_s: float) -> None:
+    def __init__(self, rank: int, world_size: int, timeout_s: float | None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.group: Any = None
@@ -30,7 +39,8 @@ class Comm:
                     f"rank/world_size ({rank}/{world_size}) disagree with the process group "
                     f"({dist.get_rank()}/{dist.get_world_size()})"
                 )
-            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+            timeout = timedelta(seconds=timeout_s) if timeout_s is not None else _default_timeout()
+            self.group = dist.new_group(backend="gloo", timeout=timeout)
         elif world_size != 1:
             raise CheckpointConfigError(
                 f"world_size={world_size} needs torch.distributed to be initialised before the checkpointer"

@@ -12,7 +12,7 @@ Construct it in every rank after ``torch.distributed`` is initialised (or with
 Options (strings from the CLI are coerced; unknown names raise a ConfigError that is
 also a TypeError): ``keep_last`` (3), ``milestones`` (steps, ``"every-N"`` or N),
 ``async_save`` (False), ``hash`` (``xxh3`` | ``sha256`` | ``crc32c``), ``throttle_mb_s``
-(None), ``verify`` (True: check checksums on load), ``timeout_s`` (600, for the
+(None), ``verify`` (True: check checksums on load), ``timeout_s`` (default: the process group's own timeout, for the
 checkpointer's collectives), ``metrics`` (True: rank 0 writes ``metrics.prom``),
 ``serializer`` (``native`` | ``safetensors``), ``latency_alert_factor`` (3.0),
 ``disk_alert_free_fraction`` (0.05), ``max_manifest_bytes``, ``async_dedup`` (True:

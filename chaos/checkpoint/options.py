@@ -40,7 +40,7 @@ class Options:
     hash: str = "xxh3"
     throttle_mb_s: float | None = None
     verify: bool = True
-    timeout_s: float = 600.0
+    timeout_s: float | None = None  # None: the default process group's timeout
     metrics: bool = True
     serializer: str = "native"
     latency_alert_factor: float = 3.0
@@ -128,7 +128,9 @@ def parse_options(**raw: Any) -> Options:
             out[name] = _bool(name, v)
         elif name == "throttle_mb_s":
             out[name] = _float(name, v, optional=True)
-        elif name in ("timeout_s", "latency_alert_factor"):
+        elif name == "timeout_s":
+            out[name] = _float(name, v, optional=True)
+        elif name == "latency_alert_factor":
             out[name] = _float(name, v)
         elif name == "disk_alert_free_fraction":
             f = _float(name, v)
