@@ -141,19 +141,19 @@ class ClusterResult:
         return {"attempts": [asdict(a) for a in self.attempts]}
 
 
-def log_path(log_dir: str, rank: int, attempt: int) -> str:
+def log_path(log_dir: str, rank: int, attempt: int | str) -> str:
     return str(Path(log_dir) / f"rank{rank}.attempt{attempt}.jsonl")
 
 
-def trace_path(log_dir: str, rank: int, attempt: int) -> str:
+def trace_path(log_dir: str, rank: int, attempt: int | str) -> str:
     return str(Path(log_dir) / f"io-rank{rank}.attempt{attempt}.jsonl")
 
 
 class _Attempt:
     """Supervises one launch of all ranks until they all exit, one fails, or they hang."""
 
-    def __init__(self, plan: LaunchPlan, attempt: int, env: Environment) -> None:
-        self.plan, self.attempt, self.env = plan, attempt, env
+    def __init__(self, plan: LaunchPlan, attempt: int, env: Environment, mode: str = "train") -> None:
+        self.plan, self.attempt, self.env, self.mode = plan, attempt, env, mode
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, Any] = {}
         self.codes: dict[int, int | None] = {}
@@ -163,6 +163,8 @@ class _Attempt:
         self.barriers: dict[int, set[int]] = {}  # fault index -> ranks waiting at it
 
     def _mine(self) -> list[tuple[int, Fault]]:
+        if self.mode != "train":
+            return []
         return [(i, f) for i, f in enumerate(self.plan.faults) if f.attempt == self.attempt]
 
     def _spec(self, rank: int, port: int) -> RankSpec:
@@ -188,6 +190,7 @@ class _Attempt:
             backend=plan.backend, triggers=triggers, io_rules=rules,
             trace_path=trace_path(plan.log_dir, rank, self.attempt) if traced else None,
             trace_data=any(f.family == "powerloss" for _, f in self._mine()), netns=netns, env=env,
+            mode=self.mode,
         )
 
     def _start(self, rank: int, port: int) -> None:
@@ -327,6 +330,21 @@ def _rank_target(spec: RankSpec, conn: Any) -> None:
     from chaos.workload.train import rank_entry
 
     rank_entry(spec, conn)
+
+
+VERIFY = "verify"
+
+
+def verify(plan: LaunchPlan, env: Environment | None = None) -> AttemptResult:
+    """After the job: a fresh launch that only loads the latest checkpoint and logs what it got."""
+    env = env or Environment([], plan.world_size, plan.ckpt_root, plan.log_dir, 0)
+    runner = _Attempt(plan, VERIFY, env, mode="verify")  # type: ignore[arg-type]
+    try:
+        runner.launch()
+        return runner.supervise()
+    except KeyboardInterrupt:
+        kill_all()
+        raise
 
 
 def run(plan: LaunchPlan, env: Environment | None = None) -> ClusterResult:

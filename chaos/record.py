@@ -73,6 +73,8 @@ class RunRecord:
     attempts: list[dict[str, Any]]
     events: dict[int, dict[int, list[dict[str, Any]]]] = field(default_factory=dict)  # attempt -> rank -> events
     io: dict[str, Any] = field(default_factory=dict)  # I/O trace summary: ops, fired rules, untraced files
+    verify: dict[str, Any] = field(default_factory=dict)  # the post-run load: outcome and each rank's events
+    hygiene: dict[str, Any] = field(default_factory=dict)  # what outlived the scenario (filled by the runner)
 
     @classmethod
     def collect(cls, result: ClusterResult, log_dir: str, world_size: int, ckpt_root: str | None = None) -> RunRecord:
@@ -118,6 +120,22 @@ class RunRecord:
     def resumes(self, rank: int) -> list[dict[str, Any]]:
         return self.rank_events(rank, "resume")
 
+    def acked_steps(self, attempt: int) -> list[int]:
+        """Saves acknowledged (wait() returned) on any rank during ``attempt``, in order."""
+        return sorted({s for r in range(self.world_size) for e in self.events.get(attempt, {}).get(r, [])
+                       if e["ev"] == "ack" for s in e["steps"]})
+
+    def saved_fingerprint(self, rank: int, step: int, before_attempt: int | None = None) -> dict[str, str] | None:
+        """The state handed to save() at ``step`` by ``rank`` (newest such call, optionally before an attempt)."""
+        found = None
+        for a in sorted(self.events):
+            if before_attempt is not None and a >= before_attempt:
+                break
+            for e in self.events[a].get(rank, []):
+                if e["ev"] == "save_call" and e["step"] == step:
+                    found = e["fingerprint"]
+        return found
+
     def timeline(self) -> list[dict[str, Any]]:
         """Every event but per-step ones and fingerprints, time-ordered: what a timeline draws."""
         out = []
@@ -129,10 +147,12 @@ class RunRecord:
         return sorted(out, key=lambda e: e["t"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"world_size": self.world_size, "attempts": self.attempts, "io": self.io,
+        return {"world_size": self.world_size, "attempts": self.attempts, "io": self.io, "verify": self.verify,
+                "hygiene": self.hygiene,
                 "events": {str(a): {str(r): ev for r, ev in ranks.items()} for a, ranks in self.events.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
         events = {int(a): {int(r): ev for r, ev in ranks.items()} for a, ranks in data["events"].items()}
-        return cls(int(data["world_size"]), data["attempts"], events, data.get("io", {}))
+        return cls(int(data["world_size"]), data["attempts"], events, data.get("io", {}), data.get("verify", {}),
+                   data.get("hygiene", {}))

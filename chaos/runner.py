@@ -19,7 +19,7 @@ from chaos.errors import ChaosError, ConfigError, HarnessError
 from chaos.golden import GoldenRun, get_golden
 from chaos.oracles import OracleResult, judge
 from chaos.protocol import validate_spec
-from chaos.record import RunRecord
+from chaos.record import RunRecord, read_events
 from chaos.scenario import Scenario
 from faults import Unsupported
 
@@ -74,6 +74,28 @@ def _verdict(oracles: dict[str, OracleResult]) -> str:
     return "pass" if all(o.passed for o in oracles.values()) else "fail"
 
 
+def _verify_record(verify: cluster.AttemptResult, log_dir: str, world_size: int) -> dict[str, Any]:
+    events = {r: read_events(cluster.log_path(log_dir, r, cluster.VERIFY)) for r in range(world_size)}
+    errors = [e for evs in events.values() for e in evs if e["ev"] == "error"]
+    return {"outcome": verify.outcome, "detail": verify.detail, "events": events,
+            "errors": [{"rank": e["rank"], "type": e["type"], "message": e["message"][:500]} for e in errors]}
+
+
+def _leftovers(record: RunRecord, scratch: Path, suffix: str | None) -> dict[str, list]:
+    """Everything of this scenario that should be gone by now: rank processes, mounts, namespaces."""
+    from faults.disk import mounts_under
+    from faults.process import alive
+
+    pids = {e["pid"] for a in record.events.values() for evs in a.values() for e in evs if e["ev"] == "start"}
+    pids |= {e["pid"] for evs in record.verify.get("events", {}).values() for e in evs if e["ev"] == "start"}
+    out: dict[str, list] = {"processes": sorted(p for p in pids if alive(p)), "mounts": mounts_under(scratch)}
+    if suffix is not None:
+        from faults.network import leftovers
+
+        out["network"] = leftovers(suffix)
+    return out
+
+
 def _unfired_io_faults(scenario: Scenario, record: RunRecord) -> str | None:
     """An I/O fault that never fired tested nothing: say so (and why, when the I/O was invisible)."""
     wanted = [f for f in scenario.faults if f.family == "io"]
@@ -107,14 +129,22 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> Scena
             ckpt_root=str(scratch / "ckpt"), faults=list(scenario.faults), max_restarts=scenario.max_restarts,
             hang_timeout_s=options.hang_timeout_s, attempt_timeout_s=options.attempt_timeout_s,
         )
+        verify = None
         try:
             with Environment(scenario.faults, scenario.world_size, plan.ckpt_root, plan.log_dir,
                              scenario.workload.save_every) as env:
                 outcome = cluster.run(plan, env)
+                if outcome.completed and not outcome.config_error:
+                    verify = cluster.verify(plan, env)
+                suffix = env.lab.suffix if env.lab is not None else None
         except Unsupported as exc:
             result.verdict, result.error = "skipped", f"skipped: {exc}"
             return result
         record = RunRecord.collect(outcome, str(log_dir), scenario.world_size, plan.ckpt_root)
+        if verify is not None:
+            record.verify = _verify_record(verify, str(log_dir), scenario.world_size)
+        cluster.kill_all()
+        record.hygiene = _leftovers(record, scratch, suffix)
         result.record = record
         if outcome.config_error:
             msgs = [e["message"] for e in record.errors() if e.get("kind") == "config"]

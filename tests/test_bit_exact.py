@@ -10,7 +10,7 @@ MODEL_ONLY = "tests/checkpointers/model_only.py:ModelOnlyCheckpointer"
 
 
 def _record(losses, final, outcome="ok"):
-    events = {0: {0: [{"ev": "step", "attempt": 0, "step": s, "loss": float.fromhex(h), "loss_hex": h, "lr": 0.1}
+    events = {0: {0: [{"ev": "step", "attempt": 0, "step": s, "loss": float.fromhex(h), "loss_hex": h, "lr": 0.1, "t": 0.0}
                       for s, h in losses.items()] + [{"ev": "final", "fingerprint": final}]}}
     return RunRecord(1, [{"attempt": 0, "outcome": outcome, "detail": "", "fired": []}], events)
 

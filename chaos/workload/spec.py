@@ -35,3 +35,5 @@ class RankSpec:
     # Network namespace to enter before anything opens a socket, and extra environment.
     netns: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # "train", or "verify": load the latest checkpoint, log what loaded, exit.
+    mode: str = "train"

@@ -206,6 +206,20 @@ def _init_process_group(spec: RankSpec, cfg: WorkloadConfig, conn: Any) -> None:
                             timeout=timeout)
 
 
+def _verify(ckpt: Any, trainer: Trainer, log: EventLog) -> None:
+    """The final durability check: what does a fresh launch load after the job is done?"""
+    t0 = time.time()
+    loaded = ckpt.load_latest(trainer.template()) if ckpt is not None else None
+    if loaded is None:
+        log.emit("verify", step=None, seconds=time.time() - t0, fingerprint=None)
+    else:
+        log.emit("verify", step=int(loaded[0]), seconds=time.time() - t0, fingerprint=statehash.fingerprint(loaded[1]))
+    if ckpt is not None:
+        ckpt.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
     cfg = WorkloadConfig.from_dict(spec.workload)
     torch.set_num_threads(1)
@@ -218,6 +232,9 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
     ckpt = _make_checkpointer(spec)
     trigger = FaultTrigger(spec, conn, log)
 
+    if spec.mode == "verify":
+        _verify(ckpt, trainer, log)
+        return
     if ckpt is not None:
         t0 = time.time()
         loaded = ckpt.load_latest(trainer.template())
