@@ -20,7 +20,7 @@ from chaos.scenario import Scenario, _parse_value, parse_fault
 from chaos.workload.config import WorkloadConfig
 
 # Modules under chaos.commands that add a subcommand; missing ones are skipped.
-EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report")
+EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report", "crashbench", "selfcheck")
 
 
 def _key_values(items: list[str], what: str) -> dict[str, Any]:
@@ -33,26 +33,50 @@ def _key_values(items: list[str], what: str) -> dict[str, Any]:
     return out
 
 
-def default_faults(cfg: WorkloadConfig, world_size: int) -> list[str]:
-    """The embedded default: kill the last rank between two saves, past the middle of the run."""
-    step = max(2, round(cfg.steps * 0.575))
-    if cfg.save_every and step % cfg.save_every == 0:
-        step -= 1
-    return [f"kill:rank={world_size - 1},step={max(1, step)}"]
+def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:
+    """The embedded default: one scenario per fault family, each aimed past the middle of the run.
+
+    A kill between two saves, a preemption, a crash in the middle of a save's writes, a
+    bit flip in the newest checkpoint, a full disk, a dropped network link (root only;
+    skipped with the reason elsewhere) and a power loss during a save.
+    """
+    def between(fraction: float) -> int:
+        step = max(2, round(cfg.steps * fraction))
+        return step - 1 if cfg.save_every and step % cfg.save_every == 0 else step
+
+    saves = cfg.save_steps() or [cfg.steps]
+    mid_save = saves[len(saves) // 2]
+    last = world_size - 1
+    return [
+        [f"kill:rank={last},step={between(0.575)}"],
+        [f"term:rank=0,step={between(0.45)},grace=2"],
+        [f"crash:rank={last},step={mid_save},op=write,nth=2"],
+        [f"bitflip:step={between(0.575)},bits=16,region=data,seed={cfg.seed}"],
+        [f"diskfull:step={max(1, mid_save - 1)},free=4096"],
+        [f"netdrop:rank={last},step={between(0.575)}"],
+        [f"powerloss:step={mid_save},seed={cfg.seed}"],
+    ]
 
 
 def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
+    """``--fault`` given: one scenario with those faults. None: the default campaign."""
     overrides = _key_values(args.workload, "--workload")
     known = {f.name for f in dataclasses.fields(WorkloadConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ConfigError(f"unknown --workload key(s) {', '.join(unknown)}: known are {', '.join(sorted(known))}")
     cfg = WorkloadConfig(**{**overrides, "seed": args.seed, "steps": args.steps, "save_every": args.save_every})
-    fault_specs = args.fault or default_faults(cfg, args.world_size)
-    faults = [parse_fault(f) for f in fault_specs]
-    scenario = Scenario(checkpointer=args.checkpointer, world_size=args.world_size, workload=cfg, faults=faults,
-                        ckpt_options=_key_values(args.ckpt_opt, "--ckpt-opt"), max_restarts=args.max_restarts)
-    return [scenario]
+    plans = [args.fault] if args.fault else default_campaign(cfg, args.world_size)
+    options = _key_values(args.ckpt_opt, "--ckpt-opt")
+    scenarios = []
+    for specs in plans:
+        faults = [parse_fault(f) for f in specs]
+        workload = cfg
+        if any(f.family == "net" for f in faults) and "collective_timeout_s" not in overrides:
+            workload = dataclasses.replace(cfg, collective_timeout_s=5.0)  # a cut link fails in seconds
+        scenarios.append(Scenario(checkpointer=args.checkpointer, world_size=args.world_size, workload=workload,
+                                  faults=faults, ckpt_options=dict(options), max_restarts=args.max_restarts))
+    return scenarios
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:

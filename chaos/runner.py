@@ -96,6 +96,50 @@ def _leftovers(record: RunRecord, scratch: Path, suffix: str | None) -> dict[str
     return out
 
 
+def _save_trace(log_dir: str, rank: int, attempt: int, mark: int, step: int) -> list[dict[str, Any]]:
+    """Rank's trace records of the save at ``step`` (and its wait), up to the next save's announcement."""
+    from faults.interposer import read_trace
+
+    out = []
+    for rec in read_trace(cluster.trace_path(log_dir, rank, attempt), with_data=True)[mark:]:
+        info = rec.get("info") or {}
+        if rec.get("event") == "phase" and rec.get("name") == "save" and info.get("step") not in (None, step):
+            break
+        out.append(rec)
+    return out
+
+
+def _explore_power_loss(scenario: Scenario, plan: cluster.LaunchPlan, env: Environment,
+                        outcome: cluster.ClusterResult, scratch: Path) -> OracleResult | None:
+    """Every crash state of the traced save, recovered by the real checkpointer: one complete committed state?"""
+    fired = [(f.index, f) for f in outcome.fired() if f.kind == "powerloss" and f.index in env.snapshots]
+    if not fired:
+        return None
+    from chaos.powerloss import PowerLossInput, explore
+
+    index, shot = fired[0]
+    fault = scenario.faults[index]
+    step, attempt, ws = int(shot.step), int(shot.attempt), scenario.world_size
+    logs = {r: read_events(cluster.log_path(plan.log_dir, r, attempt)) for r in range(ws)}
+    committed: dict[int, dict[int, dict[str, str]]] = {}
+    for r, evs in logs.items():
+        for e in evs:
+            if e["ev"] == "save_call" and e["step"] <= step:
+                committed.setdefault(e["step"], {})[r] = e["fingerprint"]
+    t_save = min((e["t"] for evs in logs.values() for e in evs if e["ev"] == "save_call" and e["step"] == step),
+                 default=float("inf"))
+    acked = [s for evs in logs.values() for e in evs if e["ev"] == "ack" and e["t"] < t_save for s in e["steps"]]
+    inp = PowerLossInput(
+        ckpt_root=str(plan.ckpt_root), base=env.snapshots[index],
+        traces=[_save_trace(plan.log_dir, r, attempt, env.trace_marks[index][r], step) for r in range(ws)],
+        checkpointer=scenario.checkpointer, world_size=ws, workload=scenario.workload.to_dict(), step=step,
+        committed=committed, acked_before=max(acked) if acked else None, ckpt_options=dict(scenario.ckpt_options),
+        seed=int(fault.param("seed", 0)), max_states=int(fault.param("max_states", 200)),
+        scratch=str(scratch / "crash-states"))
+    report = explore(inp)
+    return OracleResult("atomic_commit", report.passed, report.summary(), report.to_dict(max_violations=20))
+
+
 def _unfired_io_faults(scenario: Scenario, record: RunRecord) -> str | None:
     """An I/O fault that never fired tested nothing: say so (and why, when the I/O was invisible)."""
     wanted = [f for f in scenario.faults if f.family == "io"]
@@ -136,6 +180,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> Scena
                 outcome = cluster.run(plan, env)
                 if outcome.completed and not outcome.config_error:
                     verify = cluster.verify(plan, env)
+                powerloss = _explore_power_loss(scenario, plan, env, outcome, scratch)
                 suffix = env.lab.suffix if env.lab is not None else None
         except Unsupported as exc:
             result.verdict, result.error = "skipped", f"skipped: {exc}"
@@ -154,6 +199,8 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> Scena
             result.verdict, result.error = "skipped", unfired
             return result
         result.oracles = judge(golden, record)
+        if powerloss is not None:
+            result.oracles["atomic_commit"] = powerloss
         result.verdict = _verdict(result.oracles)
     except ConfigError:
         raise

@@ -53,10 +53,14 @@ def test_replay_command_rebuilds_the_same_scenario():
     assert Scenario.from_dict(scenario.to_dict()).to_dict() == scenario.to_dict()
 
 
-def test_default_fault_kills_between_saves():
-    args = make_parser().parse_args(["run"])
-    (scenario,) = build_scenarios(args)
-    (fault,) = scenario.faults
-    assert fault.kind == "kill" and fault.rank == 1
-    assert fault.step % scenario.workload.save_every != 0
-    assert scenario.checkpointer == "reference"
+def test_default_campaign_covers_every_family_once():
+    scenarios = build_scenarios(make_parser().parse_args(["run"]))
+    families = [s.faults[0].family for s in scenarios]
+    assert sorted(families) == sorted(["process", "process", "io", "rest", "disk", "net", "powerloss"])
+    kill = scenarios[0].faults[0]
+    assert kill.kind == "kill" and kill.rank == 1 and kill.step % scenarios[0].workload.save_every != 0
+    assert all(s.checkpointer == "reference" for s in scenarios)
+    for s in scenarios:
+        s.validate()
+    net = next(s for s in scenarios if s.faults[0].family == "net")
+    assert net.workload.collective_timeout_s == 5.0
