@@ -135,6 +135,7 @@ def _explore_power_loss(scenario: Scenario, plan: cluster.LaunchPlan, env: Envir
         checkpointer=scenario.checkpointer, world_size=ws, workload=scenario.workload.to_dict(), step=step,
         committed=committed, acked_before=max(acked) if acked else None, ckpt_options=dict(scenario.ckpt_options),
         seed=int(fault.param("seed", 0)), max_states=int(fault.param("max_states", 200)),
+        exhaustive_limit=int(fault.param("max_states", 200)),
         scratch=str(scratch / "crash-states"))
     report = explore(inp)
     return OracleResult("atomic_commit", report.passed, report.summary(), report.to_dict(max_violations=20))

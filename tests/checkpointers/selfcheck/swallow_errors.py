@@ -1,0 +1,47 @@
+"""Planted defect: write errors are logged and swallowed; the save is acknowledged anyway.
+
+"A full disk must never kill a week-long run": the writer catches the error (an
+``OSError``, or the ``RuntimeError`` torch.save wraps it in), prints a
+warning and carries on, so the directory is committed with a missing or partial shard,
+``latest`` points at it and ``save()``/``wait()`` return normally. The next restart finds
+that checkpoint unloadable and falls back to an older one, or to nothing. Otherwise this
+is ``correct.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Any
+
+
+def _correct():
+    """``correct.py`` next to this file, loaded once per process (this file is loaded by path)."""
+    name = "chaos_selfcheck_correct"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(os.path.dirname(os.path.abspath(__file__)), "correct.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+Correct = _correct().CorrectCheckpointer
+
+
+class SwallowErrorsCheckpointer(Correct):
+    def _write_shard(self, path: str, payload: Any) -> dict[str, Any]:
+        try:
+            return super()._write_shard(path, payload)
+        except (OSError, RuntimeError) as exc:
+            print(f"warning: checkpoint shard {path} not written: {exc}", file=sys.stderr)
+            return {"bytes": None, "sha256": None}
+
+    def _write_json(self, path: str, obj: Any) -> None:
+        try:
+            super()._write_json(path, obj)
+        except OSError as exc:
+            print(f"warning: checkpoint metadata {path} not written: {exc}", file=sys.stderr)
