@@ -96,10 +96,26 @@ class Environment:
 
     # -- supervisor-side actions -----------------------------------------------------
     def fill_disk(self, fault: Fault) -> dict[str, Any]:
-        from faults.disk import prefill
+        """Leave ``free`` bytes. A rank still writing (an async save) can take space between
+        measuring and allocating: then measure again; a disk that is already fuller than
+        asked is recorded as such."""
+        import errno
 
-        record = prefill(self.ckpt_root, int(fault.param("free", 0)), scratch_root=self.ckpt_root)
-        return {"mechanism": "tmpfs", **record.to_dict()}
+        from faults import FaultError
+        from faults.disk import free_bytes, prefill
+
+        leave = int(fault.param("free", 0))
+        for _ in range(5):
+            try:
+                record = prefill(self.ckpt_root, leave, scratch_root=self.ckpt_root)
+                return {"mechanism": "tmpfs", **record.to_dict()}
+            except FaultError:
+                break  # already less free than asked
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+        return {"mechanism": "tmpfs", "leave_bytes": leave, "free_after": free_bytes(self.ckpt_root),
+                "note": "the disk filled up by itself while the filler was being allocated"}
 
     def link_down(self, rank: int) -> dict[str, Any]:
         return self.lab.link_down(rank)
