@@ -154,18 +154,20 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
 
     from chaos.results import exit_status, write_results
     from chaos.runner import RunOptions, run_scenario
-    from reports.console import scenario_line, summary_table
+    from reports.console import LiveProgress, scenario_line, summary_table
 
     console = Console(stderr=False)
     options = RunOptions(scratch_base=args.scratch, keep=args.keep,
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None,
                          use_golden_cache=not args.no_cache, hang_timeout_s=args.hang_timeout)
     results = []
-    for scenario in scenarios:
-        with console.status(f"running {scenario.id}", spinner="dots"):
-            result = run_scenario(scenario, options)
-        results.append(result)
-        scenario_line(console, result)
+    with LiveProgress(console, len(scenarios)) as live:
+        for scenario in scenarios:
+            live.start(scenario)
+            result = run_scenario(scenario, options, progress=live.update)
+            live.finish(result)
+            results.append(result)
+            scenario_line(console, result)
     summary_table(console, results)
     if args.json:
         write_results(args.json, results)

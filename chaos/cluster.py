@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -92,6 +93,8 @@ class LaunchPlan:
     hang_timeout_s: float = 60.0
     attempt_timeout_s: float = 900.0
     trace_io: bool = False  # trace every rank's checkpoint I/O even without an I/O fault
+    # Called with (event, info) as the job goes: "attempt", "step", "save"; for live displays.
+    progress: Callable[[str, dict[str, Any]], None] | None = None
 
     def wants_trace(self) -> bool:
         return self.trace_io or any(f.family in ("io", "powerloss") for f in self.faults)
@@ -139,6 +142,17 @@ class ClusterResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"attempts": [asdict(a) for a in self.attempts]}
+
+
+def _tree_bytes(root: str | None) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(root or "/nonexistent"):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
 
 
 def log_path(log_dir: str, rank: int, attempt: int | str) -> str:
@@ -274,6 +288,17 @@ class _Attempt:
             self.codes[rank] = proc.exitcode
             _live.pop(proc.pid, None)
 
+    def _report(self, msg: tuple) -> None:
+        """Rank 0's step and save reports, with the checkpoint root's growth as throughput."""
+        assert self.plan.progress is not None
+        if msg[0] == "hb":
+            self.plan.progress("step", {"attempt": self.attempt, "step": msg[1]})
+            return
+        size = _tree_bytes(self.plan.ckpt_root)
+        grown, self._last_bytes = max(0, size - getattr(self, "_last_bytes", 0)), size
+        self.plan.progress("save", {"attempt": self.attempt, "step": msg[1], "seconds": msg[2],
+                                    "mb_s": grown / 1e6 / msg[2] if msg[2] > 0 else None})
+
     def supervise(self) -> AttemptResult:
         started = time.time()
         deadline = time.monotonic() + self.plan.attempt_timeout_s
@@ -294,6 +319,8 @@ class _Attempt:
                         last_progress = time.monotonic()
                         if msg[0] == "fault":
                             self._fire(rank, msg[1])
+                        elif rank == 0 and self.plan.progress is not None and msg[0] in ("hb", "save"):
+                            self._report(msg)
                     else:
                         rank = sentinels[obj]
                         self.procs[rank].join()
@@ -359,6 +386,8 @@ def run(plan: LaunchPlan, env: Environment | None = None) -> ClusterResult:
     try:
         for attempt in range(plan.max_restarts + 1):
             runner = _Attempt(plan, attempt, env)
+            if plan.progress is not None:
+                plan.progress("attempt", {"attempt": attempt})
             runner.launch()
             result = runner.supervise()
             logs = [log_path(plan.log_dir, r, attempt) for r in range(plan.world_size)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,7 +153,8 @@ def _unfired_io_faults(scenario: Scenario, record: RunRecord) -> str | None:
     return f"skipped: I/O fault {wanted[0].spec()} never fired: {why}"
 
 
-def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> ScenarioResult:
+def run_scenario(scenario: Scenario, options: RunOptions | None = None,
+                 progress: Callable[[str, dict[str, Any]], None] | None = None) -> ScenarioResult:
     """Run and judge one scenario. Bad input raises ConfigError; harness faults become verdict 'error'."""
     options = options or RunOptions()
     scenario.validate()
@@ -164,6 +166,8 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> Scena
     scratch = Path(tempfile.mkdtemp(prefix="chaos-", dir=options.scratch_base))
     result = ScenarioResult(scenario, "error", scratch=str(scratch) if options.keep else None)
     try:
+        note = progress or (lambda event, info: None)
+        note("phase", {"phase": "golden run"})
         golden = get_golden(scenario.workload, scenario.world_size, scratch, cache_dir=options.cache_dir,
                             use_cache=options.use_golden_cache)
         result.golden, result.golden_cached = golden, golden.cached
@@ -173,6 +177,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> Scena
             checkpointer=scenario.checkpointer, ckpt_options=dict(scenario.ckpt_options),
             ckpt_root=str(scratch / "ckpt"), faults=list(scenario.faults), max_restarts=scenario.max_restarts,
             hang_timeout_s=options.hang_timeout_s, attempt_timeout_s=options.attempt_timeout_s,
+            progress=progress,
         )
         verify = None
         try:
@@ -180,7 +185,10 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None) -> Scena
                              scenario.workload.save_every) as env:
                 outcome = cluster.run(plan, env)
                 if outcome.completed and not outcome.config_error:
+                    note("phase", {"phase": "verification"})
                     verify = cluster.verify(plan, env)
+                if any(f.family == "powerloss" for f in scenario.faults):
+                    note("phase", {"phase": "power-loss exploration"})
                 powerloss = _explore_power_loss(scenario, plan, env, outcome, scratch)
                 suffix = env.lab.suffix if env.lab is not None else None
         except Unsupported as exc:

@@ -38,3 +38,53 @@ def summary_table(console: Console, results: list[ScenarioResult]) -> None:
     console.print(table)
     counts = {v: sum(1 for r in results if r.verdict == v) for v in STYLE}
     console.print("  ".join(f"[{STYLE[v]}]{v}: {n}[/]" for v, n in counts.items() if n) or "no scenarios")
+
+
+class LiveProgress:
+    """A live line per running scenario: its phase, the step, the last save's latency and
+    throughput. Off when stdout is not a terminal, so CI logs get only the final lines."""
+
+    def __init__(self, console: Console, total: int) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
+            TextColumn("{task.fields[phase]}"), TextColumn("[dim]{task.fields[detail]}"), TimeElapsedColumn(),
+            console=console, disable=not console.is_terminal, transient=False,
+        )
+        self.campaign = self.progress.add_task("campaign", total=total, phase="", detail="")
+        self.task = None
+        self.steps = 1
+
+    def __enter__(self) -> LiveProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def start(self, scenario) -> None:  # noqa: ANN001 - a chaos.scenario.Scenario
+        self.steps = scenario.workload.steps
+        self.task = self.progress.add_task(scenario.id[:48], total=self.steps, phase="starting", detail="")
+
+    def update(self, event: str, info: dict) -> None:
+        if self.task is None:
+            return
+        if event == "phase":
+            self.progress.update(self.task, phase=info["phase"])
+        elif event == "attempt":
+            phase = "faulted run" if info["attempt"] == 0 else f"restart {info['attempt']}"
+            self.progress.update(self.task, phase=phase)
+        elif event == "step":
+            self.progress.update(self.task, completed=info["step"], detail=f"step {info['step']}/{self.steps}")
+        elif event == "save":
+            rate = f", {info['mb_s']:.0f} MB/s" if info.get("mb_s") else ""
+            self.progress.update(self.task, detail=f"save @{info['step']}: {info['seconds'] * 1e3:.0f} ms{rate}")
+
+    def finish(self, result: ScenarioResult) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, phase=result.verdict, completed=self.steps)
+            self.progress.remove_task(self.task)
+            self.task = None
+        self.progress.advance(self.campaign)

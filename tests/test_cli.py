@@ -46,6 +46,7 @@ def test_run_writes_results_json_and_replay_reruns_it(tmp_path):
     proc = chaos("run", "--checkpointer", "tests/checkpointers/model_only.py:ModelOnlyCheckpointer",
                  "--steps", "8", "--save-every", "3", "--fault", "kill:rank=1,step=5", "--json", str(out), *common)
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr, "no control characters when output is not a terminal"
     doc = json.loads(out.read_text())
     assert doc["schema_version"] == 1 and doc["summary"]["fail"] == 1
     (sc,) = doc["scenarios"]

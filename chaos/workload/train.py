@@ -162,6 +162,11 @@ class FaultTrigger:
         if self.conn is not None:
             self.conn.send(("hb", step))
 
+    def saved(self, step: int, seconds: float) -> None:
+        """Tell the supervisor a save returned, for the live console (latency, throughput)."""
+        if self.conn is not None:
+            self.conn.send(("save", step, seconds))
+
 
 def _install_interposer(spec: RankSpec, log: EventLog) -> Any:
     """The I/O interposer goes in before the checkpointer exists, so it sees all its I/O."""
@@ -265,6 +270,7 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
             t0 = time.time()
             ckpt.save(trainer.step, state)
             log.emit("save_return", step=trainer.step, seconds=time.time() - t0)
+            trigger.saved(trainer.step, time.time() - t0)
             pending.append(trainer.step)
     if ckpt is not None:
         t0 = time.time()
