@@ -1,0 +1,33 @@
+"""Property-based chaos: hypothesis draws fault schedules; the reference must survive them all.
+
+Schedules mix kills at steps and at named save phases, I/O crashes and errors, and at-rest
+corruption, with a second fault inside the restart the first one caused. A failure
+shrinks to a minimal schedule and prints the `chaos run` command that replays it (and a
+hypothesis blob). `--chaos-budget SECONDS` buys more examples (about 15 s each).
+"""
+
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+
+from chaos.strategies import REFERENCE_PHASES, fault_schedules
+from chaos.workload.config import WorkloadConfig
+
+pytestmark = pytest.mark.chaos
+
+SMALL = {"steps": 16, "save_every": 4, "d_model": 64, "n_layers": 1}
+
+
+def test_reference_recovers_from_any_fault_schedule(chaos, request):
+    budget = request.config.getoption("--chaos-budget")
+    examples = 3 if not budget else max(3, int(budget // 15))
+    cfg = WorkloadConfig(seed=chaos.session.seed, **SMALL)
+
+    @settings(max_examples=examples, deadline=None, database=None, print_blob=True,
+              suppress_health_check=list(HealthCheck))
+    @given(schedule=fault_schedules(cfg, chaos.session.world_size, phases=REFERENCE_PHASES))
+    def survives(schedule):
+        result = chaos.run(chaos.scenario("reference", schedule, max_restarts=3, **SMALL))
+        note(f"replay: {result.replay}")
+        assert result.verdict in ("pass", "skipped"), chaos.explain(result)
+
+    survives()
