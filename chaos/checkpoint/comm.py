@@ -28,11 +28,30 @@ def _default_timeout() -> timedelta:
         return timedelta(seconds=600)
 
 
+# Private groups no live checkpointer holds, by (world size, timeout): creating and
+# destroying a gloo group costs ~8 ms per checkpointer, which dominates a recovery
+# loop that constructs one per crash state. A group is reused only once its previous
+# owner closed, so two live checkpointers never share one.
+_idle: dict[tuple[int, float, int], list[Any]] = {}
+
+
+def _take_group(world_size: int, timeout: timedelta) -> Any:
+    key = (world_size, timeout.total_seconds(), id(dist.distributed_c10d._get_default_group()))
+    live = dist.distributed_c10d._world.pg_map
+    pool = _idle.setdefault(key, [])
+    while pool:
+        group = pool.pop()
+        if group in live:
+            return key, group
+    return key, dist.new_group(backend="gloo", timeout=timeout)
+
+
 class Comm:
     def __init__(self, rank: int, world_size: int, timeout_s: float | None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.group: Any = None
+        self.failed = False
         if dist.is_available() and dist.is_initialized():
             if dist.get_world_size() != world_size or dist.get_rank() != rank:
                 raise CheckpointConfigError(
@@ -40,7 +59,7 @@ class Comm:
                     f"({dist.get_rank()}/{dist.get_world_size()})"
                 )
             timeout = timedelta(seconds=timeout_s) if timeout_s is not None else _default_timeout()
-            self.group = dist.new_group(backend="gloo", timeout=timeout)
+            self._key, self.group = _take_group(world_size, timeout)
         elif world_size != 1:
             raise CheckpointConfigError(
                 f"world_size={world_size} needs torch.distributed to be initialised before the checkpointer"
@@ -48,6 +67,13 @@ class Comm:
 
     def all_gather_json(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` in rank order (JSON-encoded bytes over gloo)."""
+        try:
+            return self._all_gather_json(obj)
+        except BaseException:
+            self.failed = True  # a group that saw a failed collective is never reused
+            raise
+
+    def _all_gather_json(self, obj: Any) -> list[Any]:
         data = json.dumps(obj, separators=(",", ":")).encode()
         if self.group is None:
             return [json.loads(data)]
@@ -62,10 +88,15 @@ class Comm:
         dist.all_gather(outs, buf, group=self.group)
         return [json.loads(o[: int(s.item())].numpy().tobytes()) for o, s in zip(outs, sizes, strict=True)]
 
-    def close(self) -> None:
-        if self.group is not None:
-            try:
-                dist.destroy_process_group(self.group)
-            except Exception:  # noqa: BLE001 - teardown of a possibly broken group
-                pass
-            self.group = None
+    def close(self, broken: bool = False) -> None:
+        """Give the group back for the next checkpointer, or destroy it if it may be broken."""
+        if self.group is None:
+            return
+        group, self.group = self.group, None
+        if not (broken or self.failed):
+            _idle.setdefault(self._key, []).append(group)
+            return
+        try:
+            dist.destroy_process_group(group)
+        except Exception:  # noqa: BLE001 - teardown of a possibly broken group
+            pass
