@@ -54,7 +54,7 @@ def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:
         [f"bitflip:step={between(0.575)},bits=16,region=data,seed={cfg.seed}"],
         [f"diskfull:step={max(1, mid_save - 1)},free=4096"],
         [f"netdrop:rank={last},step={between(0.575)}"],
-        [f"powerloss:step={mid_save},seed={cfg.seed}"],
+        [f"powerloss:step={mid_save},seed={cfg.seed},max_states=60"],
     ]
 
 
