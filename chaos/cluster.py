@@ -55,7 +55,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def signal_rank(pid: int, sig: int) -> None:
+    """Signal a rank's process group; before the rank has made its group, the rank alone."""
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -68,8 +69,8 @@ def _signal_group(pid: int, sig: int) -> None:
 def kill_all() -> None:
     """SIGKILL every live rank's process group and reap it."""
     for pid, proc in list(_live.items()):
-        _signal_group(pid, signal.SIGKILL)
-        _signal_group(pid, signal.SIGCONT)
+        signal_rank(pid, signal.SIGKILL)
+        signal_rank(pid, signal.SIGCONT)
         proc.join(timeout=10)
         _live.pop(pid, None)
 
@@ -254,7 +255,7 @@ class _Attempt:
         if family == "process":
             sig_name = PROCESS_SIGNALS[fault.kind]
             self._record(index, rank, sig_name)
-            _signal_group(self.procs[rank].pid, getattr(signal, sig_name))
+            signal_rank(self.procs[rank].pid, getattr(signal, sig_name))
             if fault.kind == "term":
                 grace = float(fault.param("grace", 5.0))
                 self.pending_kills.append((time.monotonic() + grace, rank))
@@ -263,7 +264,7 @@ class _Attempt:
             self._record(index, rank, "SIGKILL", {"note": "every rank killed; files corrupted before the restart"})
             self.pending_rest.append(fault)
             for proc in self.procs.values():
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_rank(proc.pid, signal.SIGKILL)
         elif family == "disk":
             self._record(index, rank, None, self.env.fill_disk(fault))
             self._go(rank)
@@ -281,8 +282,8 @@ class _Attempt:
     def _kill_rest(self) -> None:
         for rank, proc in self.procs.items():
             if self.codes.get(rank) is None:
-                _signal_group(proc.pid, signal.SIGKILL)
-                _signal_group(proc.pid, signal.SIGCONT)
+                signal_rank(proc.pid, signal.SIGKILL)
+                signal_rank(proc.pid, signal.SIGCONT)
         for rank, proc in self.procs.items():
             proc.join(timeout=10)
             self.codes[rank] = proc.exitcode
@@ -331,7 +332,7 @@ class _Attempt:
                     if now >= deadline_kill:
                         self.pending_kills.remove((deadline_kill, rank))
                         if self.codes.get(rank) is None:
-                            _signal_group(self.procs[rank].pid, signal.SIGKILL)
+                            signal_rank(self.procs[rank].pid, signal.SIGKILL)
                 failed = {r: c for r, c in self.codes.items() if c not in (None, EXIT_OK)}
                 if failed:
                     outcome = "config_error" if EXIT_CONFIG in failed.values() else "rank_failed"

@@ -517,14 +517,10 @@ class _RecordSpec:
 
 def _record_rank(spec: _RecordSpec, conn: Any) -> None:
     """One rank of a recording: train, save, pause before the last save, save it traced."""
-    from chaos.recovery_pool import _die_with_parent, _err
+    from chaos.recovery_pool import _err
+    from chaos.workload.train import become_rank_process
 
-    try:
-        os.setpgid(0, 0)
-    except PermissionError:
-        pass
-    _die_with_parent()
-    os.environ["OMP_NUM_THREADS"] = "1"
+    become_rank_process()
     try:
         from datetime import timedelta
 

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import atexit
 import copy
-import ctypes
-import multiprocessing as mp
 import os
 import signal
 import socket
@@ -47,25 +45,16 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
+from chaos.cluster import _context as cluster_context
+from chaos.cluster import signal_rank
 from chaos.errors import HarnessError
 
 _pools: weakref.WeakSet[RecoveryPool] = weakref.WeakSet()
 
 
 def _context() -> Any:
-    """The harness's warm fork server (torch preloaded); our own if cluster.py is unavailable.
-
-    Both are the same process-wide forkserver with the same preload, so falling back
-    costs nothing when the cluster module is mid-edit or fails to import.
-    """
-    try:
-        from chaos.cluster import _context as cluster_context
-
-        return cluster_context()
-    except Exception:  # noqa: BLE001 - any import problem: build the identical context here
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["chaos.workload.preload"])
-        return ctx
+    """The harness's warm fork server (torch preloaded), shared with the cluster."""
+    return cluster_context()
 
 
 def _free_port() -> int:
@@ -76,13 +65,7 @@ def _free_port() -> int:
 
 def _kill_group(pid: int) -> None:
     for sig in (signal.SIGKILL, signal.SIGCONT):
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        signal_rank(pid, sig)
 
 
 def _proc_cpu(pid: int) -> float:
@@ -104,13 +87,6 @@ class _WorkerSpec:
     checkpointer: str
     ckpt_options: dict[str, Any]
     pg_timeout_s: float
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _err(exc: BaseException) -> str:
@@ -267,12 +243,9 @@ def _health(gen: int) -> bool:
 
 def _worker_main(spec: _WorkerSpec, conn: Any) -> None:
     """Entry point of one rank of the pool (runs in a process forked by the fork server)."""
-    try:
-        os.setpgid(0, 0)
-    except PermissionError:
-        pass
-    _die_with_parent()
-    os.environ["OMP_NUM_THREADS"] = "1"
+    from chaos.workload.train import become_rank_process
+
+    become_rank_process()
     code = 0
     try:
         from datetime import timedelta

@@ -37,13 +37,18 @@ from chaos.workload.spec import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, RankSpec
 IMPORTED_IN_PID = os.getpid()
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this rank when the process that forked it dies."""
+def become_rank_process() -> None:
+    """What every forked rank-like process does first: lead its own process group (so one
+    killpg takes it and its helpers), die with the process that forked it, one thread."""
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
+        os.setpgid(0, 0)
+    except PermissionError:
+        pass  # already a session leader (e.g. under torchrun): its own group already
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
         pass
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def lr_lambda_factory(cfg: WorkloadConfig):
@@ -285,12 +290,7 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
 
 def rank_entry(spec: RankSpec, conn: Any = None) -> None:
     """Process entry point: its own process group, its own log, a typed exit status."""
-    try:
-        os.setpgid(0, 0)
-    except PermissionError:
-        pass  # already a session leader (e.g. under torchrun): its own group already
-    _die_with_parent()
-    os.environ["OMP_NUM_THREADS"] = "1"
+    become_rank_process()
     os.environ.update(spec.env)
     if spec.netns:
         from faults.network import enter_netns
