@@ -11,23 +11,15 @@ The power-loss exploration must catch it; an ordinary kill must not.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
+from pathlib import Path
 
-_NAME = "chaos_testckpt_careful"
-if _NAME in sys.modules:
-    _careful = sys.modules[_NAME]
-else:
-    _spec = importlib.util.spec_from_file_location(
-        _NAME, os.path.join(os.path.dirname(os.path.abspath(__file__)), "careful.py"))
-    assert _spec is not None and _spec.loader is not None
-    _careful = importlib.util.module_from_spec(_spec)
-    sys.modules[_NAME] = _careful
-    _spec.loader.exec_module(_careful)
+from chaos.protocol import load_checkpointer
+
+# careful.py beside this file, through the harness's own by-path loader (cached per path).
+CarefulCheckpointer = load_checkpointer(f"{Path(__file__).with_name('careful.py')}:CarefulCheckpointer")
 
 
-class NoFsyncCheckpointer(_careful.CarefulCheckpointer):
+class NoFsyncCheckpointer(CarefulCheckpointer):
     def _sync(self, fd: int) -> None:
         pass  # the defect: nothing is ever forced to stable storage
 

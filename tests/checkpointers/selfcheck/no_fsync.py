@@ -9,25 +9,12 @@ acknowledged save can vanish.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
+from pathlib import Path
 
+from chaos.protocol import load_checkpointer
 
-def _correct():
-    """``correct.py`` next to this file, loaded once per process (this file is loaded by path)."""
-    name = "chaos_selfcheck_correct"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, os.path.join(os.path.dirname(os.path.abspath(__file__)), "correct.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-Correct = _correct().CorrectCheckpointer
+# correct.py beside this file, through the harness's own by-path loader (cached per path).
+Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCheckpointer")
 
 
 class NoFsyncCheckpointer(Correct):
