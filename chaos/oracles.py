@@ -145,7 +145,9 @@ def durability(golden: GoldenRun, record: RunRecord) -> OracleResult:
     lost = [r["lost_steps"] for r in restarts if r["lost_steps"] is not None]
     summary = (f"{len(restarts)} restart(s) resumed at or after the newest acknowledged save; "
                f"at most {max(lost)} step(s) of work lost" if lost else "no restart resumed (nothing to check)")
-    return OracleResult(name, True, summary, {"restarts": restarts, "save_interval_steps": None})
+    saves = sorted({e["step"] for e in record.rank_events(0, "save_call")})
+    interval = min((b - a for a, b in zip(saves, saves[1:], strict=False)), default=None)
+    return OracleResult(name, True, summary, {"restarts": restarts, "save_interval_steps": interval})
 
 
 def committed_state(golden: GoldenRun, record: RunRecord) -> OracleResult:

@@ -16,7 +16,7 @@ from typing import Any
 
 from chaos import cluster
 from chaos.environment import Environment
-from chaos.errors import ChaosError, ConfigError, HarnessError
+from chaos.errors import ChaosError, ConfigError
 from chaos.golden import GoldenRun, get_golden
 from chaos.oracles import OracleResult, judge
 from chaos.protocol import validate_spec
@@ -224,5 +224,3 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
             shutil.rmtree(scratch, ignore_errors=True)
     return result
 
-
-__all__ = ["RunOptions", "ScenarioResult", "run_scenario", "HarnessError"]

@@ -39,6 +39,7 @@ def test_durability_fails_a_resume_older_than_the_newest_ack():
     result = durability(GOLD, bad)
     assert not result.passed and "older than the save at step 20" in result.summary
     assert result.evidence["restarts"][0]["lost_steps"] == 13
+    assert durability(GOLD, good).evidence["save_interval_steps"] == 10
 
 
 def test_committed_state_fails_a_load_that_is_not_what_was_saved():
