@@ -12,15 +12,17 @@ import importlib
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from chaos.campaign import DEFAULT_BUDGET_S
 from chaos.errors import ChaosError, ConfigError
 from chaos.scenario import Scenario, _parse_value, parse_fault
 from chaos.workload.config import WorkloadConfig
 
 # Modules under chaos.commands that add a subcommand; missing ones are skipped.
-EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report", "crashbench", "selfcheck")
+EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report", "crashbench", "selfcheck", "engine", "certify")
 
 
 def _key_values(items: list[str], what: str) -> dict[str, Any]:
@@ -75,7 +77,8 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
         if any(f.family == "net" for f in faults) and "collective_timeout_s" not in overrides:
             workload = dataclasses.replace(cfg, collective_timeout_s=5.0)  # a cut link fails in seconds
         scenarios.append(Scenario(checkpointer=args.checkpointer, world_size=args.world_size, workload=workload,
-                                  faults=faults, ckpt_options=dict(options), max_restarts=args.max_restarts))
+                                  faults=faults, ckpt_options=dict(options), max_restarts=args.max_restarts,
+                                  loss_band=args.loss_band, driver=args.driver, image=args.image))
     return scenarios
 
 
@@ -106,8 +109,19 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-restarts", type=int, default=3)
     run.add_argument("--fault", action="append", default=[], metavar="SPEC",
                      help="e.g. kill:rank=1,step=23 | term:rank=0,step=12,grace=2 | stop:rank=1,step=9 (repeatable)")
+    run.add_argument("--driver", default="process", metavar="NAME",
+                     help="run ranks as forked processes (default) or as Docker containers (see `chaos engine`)")
+    run.add_argument("--image", default=None, metavar="NAME",
+                     help="--driver docker: a real image with Python, torch and chaos-ckpt (default: an empty "
+                          "image with the host's Python bind-mounted read-only)")
     run.add_argument("--workload", action="append", default=[], metavar="KEY=VALUE",
                      help="override a workload setting, e.g. d_model=128 (repeatable)")
+    run.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                     help="without --fault: after one scenario per fault family, run hypothesis-generated "
+                          f"schedules until this many seconds have passed (default {DEFAULT_BUDGET_S:.0f})")
+    run.add_argument("--loss-band", type=float, default=None, metavar="REL",
+                     help="loss_continuity: relative band around the golden loss (default 0.005); "
+                          "with --workload nondeterminism=X>0, bit_exact is not judged (tolerance mode)")
     _add_run_options(run)
 
     replay = sub.add_parser("replay", help="rerun scenarios exactly as recorded in a results JSON")
@@ -161,6 +175,7 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None,
                          use_golden_cache=not args.no_cache, hang_timeout_s=args.hang_timeout)
     results = []
+    started = time.monotonic()
     with LiveProgress(console, len(scenarios)) as live:
         for scenario in scenarios:
             live.start(scenario)
@@ -168,6 +183,8 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
             live.finish(result)
             results.append(result)
             scenario_line(console, result)
+    if getattr(args, "command", None) == "run" and not args.fault and scenarios:
+        results += _generated(args, scenarios[0], options, console, started, results)
     summary_table(console, results)
     if args.json:
         write_results(args.json, results)
@@ -179,6 +196,39 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
         render_report(results_document(results), Path(args.html))
         console.print(f"report written to {args.html}")
     return exit_status(results)
+
+
+def _generated(args: argparse.Namespace, template: Scenario, options: Any, console: Any, started: float,
+               done: list[Any]) -> list[Any]:
+    """The campaign's second half: hypothesis-generated schedules in the time left of ``--budget``."""
+    from chaos.campaign import fill_budget
+    from chaos.runner import run_scenario
+    from reports.console import LiveProgress, scenario_line
+
+    timed = list(done)
+
+    def estimate() -> float:  # a scenario's mean cost so far: none starts unless one more fits
+        return sum(r.seconds for r in timed) / len(timed) if timed else 10.0
+
+    def run_one(specs: list[str]) -> Any:
+        scenario = dataclasses.replace(template, faults=[parse_fault(f) for f in specs], id="")
+        with LiveProgress(console, 1) as live:
+            live.start(scenario)
+            result = run_scenario(scenario, options, progress=live.update)
+            live.finish(result)
+        timed.append(result)
+        scenario_line(console, result)
+        console.print(f"  generated schedule {len(timed) - len(done)}: {' '.join(specs)}  replay: {result.replay}",
+                      markup=False, highlight=False, soft_wrap=True)  # one line: copy-paste replays it
+        return result
+
+    budget = args.budget if args.budget is not None else DEFAULT_BUDGET_S
+    out = fill_budget(template.workload, template.world_size, template.checkpointer, started + budget, run_one,
+                      estimate)
+    left = started + budget - time.monotonic()
+    console.print(f"campaign: {len(done)} family scenario(s), {len(out)} generated schedule(s) "
+                  f"(seed {template.workload.seed}); {max(0.0, left):.0f} s of the {budget:.0f} s budget left")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -124,6 +124,7 @@ class AttemptResult:
     ended: float
     fired: list[FiredFault] = field(default_factory=list)
     detail: str = ""
+    world_size: int | None = None  # ranks launched in this attempt (fewer after a rank was lost for good)
 
 
 @dataclass
@@ -140,6 +141,11 @@ class ClusterResult:
 
     def fired(self) -> list[FiredFault]:
         return [f for a in self.attempts for f in a.fired]
+
+    @property
+    def final_world_size(self) -> int | None:
+        """Ranks of the last attempt: the world a final load must use after an elastic shrink."""
+        return self.attempts[-1].world_size if self.attempts else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"attempts": [asdict(a) for a in self.attempts]}
@@ -351,7 +357,7 @@ class _Attempt:
             for conn in self.conns.values():
                 conn.close()
         return AttemptResult(self.attempt, outcome, dict(sorted(self.codes.items())), started, time.time(),
-                             self.fired, detail)
+                             self.fired, detail, self.plan.world_size)
 
 
 def _rank_target(spec: RankSpec, conn: Any) -> None:
@@ -375,6 +381,16 @@ def verify(plan: LaunchPlan, env: Environment | None = None) -> AttemptResult:
         raise
 
 
+def _shrink(plan: LaunchPlan, result: AttemptResult) -> LaunchPlan:
+    """Elastic restart: ranks killed with ``lost=true`` are gone for good, so the next
+    attempt launches that many fewer ranks (renumbered 0..n-1, as torchrun's elastic
+    agent does) and the checkpointer must load at the smaller world size."""
+    lost = {f.rank for f in result.fired if plan.faults[f.index].param("lost", False) is True and f.rank >= 0}
+    if not lost or len(lost) >= plan.world_size:
+        return plan
+    return replace(plan, world_size=plan.world_size - len(lost))
+
+
 def run(plan: LaunchPlan, env: Environment | None = None) -> ClusterResult:
     """Run the job, restarting after a failed attempt up to ``plan.max_restarts`` times.
 
@@ -384,9 +400,10 @@ def run(plan: LaunchPlan, env: Environment | None = None) -> ClusterResult:
     Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
     env = env or Environment([], plan.world_size, plan.ckpt_root, plan.log_dir, 0)
     attempts: list[AttemptResult] = []
+    world = plan
     try:
         for attempt in range(plan.max_restarts + 1):
-            runner = _Attempt(plan, attempt, env)
+            runner = _Attempt(world, attempt, env)
             if plan.progress is not None:
                 plan.progress("attempt", {"attempt": attempt})
             runner.launch()
@@ -399,6 +416,7 @@ def run(plan: LaunchPlan, env: Environment | None = None) -> ClusterResult:
             attempts.append(result)
             if result.outcome in ("ok", "config_error"):
                 break
+            world = _shrink(world, result)
     except KeyboardInterrupt:
         kill_all()
         raise

@@ -7,6 +7,7 @@ replay command, and the same facts go into JUnit XML as properties.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +40,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--chaos-seed", type=int, default=0)
     group.addoption("--chaos-budget", type=float, default=0.0,
                     help="seconds of extra property-based exploration (0 = the small default)")
+    group.addoption("--chaos-driver", choices=("process", "docker"), default="process",
+                    help="run every scenario's ranks as processes (default) or Docker containers "
+                         "(a private engine is started for the session)")
     group.addoption("--chaos-json", default=None, help="write every scenario run in this session to a results JSON")
     group.addoption("--chaos-cache-dir", default=None, help="golden-run cache (default: a session temp dir)")
+    group.addoption("--chaos-loss-band", type=float, default=None,
+                    help="loss_continuity's relative band around the golden loss (default 0.005)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,6 +68,8 @@ class ChaosSession:
     world_size: int
     seed: int
     results: list[ScenarioResult] = field(default_factory=list)
+    driver: str = "process"
+    loss_band: float | None = None
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +79,11 @@ def chaos_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     scratch = tmp_path_factory.mktemp("chaos-scratch")
     session = ChaosSession(
         RunOptions(scratch_base=str(scratch), cache_dir=Path(cache) if cache else tmp_path_factory.mktemp("golden")),
-        cfg.getoption("--chaos-world-size"), cfg.getoption("--chaos-seed"))
+        cfg.getoption("--chaos-world-size"), cfg.getoption("--chaos-seed"),
+        loss_band=cfg.getoption("--chaos-loss-band"))
+    session.driver = cfg.getoption("--chaos-driver")
+    if session.driver == "docker":
+        request.getfixturevalue("docker_engine")  # skips the session's scenarios when none can start
     yield session
     out = cfg.getoption("--chaos-json")
     if out and session.results:
@@ -87,13 +99,17 @@ class ChaosRunner:
         self.session, self._record = session, record_property
 
     def scenario(self, checkpointer: str, faults: list[str] = (), world_size: int | None = None,
-                 ckpt_options: dict[str, Any] | None = None, max_restarts: int = 3, **workload: Any) -> Scenario:
+                 ckpt_options: dict[str, Any] | None = None, max_restarts: int = 3,
+                 loss_band: float | None = None, **workload: Any) -> Scenario:
         cfg = WorkloadConfig(**{"seed": self.session.seed, **workload})
         return Scenario(checkpointer=checkpointer, world_size=world_size or self.session.world_size, workload=cfg,
                         faults=[parse_fault(f) for f in faults], ckpt_options=dict(ckpt_options or {}),
-                        max_restarts=max_restarts)
+                        max_restarts=max_restarts,
+                        loss_band=self.session.loss_band if loss_band is None else loss_band)
 
     def run(self, scenario: Scenario) -> ScenarioResult:
+        if self.session.driver != "process" and scenario.driver == "process":
+            scenario = dataclasses.replace(scenario, driver=self.session.driver, id="")
         result = run_scenario(scenario, self.session.options)
         self.session.results.append(result)
         self._record("chaos_scenario", scenario.id)
@@ -121,3 +137,37 @@ class ChaosRunner:
 @pytest.fixture
 def chaos(chaos_session: ChaosSession, record_property: Any) -> ChaosRunner:
     return ChaosRunner(chaos_session, record_property)
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[Any]:
+    """A private ``dockerd`` for the session (``chaos.drivers.engine.PrivateEngine``), stopped
+    and deleted afterwards; ``DOCKER_HOST`` points at it meanwhile. Skips, with the reason,
+    where none can start (not root, no ``dockerd``, no docker SDK)."""
+    import os
+    import shutil
+    import tempfile
+
+    from chaos.drivers.engine import EngineUnavailable, PrivateEngine, can_start_engine
+
+    ok, why = can_start_engine()
+    if not ok:
+        pytest.skip(f"no Docker engine can be started: {why}")
+    root = tempfile.mkdtemp(prefix="chaos-eng-")  # short: Unix socket paths live under it
+    engine = PrivateEngine(root)
+    try:
+        engine.start()
+    except EngineUnavailable as exc:
+        engine.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"no Docker engine can be started: {exc}")
+    before = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = engine.url
+    try:
+        yield engine
+    finally:
+        if before is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = before
+        engine.stop()

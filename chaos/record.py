@@ -89,6 +89,18 @@ class RunRecord:
     def completed(self) -> bool:
         return bool(self.attempts) and self.attempts[-1]["outcome"] == "ok"
 
+    def attempt_world_size(self, attempt: int | str) -> int:
+        """Ranks launched in ``attempt``: fewer than ``world_size`` after a rank was lost for good."""
+        for a in self.attempts:
+            if a["attempt"] == attempt:
+                return int(a.get("world_size") or self.world_size)
+        return self.world_size
+
+    @property
+    def elastic(self) -> bool:
+        """True when some attempt ran at another world size than the first (a rank was lost for good)."""
+        return any(int(a.get("world_size") or self.world_size) != self.world_size for a in self.attempts)
+
     def rank_events(self, rank: int, ev: str) -> list[dict[str, Any]]:
         return [e for a in sorted(self.events) for e in self.events[a].get(rank, []) if e["ev"] == ev]
 

@@ -6,6 +6,7 @@ request), on success, failure, timeout and Ctrl-C alike.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import cluster
+from chaos.drivers import open_driver
 from chaos.environment import Environment
 from chaos.errors import ChaosError, ConfigError
 from chaos.golden import GoldenRun, get_golden
@@ -153,6 +155,16 @@ def _unfired_io_faults(scenario: Scenario, record: RunRecord) -> str | None:
     return f"skipped: I/O fault {wanted[0].spec()} never fired: {why}"
 
 
+def _unfired_faults(scenario: Scenario, outcome: cluster.ClusterResult) -> str | None:
+    """A supervisor-side fault (process, corruption, disk, network, power) whose point the job never reached."""
+    fired = {f.index for f in outcome.fired()}
+    missed = [f for i, f in enumerate(scenario.faults) if f.family != "io" and i not in fired]
+    if not missed:
+        return None
+    return (f"skipped: fault {missed[0].spec()} never fired (the job never reached its point in attempt "
+            f"{missed[0].attempt}); the run passed but tested nothing")
+
+
 def run_scenario(scenario: Scenario, options: RunOptions | None = None,
                  progress: Callable[[str, dict[str, Any]], None] | None = None) -> ScenarioResult:
     """Run and judge one scenario. Bad input raises ConfigError; harness faults become verdict 'error'."""
@@ -180,13 +192,15 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
             progress=progress,
         )
         verify = None
+        driver = open_driver(scenario.driver, scratch, scenario.image)
         try:
-            with Environment(scenario.faults, scenario.world_size, plan.ckpt_root, plan.log_dir,
-                             scenario.workload.save_every) as env:
-                outcome = cluster.run(plan, env)
+            with driver, Environment(driver.env_faults(scenario.faults), scenario.world_size, plan.ckpt_root,
+                                     plan.log_dir, scenario.workload.save_every) as env:
+                outcome = driver.run(plan, env)
                 if outcome.completed and not outcome.config_error:
                     note("phase", {"phase": "verification"})
-                    verify = cluster.verify(plan, env)
+                    verify = driver.verify(dataclasses.replace(plan, world_size=outcome.final_world_size
+                                                                or plan.world_size), env)
                 if any(f.family == "powerloss" for f in scenario.faults):
                     note("phase", {"phase": "power-loss exploration"})
                 powerloss = _explore_power_loss(scenario, plan, env, outcome, scratch)
@@ -196,9 +210,9 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
             return result
         record = RunRecord.collect(outcome, str(log_dir), scenario.world_size, plan.ckpt_root)
         if verify is not None:
-            record.verify = _verify_record(verify, str(log_dir), scenario.world_size)
+            record.verify = _verify_record(verify, str(log_dir), outcome.final_world_size or scenario.world_size)
         cluster.kill_all()
-        record.hygiene = _leftovers(record, scratch, suffix)
+        record.hygiene = driver.hygiene(_leftovers(record, scratch, suffix))
         result.record = record
         if outcome.config_error:
             msgs = [e["message"] for e in record.errors() if e.get("kind") == "config"]
@@ -207,10 +221,15 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
         if unfired:
             result.verdict, result.error = "skipped", unfired
             return result
-        result.oracles = judge(golden, record)
+        result.oracles = judge(golden, record, loss_band=scenario.loss_band,
+                               nondeterministic=scenario.workload.nondeterminism > 0)
         if powerloss is not None:
             result.oracles["atomic_commit"] = powerloss
         result.verdict = _verdict(result.oracles)
+        missed = _unfired_faults(scenario, outcome)
+        if missed and result.verdict == "pass":
+            # Nothing was attacked: a green verdict would claim more than was tested.
+            result.verdict, result.error = "skipped", missed
     except ConfigError:
         raise
     except ChaosError as exc:

@@ -39,9 +39,14 @@ class FaultKind:
 _IO_KEYS = frozenset({"op", "nth", "path", "byte", "phase", "keep", "times"})
 _REST_KEYS = frozenset({"file", "seed", "bits", "region", "fraction", "length"})
 FAULT_KINDS: dict[str, FaultKind] = {
-    "kill": FaultKind("process", frozenset({"phase"}), True, True, "SIGKILL the rank at step N (or at phase P of the save at step N)"),
+    "kill": FaultKind("process", frozenset({"phase", "lost"}), True, True,
+                      "SIGKILL the rank at step N (or at phase P of the save at step N); lost=true: the rank "
+                      "never comes back and the job restarts on fewer ranks (elastic)"),
     "term": FaultKind("process", frozenset({"phase", "grace"}), True, True, "SIGTERM, then SIGKILL after grace seconds"),
     "stop": FaultKind("process", frozenset({"phase"}), True, True, "SIGSTOP: a hung rank"),
+    "restart": FaultKind("process", frozenset({"phase", "timeout"}), True, True,
+                         "--driver docker: the engine restarts the rank's container (stopped after `timeout` s); "
+                         "the job has lost the rank and restarts from its checkpoint"),
     "crash": FaultKind("io", _IO_KEYS, True, False, "the rank dies at an exact I/O point (op/nth, byte of path, phase)"),
     "eio": FaultKind("io", _IO_KEYS, True, False, "an I/O operation fails with EIO"),
     "enospc": FaultKind("io", _IO_KEYS, True, False, "an I/O operation fails with ENOSPC"),
@@ -153,12 +158,17 @@ class Scenario:
     ckpt_options: dict[str, Any] = field(default_factory=dict)
     backend: str = "file"
     max_restarts: int = 3
+    driver: str = "process"  # how ranks run: "process" (forked) or "docker" (containers)
+    image: str | None = None  # docker driver: a real image instead of the host-mounted empty one
     id: str = ""
+    loss_band: float | None = None  # loss_continuity's relative band (None: oracles.DEFAULT_LOSS_BAND)
 
     def __post_init__(self) -> None:
         if not self.id:
             tag = "+".join(f.spec() for f in self.faults) or "nofault"
             raw = f"{self.checkpointer}-{tag}-seed{self.workload.seed}"
+            if self.driver != "process":
+                raw += f"-{self.driver}"
             self.id = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", raw)
 
     def validate(self) -> None:
@@ -168,6 +178,13 @@ class Scenario:
             raise ConfigError(f"--steps must be at least 1, got {self.workload.steps}")
         if self.workload.save_every < 0:
             raise ConfigError(f"--save-every must be non-negative, got {self.workload.save_every}")
+        if self.driver not in ("process", "docker"):
+            raise ConfigError(f"unknown --driver {self.driver!r}: known drivers are process, docker")
+        if self.image is not None and self.driver != "docker":
+            raise ConfigError(f"--image {self.image!r} needs --driver docker")
+        restarts = [f.spec() for f in self.faults if f.kind == "restart"]
+        if restarts and self.driver != "docker":
+            raise ConfigError(f"fault {restarts[0]!r}: a container restart needs --driver docker")
         for f in self.faults:
             if f.rank is not None and f.rank >= self.world_size:
                 raise ConfigError(f"fault {f.spec()!r}: rank {f.rank} does not exist with --world-size {self.world_size}")
@@ -175,12 +192,18 @@ class Scenario:
                 raise ConfigError(f"fault {f.spec()!r}: step must be in 1..{self.workload.steps}")
             if f.attempt > self.max_restarts:
                 raise ConfigError(f"fault {f.spec()!r}: attempt {f.attempt} exceeds --max-restarts {self.max_restarts}")
+            if f.param("lost") is not None and not (f.param("lost") is True and self.world_size > 1):
+                raise ConfigError(f"fault {f.spec()!r}: lost=true needs --world-size 2 or more (a rank must remain)")
 
     def replay_command(self) -> str:
         w = self.workload
         args = ["chaos", "run", "--checkpointer", self.checkpointer, "--world-size", str(self.world_size),
                 "--steps", str(w.steps), "--save-every", str(w.save_every), "--seed", str(w.seed),
                 "--max-restarts", str(self.max_restarts)]
+        if self.driver != "process":
+            args += ["--driver", self.driver]
+        if self.image is not None:
+            args += ["--image", self.image]
         default = WorkloadConfig()
         for f in dataclasses.fields(WorkloadConfig):
             if f.name in ("seed", "steps", "save_every"):
@@ -190,6 +213,8 @@ class Scenario:
                 args += ["--workload", f"{f.name}={value}"]
         for key, value in sorted(self.ckpt_options.items()):
             args += ["--ckpt-opt", f"{key}={value}"]
+        if self.loss_band is not None:
+            args += ["--loss-band", str(self.loss_band)]
         for fault in self.faults:
             args += ["--fault", fault.spec()]
         return shlex.join(args)
@@ -198,7 +223,8 @@ class Scenario:
         return {"id": self.id, "checkpointer": self.checkpointer, "world_size": self.world_size,
                 "workload": self.workload.to_dict(), "faults": [f.to_dict() for f in self.faults],
                 "ckpt_options": dict(self.ckpt_options), "backend": self.backend,
-                "max_restarts": self.max_restarts}
+                "max_restarts": self.max_restarts, "loss_band": self.loss_band,
+                "driver": self.driver, "image": self.image}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scenario:
@@ -206,4 +232,6 @@ class Scenario:
                    workload=WorkloadConfig.from_dict(data["workload"]),
                    faults=[Fault.from_dict(f) for f in data.get("faults", [])],
                    ckpt_options=dict(data.get("ckpt_options", {})), backend=data.get("backend", "file"),
-                   max_restarts=int(data.get("max_restarts", 3)), id=data.get("id", ""))
+                   max_restarts=int(data.get("max_restarts", 3)), id=data.get("id", ""),
+                   driver=data.get("driver", "process"), image=data.get("image"),
+                   loss_band=data.get("loss_band"))

@@ -930,3 +930,8 @@ def render_report(results_doc: dict[str, Any], out: str | Path, extras: dict[str
 
 __all__ = ["render_report", "render_html", "build_context", "load_json", "normalize_extras", "first_divergence",
            "downsample", "young_daly", "plotly_bundle", "script_json", "THRESHOLD_KEYS"]
+
+
+def render_certification(report: dict[str, Any]) -> str:
+    """The ``chaos certify`` report as one self-contained HTML page (no scripts)."""
+    return _environment().get_template("certify.html.j2").render(r=report)

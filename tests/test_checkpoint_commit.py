@@ -65,14 +65,15 @@ def test_commit_order_fsync_before_rename_before_latest(tmp_path, trace):
     final = os.path.join(root, "step-0000000010")
     shard_fsync = _index(trace, "fsync", lambda p: p.endswith("shard-r00000.safetensors") and ".tmp-step" in p)
     manifest_fsync = _index(trace, "fsync", lambda p: p.endswith("manifest.json") and ".tmp-step" in p)
-    tmpdir_fsync = _index(trace, "fsync", lambda p: os.path.basename(p).startswith(".tmp-step"))
     rename = _index(trace, "rename", lambda v: v.endswith("-> " + final))
-    parent_fsync = _index(trace, "fsync", lambda p: p == root)
+    final_fsync = _index(trace, "fsync", lambda p: p == final)
     latest_fsync = _index(trace, "fsync", lambda p: ".tmp-latest" in p)
     latest_replace = _index(trace, "replace", lambda v: v.endswith(os.path.join(root, "latest")))
     vote = _index(trace, "phase", lambda v: v == "vote")
-    assert shard_fsync < vote < manifest_fsync < tmpdir_fsync < rename < parent_fsync < latest_fsync < latest_replace
+    assert shard_fsync < vote < manifest_fsync < rename < final_fsync < latest_fsync < latest_replace
+    # One root fsync after both renames makes the directory and the pointer durable.
     assert trace[latest_replace + 1] == ("fsync", root), "latest rename must be followed by a directory fsync"
+    assert [i for i, (k, v) in enumerate(trace) if k == "fsync" and v == root] == [latest_replace + 1]
     names = [v for k, v in trace if k == "phase"]
     assert names == ["snapshot", "write_shards", "fsync_shards", "vote", "write_manifest", "rename", "update_latest", "retention"]
     assert commit.read_latest(root) == 10

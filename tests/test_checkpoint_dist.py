@@ -114,16 +114,31 @@ def test_killed_save_leaves_previous_checkpoint_latest(tmp_path, phase_name, kil
     assert step == 5 and fp == fingerprint(make_state(0, 5))
 
 
-def test_corrupted_shard_detected_and_falls_back(tmp_path):
+def _load_all_in_place(rank: int, world: int, root: str, opts: dict) -> tuple:
+    from chaos.checkpoint import loader
+
+    loader.IN_PLACE_MIN_BYTES = 1  # every replicated tensor is read into the template
+    return _load(rank, world, root, opts)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_corrupted_shard_detected_and_falls_back(tmp_path, in_place):
+    """With in-place loading the rejected step's bytes land in the template first; the
+    fallback must overwrite every one of them."""
     root = str(tmp_path)
     check_all_ok(run_ranks(_save_steps, 2, root, [5, 10], OPTS))
     shard = os.path.join(root, step_dirname(10), "shard-r00001.safetensors")
+    m = read_manifest(os.path.join(root, step_dirname(10)))
+    # Inside a replicated tensor (the kind read in place), not a per-rank one.
+    begin, end = next(e["offsets"] for n, e in m["entries"].items()
+                      if e["shard"] == "shard-r00001.safetensors" and "@r" not in n and e["offsets"][1] - e["offsets"][0] >= 8)
+    at = (begin + end) // 2
     with open(shard, "r+b") as f:
-        f.seek(-3, os.SEEK_END)
+        f.seek(at)
         byte = f.read(1)
-        f.seek(-3, os.SEEK_END)
+        f.seek(at)
         f.write(bytes([byte[0] ^ 0x10]))
-    loaded = check_all_ok(run_ranks(_load, 2, root, OPTS))
+    loaded = check_all_ok(run_ranks(_load_all_in_place if in_place else _load, 2, root, OPTS))
     for rank in (0, 1):
         step, fp, rejects, alerts = loaded[rank]
         assert step == 5 and fp == fingerprint(make_state(rank, 5))
@@ -153,8 +168,8 @@ def test_resharding_loads_replicated_state_bit_exact(tmp_path, old, new):
         assert replicated == {k: v for k, v in saved[old - 1][0].items() if k in replicated}
 
 
-def _async_mutation(rank: int, world: int, root: str) -> tuple:
-    ckpt = ReferenceCheckpointer(root, rank, world, async_save="true", **OPTS)
+def _async_mutation(rank: int, world: int, root: str, replicas: str = "verify") -> tuple:
+    ckpt = ReferenceCheckpointer(root, rank, world, async_save="true", replicas=replicas, **OPTS)
     expected = []
     state = make_state(rank, 3)
     for step in (3, 4, 5):
@@ -171,15 +186,18 @@ def _async_mutation(rank: int, world: int, root: str) -> tuple:
     return step, fingerprint(loaded) == expected[-1], stalls
 
 
-def test_async_snapshot_immune_to_mutation_after_save_returns(tmp_path):
-    results = check_all_ok(run_ranks(_async_mutation, 2, str(tmp_path)))
+@pytest.mark.parametrize("replicas", ["verify", "trust"])
+def test_async_snapshot_immune_to_mutation_after_save_returns(tmp_path, replicas):
+    """Also with replicas=trust, where a rank neither copies nor reads the replicas another
+    rank writes: mutating them right after save() must not reach the checkpoint."""
+    results = check_all_ok(run_ranks(_async_mutation, 2, str(tmp_path), replicas))
     for step, same, stalls in results:
         assert step == 5 and same
         assert len(stalls) == 3 and all(stall <= seconds for stall, seconds in stalls)
 
 
-def _replication_changes(rank: int, world: int, root: str) -> tuple:
-    ckpt = ReferenceCheckpointer(root, rank, world, async_save=True, **OPTS)
+def _replication_changes(rank: int, world: int, root: str, replicas: str = "verify") -> tuple:
+    ckpt = ReferenceCheckpointer(root, rank, world, async_save=True, replicas=replicas, **OPTS)
     state = make_state(rank, 1)
     state["data"]["shared"] = torch.zeros(64)  # identical on both ranks: written once
     ckpt.save(1, state)
@@ -209,6 +227,15 @@ def test_async_dedup_detects_changed_replication_pattern(tmp_path):
         assert step == 3 and ok
 
 
+def test_async_dedup_trusting_replicas_misses_a_diverged_one_as_documented(tmp_path):
+    """replicas=trust is DCP's assumption: a tensor that stops being identical across
+    ranks is not noticed until the pattern is re-learned, so the non-owner's value is lost.
+    This pins the documented trade-off; the default (verify) catches it (test above)."""
+    results = check_all_ok(run_ranks(_replication_changes, 2, str(tmp_path), "trust"))
+    assert [second for second, _, _ in results] == ["committed", "committed"]
+    assert sorted(ok for _, _, ok in results) == [False, True]  # one rank got the other's copy
+
+
 def _one_rank_fails_write(rank: int, world: int, root: str) -> str:
     import chaos.checkpoint.saver as saver
 
@@ -235,3 +262,40 @@ def test_failing_rank_makes_save_raise_everywhere_and_commits_nothing(tmp_path):
         assert text.startswith("CommitError") and "rank 1" in text and "No space left" in text
     assert list_steps(root) == [5] and read_latest(root) == 5
     assert not [n for n in os.listdir(root) if n.startswith(".tmp-step")], "partial directory left behind"
+
+
+def _load_keeping_template(rank: int, world: int, root: str, in_place: bool) -> tuple:
+    from chaos.checkpoint import loader
+
+    loader.IN_PLACE_MIN_BYTES = 1  # these tensors are tiny; real ones are MBs
+    ckpt = ReferenceCheckpointer(root, rank, world, load_in_place=in_place, **OPTS)
+    try:
+        template = make_state(rank, 0)
+        before = fingerprint(template)
+        step, state = ckpt.load_latest(template)
+        shared = sorted(
+            path for path, t in (("model/layer.weight", state["model"]["layer.weight"]),
+                                 ("optimizer/exp_avg", state["optimizer"]["state"][0]["exp_avg"]),
+                                 ("rng/torch", state["rng"]["torch"]))
+            if t.data_ptr() == {"model/layer.weight": template["model"]["layer.weight"],
+                                "optimizer/exp_avg": template["optimizer"]["state"][0]["exp_avg"],
+                                "rng/torch": template["rng"]["torch"]}[path].data_ptr()
+        )
+        return step, fingerprint(state), shared, fingerprint(template) == before
+    finally:
+        ckpt.close()
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_load_in_place_fills_replicated_template_tensors_only(tmp_path, in_place):
+    root = str(tmp_path)
+    saved = check_all_ok(run_ranks(_save_steps, 2, root, [5], OPTS))
+    loaded = check_all_ok(run_ranks(_load_keeping_template, 2, root, in_place))
+    for rank in (0, 1):
+        step, fp, shared, untouched = loaded[rank]
+        assert step == 5 and fp == saved[rank][0]
+        if in_place:
+            # Replicated tensors land in the template's memory; per-rank ones never do.
+            assert shared == ["model/layer.weight", "optimizer/exp_avg"] and not untouched
+        else:
+            assert shared == [] and untouched

@@ -65,6 +65,9 @@ def test_tree_roundtrip_keeps_key_container_and_leaf_types(state):
     node = tree.resolve(node, lambda p: p)
     out = tree.Decoder("m.json", 0, lambda entry: tensors[entry]).decode(node)
     assert same(out, state)
+    # The cheap path walker used by structure checks names tensors exactly as encode does.
+    fast = tree.tensor_paths(state)
+    assert list(fast) == list(tensors) and all(fast[p] is tensors[p] for p in tensors)
 
 
 def test_float_bits_survive_exactly():
@@ -271,3 +274,26 @@ def test_throttle_paces_writes(monkeypatch):
     assert slept == [pytest.approx(0.5), pytest.approx(0.5)]
     shard.Throttle(None).consume(10**9)  # unlimited: no sleep
     assert len(slept) == 2
+
+
+def test_shard_writer_starts_writeback_as_it_goes_and_writes_the_same_bytes(tmp_path, monkeypatch):
+    """Early writeback is a hint only: same bytes and checksum as without it, on any file object."""
+    import io
+
+    from chaos.checkpoint import shard
+
+    calls: list[tuple[int, int]] = []
+    real = shard._load_sync_file_range()
+    assert real, "sync_file_range must be available on Linux"
+    monkeypatch.setattr(shard._Writeback, "_libc", lambda fd, off, n, flags: (calls.append((off, n)), real(fd, off, n, flags))[1])
+    tensors = {f"w{i}": torch.full((3 << 20,), float(i)) for i in range(3)}  # 3 x 12 MB
+    with open(tmp_path / "s.safetensors", "wb") as f:
+        info = shard.write_shard(f, "s.safetensors", tensors, {"step": "1"}, "xxh3")
+    mem = io.BytesIO()  # no file descriptor: writeback is skipped, nothing else changes
+    info_mem = shard.write_shard(mem, "s.safetensors", tensors, {"step": "1"}, "xxh3")
+    assert (tmp_path / "s.safetensors").read_bytes() == mem.getvalue()
+    assert info.checksum == info_mem.checksum and info.size == len(mem.getvalue())
+    # Contiguous ranges from the start, each kicked once it reached a chunk.
+    assert len(calls) >= 3 and calls[0][0] == 0
+    assert all(a[0] + a[1] == b[0] for a, b in zip(calls, calls[1:], strict=False))
+    assert sum(n for _, n in calls) > info.size - shard.CHUNK

@@ -116,3 +116,34 @@ def test_engine_emits_save_and_load_events(tmp_path):
     assert save["throughput_mb_s"] == pytest.approx(save["bytes"] / save["seconds"] / 1e6)
     assert load["outcome"] == "loaded" and load["verified"] and load["step"] == 1 and load["bytes"] == save["bytes"]
     assert "chaos_ckpt_loads_total" in c.prometheus_text()
+
+
+def test_background_commit_runs_jobs_in_order_on_one_thread_and_keeps_errors():
+    import threading
+
+    from chaos.checkpoint.async_writer import BackgroundCommit
+
+    bg = BackgroundCommit()
+    seen: list[tuple[int, int]] = []
+    release = threading.Event()
+
+    def job(i: int) -> None:
+        if i == 0:
+            release.wait(5)
+        seen.append((i, threading.get_ident()))
+
+    bg.submit(lambda: job(0))
+    assert bg.busy()
+    release.set()
+    bg.submit(lambda: job(1))  # waits for job 0: at most one in flight
+    bg.join()
+    assert [i for i, _ in seen] == [0, 1] and len({t for _, t in seen}) == 1
+    assert not bg.busy() and bg.take_error() is None
+
+    bg.submit(lambda: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    bg.join()
+    err = bg.take_error()
+    assert isinstance(err, OSError) and err.errno == 28 and bg.take_error() is None
+    thread = bg.thread
+    bg.stop()
+    assert thread is not None and not thread.is_alive() and bg.thread is None

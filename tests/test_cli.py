@@ -63,3 +63,14 @@ def test_run_writes_results_json_and_replay_reruns_it(tmp_path):
     redo = json.loads((tmp_path / "again.json").read_text())["scenarios"][0]
     assert redo["id"] == sc["id"]
     assert redo["oracles"]["bit_exact"]["evidence"] == sc["oracles"]["bit_exact"]["evidence"]
+
+
+def test_a_fault_that_never_fires_makes_the_scenario_skipped_not_passed(tmp_path):
+    """attempt=1 never runs when the first attempt finishes: nothing was attacked."""
+    out = tmp_path / "out.json"
+    proc = chaos("run", "--steps", "6", "--save-every", "3", "--fault", "kill:rank=1,step=5,attempt=1",
+                 "--json", str(out), "--cache-dir", str(tmp_path / "cache"), "--scratch", str(tmp_path / "scratch"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (sc,) = json.loads(out.read_text())["scenarios"]
+    assert sc["verdict"] == "skipped" and sc["fired"] == []
+    assert "kill:rank=1,step=5,attempt=1 never fired" in sc["error"]

@@ -7,6 +7,8 @@ from chaos.oracles import (
     durability,
     final_durability,
     hygiene,
+    judge,
+    loss_continuity,
     no_false_ack,
 )
 from chaos.record import RunRecord
@@ -83,3 +85,88 @@ def test_hygiene_fails_on_anything_left_behind():
     assert hygiene(GOLD, record([FIRST], outcomes=("ok",), hygiene={"processes": [], "mounts": []})).passed
     left = hygiene(GOLD, record([FIRST], outcomes=("ok",), hygiene={"processes": [4242], "mounts": []}))
     assert not left.passed and "4242" in left.summary
+
+
+# -- loss_continuity ------------------------------------------------------------------
+GOLD_LOSS = {s: 5.0 - 0.1 * s for s in range(1, 21)}
+
+
+def _curve_record(attempt_losses, world_sizes=(1, 1), resumed=10, gold=None):
+    """Attempt 0 runs steps 1..12 and dies; attempt 1 resumes at ``resumed`` and runs to 20.
+
+    With ``gold``, attempt 0 runs exactly the golden per-rank losses instead."""
+    attempts, events = [], {}
+    for a, (losses, ws) in enumerate(zip(attempt_losses, world_sizes, strict=True)):
+        attempts.append({"attempt": a, "outcome": "ok" if a == len(attempt_losses) - 1 else "rank_failed",
+                         "detail": "", "fired": [], "world_size": ws})
+        events[a] = {}
+        for r in range(ws):
+            evs = [{"ev": "resume", "rank": r, "attempt": a, "t": 0.0, "step": resumed, "fingerprint": None}] if a else []
+            curve = {s: float.fromhex(gold.losses[r][s]) for s in losses} if gold and a == 0 else losses
+            evs += [{"ev": "step", "rank": r, "attempt": a, "t": float(s), "step": s, "loss": v, "loss_hex": v.hex(),
+                     "lr": 0.1} for s, v in curve.items()]
+            events[a][r] = evs
+    return RunRecord(max(world_sizes), attempts, events)
+
+
+def _gold(world_size=1, spread=0.0):
+    losses = {r: {s: (v * (1 + spread * (-1) ** (s + r))).hex() for s, v in GOLD_LOSS.items()}
+              for r in range(world_size)}
+    return GoldenRun("k", world_size, losses, {}, {r: {} for r in range(world_size)})
+
+
+def _run(noise=0.0, bump=0.0, late=0.0):
+    first = {s: GOLD_LOSS[s] * (1 + noise * (-1) ** s) for s in range(1, 13)}
+    second = {s: GOLD_LOSS[s] * (1 + noise * (-1) ** s + (bump if s <= 13 else 0) + (late if s == 19 else 0))
+              for s in range(11, 21)}
+    return [first, second]
+
+
+def test_loss_continuity_passes_an_identical_curve_and_reports_its_band():
+    result = loss_continuity(_gold(), _curve_record(_run()), band=0.01)
+    assert result.passed and result.evidence["band"] == 0.01
+    assert result.evidence["max_deviation"]["relative_deviation"] == 0.0
+
+
+def test_loss_continuity_tolerates_noise_inside_the_band_and_fails_it_outside():
+    assert loss_continuity(_gold(), _curve_record(_run(noise=0.001)), band=0.005).passed
+    result = loss_continuity(_gold(), _curve_record(_run(noise=0.001)), band=0.0005)
+    assert not result.passed and "off the golden" in result.summary
+    assert result.evidence["first_outside_band"]["step"] == 1  # the first step outside, not a later one
+
+
+def test_loss_continuity_fails_a_spike_at_the_resume_point():
+    # +1.8 % for three steps after the resume at 10 (steps 11-13), then back on the curve:
+    # every step within a 2 % band, but the window's mean excess (1.08 %) is over band / 2.
+    result = loss_continuity(_gold(), _curve_record(_run(bump=0.018)), band=0.02)
+    assert not result.passed and "spike after the resume at step 10" in result.summary
+    assert result.evidence["spikes"][0]["resumed_at"] == 10
+    assert result.evidence["first_outside_band"] is None
+    # The same excess late in the run, far from any resume, is no spike (and inside the band).
+    assert loss_continuity(_gold(), _curve_record(_run(late=0.018)), band=0.02).passed
+
+
+def test_judge_drops_bit_exact_in_tolerance_mode_and_says_why():
+    rec = _curve_record(_run(noise=0.001))
+    exact = judge(_gold(), rec, ["bit_exact", "loss_continuity"])
+    assert set(exact) == {"bit_exact", "loss_continuity"} and not exact["bit_exact"].passed
+    tolerant = judge(_gold(), rec, ["bit_exact", "loss_continuity"], nondeterministic=True, loss_band=0.01)
+    assert set(tolerant) == {"loss_continuity"} and tolerant["loss_continuity"].passed
+    assert "nondeterministic" in tolerant["loss_continuity"].evidence["bit_exact"]
+    assert tolerant["loss_continuity"].evidence["band"] == 0.01
+
+
+def test_loss_continuity_after_an_elastic_shrink_compares_smoothed_means_within_the_golden_spread():
+    gold = _gold(world_size=2, spread=0.05)
+    near = _curve_record([{s: GOLD_LOSS[s] for s in range(1, 13)}, {s: GOLD_LOSS[s] * 1.02 for s in range(11, 21)}],
+                         world_sizes=(2, 1), gold=gold)
+    result = judge(gold, near, ["bit_exact", "loss_continuity"], loss_band=0.05)["loss_continuity"]
+    assert result.passed, result.summary
+    assert "world size changed (2 -> 1)" in result.evidence["bit_exact"]
+    assert result.evidence["elastic"][0]["world_size"] == 1
+    # Smoothing over 4 steps of a +-5 % zig-zag leaves no spread: the band stays the set one.
+    assert result.evidence["elastic"][0]["effective_band"] == 0.05
+    diverged = _curve_record([{s: GOLD_LOSS[s] for s in range(1, 13)}, {s: GOLD_LOSS[s] * 1.3 for s in range(11, 21)}],
+                             world_sizes=(2, 1), gold=gold)
+    bad = loss_continuity(gold, diverged, band=0.05)
+    assert not bad.passed and "rank mean" in bad.summary

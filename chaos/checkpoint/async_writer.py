@@ -10,6 +10,7 @@ the next ``save()`` or ``wait()``.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Mapping
 
@@ -39,32 +40,54 @@ class Staging:
 
 
 class BackgroundCommit:
-    """Runs one job at a time on a daemon thread and keeps its exception."""
+    """Runs one job at a time on a long-lived daemon thread and keeps its exception.
+
+    The thread is started once, at the first job, and then fed through a queue: starting
+    a thread per save made ``save()`` wait for the new thread to be scheduled and to give
+    the GIL back (milliseconds, most of an async save's stall for small states).
+    """
 
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
 
-    def submit(self, job: Callable[[], None]) -> None:
-        self.join()
-
-        def run() -> None:
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
             try:
                 job()
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 self.error = exc
+            finally:
+                self._idle.set()
 
-        self.thread = threading.Thread(target=run, name="chaos-ckpt-commit", daemon=True)
-        self.thread.start()
+    def submit(self, job: Callable[[], None]) -> None:
+        self.join()
+        self._idle.clear()
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._loop, name="chaos-ckpt-commit", daemon=True)
+            self.thread.start()
+        self._jobs.put(job)
 
     def join(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
+        self._idle.wait()
 
     def busy(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
+        return not self._idle.is_set()
 
     def take_error(self) -> BaseException | None:
         err, self.error = self.error, None
         return err
+
+    def stop(self) -> None:
+        """Finish the job in flight, then end the thread."""
+        self.join()
+        if self.thread is not None and self.thread.is_alive():
+            self._jobs.put(None)
+            self.thread.join()
+        self.thread = None

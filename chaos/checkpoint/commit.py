@@ -8,8 +8,8 @@ Layout under the root::
 
 Who calls what: every rank writes and fsyncs its own shard in the temporary directory
 (phase 1). After the vote, one rank (rank 0) calls :func:`publish`: manifest written and
-fsynced, directory fsynced, renamed to its final name, parent fsynced, then the
-``latest`` pointer replaced (temp file, fsync, rename, fsync). A directory without a
+fsynced, the directory renamed to its final name and fsynced, then the ``latest``
+pointer replaced (temp file, fsync, rename) and the parent fsynced. A directory without a
 manifest was never published; the rename is the commit point. The root must be a file
 system every rank sees (a shared POSIX mount or one host).
 """
@@ -112,28 +112,34 @@ def remove_dir(root: str, name: str) -> None:
 
 
 def publish(root: str, tmp_name: str, step: int, manifest: bytes) -> None:
-    """Phase 2, on one rank: manifest, fsyncs, rename, then the ``latest`` pointer."""
+    """Phase 2, on one rank: manifest, rename, then the ``latest`` pointer; durable on return.
+
+    Four syncs, not six: the manifest's data; after the rename, the checkpoint
+    directory (its entries: shards and manifest); then the pointer's data; and last the
+    root, which makes both renames (directory and pointer) durable at once. A crash
+    before that last sync can leave the new directory without some entries, or the
+    pointer naming a directory that is not there: the save is not yet acknowledged,
+    and loaders reject such a directory and fall back, so nothing acknowledged is lost.
+    """
     tmp = os.path.join(root, tmp_name)
     final_name = step_dirname(step)
     final = os.path.join(root, final_name)
     phase("write_manifest", step=step)
     write_durably(os.path.join(tmp, MANIFEST_NAME), manifest)
-    fsync_dir(tmp)
     phase("rename", step=step)
+    aside = None
     if os.path.exists(final):
         # Re-saving a step (e.g. after resuming from an older one because this step was
         # rejected): move the old directory aside; a crash between the two renames
         # leaves older checkpoints intact and loadable.
         aside = f".old-{final_name}-{new_nonce()}"
         os.rename(final, os.path.join(root, aside))
-        os.rename(tmp, final)
-        fsync_dir(root)
-        shutil.rmtree(os.path.join(root, aside), ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-        fsync_dir(root)
+    os.rename(tmp, final)
+    fsync_dir(final)
     phase("update_latest", step=step)
     update_latest(root, step)
+    if aside is not None:
+        shutil.rmtree(os.path.join(root, aside), ignore_errors=True)
 
 
 def unpublish(root: str, step: int) -> None:

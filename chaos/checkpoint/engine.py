@@ -29,10 +29,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 import time
 from typing import Any
 
-from chaos.checkpoint import commit, policy
+from chaos.checkpoint import policy
 from chaos.checkpoint.async_writer import BackgroundCommit, Staging
 from chaos.checkpoint.comm import Comm
 from chaos.checkpoint.errors import CheckpointError, CommitError, NoValidCheckpointError
@@ -45,9 +46,9 @@ from chaos.phases import phase
 log = logging.getLogger("chaos.checkpoint")
 
 
-def _remove_all(paths: list[str]) -> None:
-    for path in paths:
-        shutil.rmtree(path, ignore_errors=True)
+def _remove_all(removers: list[Any]) -> None:
+    for remove in removers:
+        remove()
 
 
 class ReferenceCheckpointer:
@@ -57,10 +58,21 @@ class ReferenceCheckpointer:
         self.options: Options = parse_options(**options)
         if not (isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size):
             raise CheckpointError(f"bad rank/world_size {rank!r}/{world_size!r}")
-        self.root = os.path.abspath(root)
+        # Storage: ``storage=URL`` option, else ``root`` itself (a path or URL). ``self.root``
+        # stays a local directory (metrics.prom, download scratch): the backend's own for
+        # file URLs, ``root`` when a storage URL is given, else a private temp dir.
+        from chaos.storage import open_storage, parse_url, wrap_storage
+
+        url = self.options.storage or root
+        u = parse_url(url)
+        self._own_local = u.scheme != "file" and not self.options.storage
+        local = u.location if u.scheme == "file" else (tempfile.mkdtemp(prefix="chaos-ckpt-") if self._own_local else root)
+        self.root = os.path.abspath(local)
         self.rank = rank
         self.world_size = world_size
         os.makedirs(self.root, exist_ok=True)
+        self.store = wrap_storage(open_storage(url, local_dir=self.root), self.options.storage_wrapper)
+        self._replica = open_storage(self.options.replicate_to, local_dir=self.root) if self.options.replicate_to and rank == 0 else None
         self.comm = Comm(rank, world_size, self.options.timeout_s)
         self.metrics = Metrics(
             self.root, rank, self.options.latency_alert_factor, self.options.disk_alert_free_fraction, self.options.metrics
@@ -70,9 +82,10 @@ class ReferenceCheckpointer:
         self._staging = Staging()
         self._background = BackgroundCommit()
         self._janitor = BackgroundCommit()
+        self._replicator = BackgroundCommit()  # at most one replication in flight (back-pressure)
         self._skip: frozenset[str] = frozenset()  # async: replicated tensors other ranks write
         if rank == 0:
-            commit.clean_stale(self.root)  # leftovers of crashed saves; no save of ours runs yet
+            self.store.clean_stale()  # leftovers of crashed saves; no save of ours runs yet
         self._closed = False
 
     # -- save -------------------------------------------------------------------
@@ -85,7 +98,8 @@ class ReferenceCheckpointer:
         if self.options.async_save:
             self._background.join()
             self._raise_pending()
-        snap = take_snapshot(step, state, self._staging if self.options.async_save else None, self._skip)
+        snap = take_snapshot(step, state, self._staging if self.options.async_save else None, self._skip,
+                             trust=self.options.replicas == "trust")
         if self.options.async_save:
             stall = time.perf_counter() - start
             self._background.submit(lambda: self._commit(snap, start, stall))
@@ -94,7 +108,7 @@ class ReferenceCheckpointer:
 
     def _commit(self, snap: Snapshot, start: float, stall: float | None) -> None:
         try:
-            result = run_save(self.root, self.comm, self.options, snap)
+            result = run_save(self.root, self.comm, self.options, snap, self.store)
         except BaseException as exc:
             self._skip = frozenset()
             seconds = time.perf_counter() - start
@@ -110,14 +124,30 @@ class ReferenceCheckpointer:
         self.cadence.record_save(stall)
         self.metrics.save(snap.step, True, seconds, stall, result.bytes_written, result.checkpoint_bytes)
         if self.rank == 0:
+            self._replicate(snap.step)
             self._retention(snap.step)
+
+    def _replicate(self, step: int) -> None:
+        """Rank 0, after a commit: copy it to the replica backend in the background, verified there."""
+        if self._replica is None or (self.options.replicate == "milestones" and step not in self.options.milestones):
+            return
+        from chaos.storage.replicate import replicate_step
+
+        def job() -> None:
+            try:
+                self.metrics.emit("replicated", **replicate_step(self.store, self._replica, step, self.options.max_manifest_bytes))
+            except Exception as exc:  # noqa: BLE001 - a failed off-site copy never fails the save
+                log.warning("replication of step %d to %s failed: %s", step, self.options.replicate_to, describe(exc))
+                self.metrics.emit("replication_failed", step=step, target=self.options.replicate_to, error=describe(exc))
+
+        self._replicator.submit(job)  # joins the previous one first, so retention never races it
 
     def _retention(self, step: int) -> None:
         """After a commit only; failures are logged, never turn a committed save into an error."""
         try:
             phase("retention", step=step)
-            doomed = policy.select_for_deletion(commit.list_steps(self.root), step, self.options.keep_last, self.options.milestones)
-            hidden = [commit.hide_dir(self.root, commit.step_dirname(old)) for old in doomed]
+            doomed = policy.select_for_deletion(self.store.list_steps(), step, self.options.keep_last, self.options.milestones)
+            hidden = [self.store.hide_step(old) for old in doomed]
             if doomed:
                 self.metrics.emit("retention", step=step, deleted=doomed)
                 # Removing the files is slow and no longer visible to loaders: off the save path.
@@ -143,14 +173,15 @@ class ReferenceCheckpointer:
         self._check_open()
         self._background.join()  # its error, if any, stays pending for save()/wait()
         start = time.perf_counter()
-        order = self.comm.all_gather_json(candidate_order(self.root) if self.rank == 0 else None)[0]
+        order = self.comm.all_gather_json(candidate_order(self.store) if self.rank == 0 else None)[0]
         rejected: list[tuple[int, str]] = []
         for step in order:
             loaded, verdict = None, {"ok": True}
             try:
                 phase("load_verify", step=step)
                 loaded = load_step(
-                    self.root, step, template, self.rank, self.world_size, self.options.verify, self.options.max_manifest_bytes
+                    self.store, step, template, self.rank, self.world_size, self.options.verify, self.options.max_manifest_bytes,
+                    self.options.load_in_place,
                 )
             except Exception as exc:  # noqa: BLE001 - every failure is a reason to fall back
                 verdict = {"ok": False, "why": describe(exc)}
@@ -166,7 +197,7 @@ class ReferenceCheckpointer:
             self.metrics.load(None, "none", time.perf_counter() - start, 0, self.options.verify, [])
             return None
         self.metrics.load(None, "no_valid", time.perf_counter() - start, 0, self.options.verify, rejected)
-        raise NoValidCheckpointError(self.root, rejected)
+        raise NoValidCheckpointError(self.root if self.store.kind == "posix" else self.store.url, rejected)
 
     # -- misc -------------------------------------------------------------------
     def prometheus_text(self) -> str:
@@ -176,12 +207,18 @@ class ReferenceCheckpointer:
         """Finish any in-flight save, then release the checkpointer's process group."""
         if self._closed:
             return
-        self._background.join()
-        self._janitor.join()
+        self._background.stop()
+        self._replicator.stop()
+        self._janitor.stop()
         err = self._background.take_error()
         if err is not None:
             log.error("an async save failed and was never waited for: %s", describe(err))
         self.comm.close()
+        self.store.close()
+        if self._replica is not None:
+            self._replica.close()
+        if self._own_local:
+            shutil.rmtree(self.root, ignore_errors=True)
         self._closed = True
 
     def _check_open(self) -> None:

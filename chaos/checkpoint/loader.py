@@ -17,25 +17,27 @@ saving world had this rank; otherwise the template's value is kept and logged
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from chaos.checkpoint import commit, manifest, tree
+from chaos.checkpoint import manifest, tree
 from chaos.checkpoint.errors import CheckpointError, IncompatibleCheckpointError, ManifestError
 from chaos.checkpoint.saver import optimizer_structure
-from chaos.checkpoint.shard import LoadedShard, entry_tensor, read_shard
+from chaos.checkpoint.shard import LoadedShard, entry_tensor
 
 log = logging.getLogger("chaos.checkpoint")
 
 
-def candidate_order(root: str) -> list[int]:
+def candidate_order(root: Any) -> list[int]:
     """Steps to try, best first (see module docstring)."""
-    steps = commit.list_steps(root)
+    from chaos.storage import as_storage  # a path string is the POSIX backend
+
+    store = as_storage(root)
+    steps = store.list_steps()
     try:
-        latest = commit.read_latest(root)
+        latest = store.read_latest()
     except ManifestError as exc:
         log.warning("ignoring the latest pointer: %s", exc)
         latest = None
@@ -84,23 +86,62 @@ class Loaded:
     kept_from_template: list[str] = field(default_factory=list)
 
 
-def load_step(root: str, step: int, template: Any, rank: int, world_size: int, verify: bool, max_manifest_bytes: int) -> Loaded:
+# Below this, a separate read per tensor costs more than the page faults it saves.
+IN_PLACE_MIN_BYTES = 256 * 1024
+
+
+def _in_place_targets(m: dict[str, Any], index: dict[str, Any]) -> dict[str, dict[str, tuple[int, int, torch.Tensor]]]:
+    """Per shard: replicated entries whose template tensor can receive the bytes directly.
+
+    Only replicated entries (named by their path; per-rank ones carry ``@r<rank>``):
+    every checkpoint that passes the structure check holds all of them, so if this
+    candidate fails verification after writing into the template, the one finally
+    loaded overwrites each of them again. Per-rank values may be kept from the template
+    when resharding and so are never written into it. A tensor sharing storage with
+    another candidate (tied weights) is left out, and so are small ones.
+    """
+    out: dict[str, dict[str, tuple[int, int, torch.Tensor]]] = {}
+    seen: dict[int, int] = {}
+    chosen: list[tuple[str, dict[str, Any], torch.Tensor]] = []
+    for name, e in m["entries"].items():
+        offsets = e.get("offsets")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and isinstance(offsets[0], int)
+                and isinstance(offsets[1], int) and offsets[1] - offsets[0] >= IN_PLACE_MIN_BYTES):
+            continue
+        t = index.get(name)
+        if "@r" in name or not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not t.is_contiguous():
+            continue
+        if t.dtype != manifest.DTYPES.get(e.get("dtype")) or list(t.shape) != e.get("shape") or t.numel() == 0:
+            continue
+        ptr = t.untyped_storage().data_ptr()
+        seen[ptr] = seen.get(ptr, 0) + 1
+        chosen.append((name, e, t))
+    for name, e, t in chosen:
+        if seen[t.untyped_storage().data_ptr()] == 1:
+            out.setdefault(e["shard"], {})[name] = (e["offsets"][0], e["offsets"][1], t.detach())
+    return out
+
+
+def load_step(root: Any, step: int, template: Any, rank: int, world_size: int, verify: bool, max_manifest_bytes: int,
+              in_place: bool = False) -> Loaded:
     """Verify and load one checkpoint for this rank; raise a CheckpointError saying why not."""
-    directory = os.path.join(root, commit.step_dirname(step))
-    m = manifest.read_manifest(directory, expect_step=step, max_bytes=max_manifest_bytes)
-    file = os.path.join(directory, manifest.MANIFEST_NAME)
+    from chaos.storage import as_storage  # a path string is the POSIX backend
+
+    store = as_storage(root)
+    m, file = store.read_manifest(step, max_manifest_bytes)
     check_template(m, template, file)
     algorithm = m["hash"]
     if verify and algorithm not in ("xxh3", "sha256", "crc32c"):
         raise ManifestError(file, f"unknown hash algorithm {algorithm[:40]!r}")
     shards: dict[str, LoadedShard] = {}
+    index = tree.template_index(template)
+    targets = _in_place_targets(m, index) if in_place else {}
 
     def shard(name: str) -> LoadedShard:
         if name not in shards:
-            shards[name] = read_shard(os.path.join(directory, name), m["shards"][name], algorithm, verify, step)
+            shards[name] = store.read_shard(step, name, m["shards"][name], algorithm, verify, targets.get(name))
         return shards[name]
 
-    index = tree.template_index(template)
 
     def load(entry: str) -> torch.Tensor:
         if entry not in m["entries"]:
@@ -116,7 +157,8 @@ def load_step(root: str, step: int, template: Any, rank: int, world_size: int, v
         for i, name in enumerate(sorted(m["shards"])):
             if i % world_size == rank:
                 shard(name)
-    state = _place(state, index, "")
+    if any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in index.values()):
+        state = _place(state, index, "")
     if decoder.kept_from_template:
         log.info(
             "step %d was saved by %d rank(s); rank %d kept its template value for %d per-rank path(s): %s",

@@ -120,7 +120,7 @@ def check_name(name: Any, file: str, what: str) -> str:
 def structure_of(value: Any) -> dict[str, list]:
     """``{path: [dtype, shape]}`` of the tensor leaves of ``value`` (for fingerprints)."""
     out: dict[str, list] = {}
-    _, tensors = tree.encode(value) if value is not None else (None, {})
+    tensors = tree.tensor_paths(value) if value is not None else {}
     for path, t in tensors.items():
         out[path] = [DTYPE_NAMES.get(t.dtype, str(t.dtype)), list(t.shape)]
     return out

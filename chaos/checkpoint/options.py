@@ -16,6 +16,7 @@ from chaos.checkpoint.errors import CheckpointConfigError
 
 HASHES = ("xxh3", "sha256", "crc32c")
 SERIALIZERS = ("native", "safetensors")
+REPLICAS = ("verify", "trust")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,23 @@ class Options:
     latency_alert_factor: float = 3.0
     disk_alert_free_fraction: float = 0.05
     max_manifest_bytes: int = 256 * 1024 * 1024
+    # Backend URL (chaos.storage): file:///path, s3://bucket/prefix?endpoint_url=...;
+    # None: the checkpointer's root directory.
+    storage: str | None = None
+    # ``module:Class`` / ``file.py:Class`` wrapping the backend (certification of variants).
+    storage_wrapper: str | None = None
+    # Off-site copy: every committed checkpoint ("all") or milestones only, copied by rank 0
+    # in the background to this backend URL and verified there by checksum.
+    replicate_to: str | None = None
+    replicate: str = "all"
+    # Read replicated tensors straight into the template's CPU tensors (as DCP does)
+    # instead of new memory; off keeps the template untouched by a failed load.
+    load_in_place: bool = True
+    # Async saves skip copying replicated tensors another rank writes. "verify" still
+    # hashes them before save() returns, so a tensor that stopped being identical across
+    # ranks is caught (the save aborts and the next one copies all); "trust" takes the
+    # DDP invariant for granted, as DCP's dedup does, and touches them not at all.
+    replicas: str = "verify"
 
 
 def _bool(name: str, v: Any) -> bool:
@@ -124,7 +142,7 @@ def parse_options(**raw: Any) -> Options:
             out[name] = _int(name, v, 1024)
         elif name == "milestones":
             out[name] = parse_milestones(v)
-        elif name in ("async_save", "async_dedup", "verify", "metrics"):
+        elif name in ("async_save", "async_dedup", "verify", "metrics", "load_in_place"):
             out[name] = _bool(name, v)
         elif name == "throttle_mb_s":
             out[name] = _float(name, v, optional=True)
@@ -137,9 +155,34 @@ def parse_options(**raw: Any) -> Options:
             if f is None or f >= 1:
                 raise CheckpointConfigError(f"option {name}: must be in (0, 1), got {v!r}")
             out[name] = f
+        elif name == "storage":
+            if v is not None and str(v).strip() not in ("", "none"):
+                from chaos.storage import parse_url  # raises a one-line error naming the URL
+
+                parse_url(str(v))
+                out[name] = str(v).strip()
+        elif name == "replicate_to":
+            if v is not None and str(v).strip() not in ("", "none"):
+                from chaos.storage import parse_url
+
+                parse_url(str(v))
+                out[name] = str(v).strip()
+        elif name == "replicate":
+            if str(v) not in ("all", "milestones"):
+                raise CheckpointConfigError(f"option replicate: one of all, milestones, got {v!r}")
+            out[name] = str(v)
+        elif name == "storage_wrapper":
+            if v is not None and str(v).strip() not in ("", "none"):
+                if ":" not in str(v):
+                    raise CheckpointConfigError(f"option storage_wrapper: expected module:Class or file.py:Class, got {v!r}")
+                out[name] = str(v).strip()
         elif name == "hash":
             if str(v) not in HASHES:
                 raise CheckpointConfigError(f"option hash: one of {', '.join(HASHES)}, got {v!r}")
+            out[name] = str(v)
+        elif name == "replicas":
+            if str(v) not in REPLICAS:
+                raise CheckpointConfigError(f"option replicas: one of {', '.join(REPLICAS)}, got {v!r}")
             out[name] = str(v)
         elif name == "serializer":
             if str(v) not in SERIALIZERS:

@@ -11,7 +11,6 @@ after the commit and raises on every rank when it did not happen.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,7 @@ from chaos.checkpoint.comm import Comm
 from chaos.checkpoint.errors import CommitError
 from chaos.checkpoint.hashing import digest, tensor_bytes
 from chaos.checkpoint.options import Options
-from chaos.checkpoint.planner import make_plan
+from chaos.checkpoint.planner import TRUSTED, make_plan
 from chaos.checkpoint.shard import Throttle, write_shard
 from chaos.phases import phase
 
@@ -60,13 +59,16 @@ def optimizer_structure(opt: Any) -> dict[str, Any] | None:
     return {"tensors": manifest.structure_of(opt), "param_groups": params}
 
 
-def take_snapshot(step: int, state: Any, staging: Any | None, skip: frozenset[str] = frozenset()) -> Snapshot:
+def take_snapshot(step: int, state: Any, staging: Any | None, skip: frozenset[str] = frozenset(),
+                  trust: bool = False) -> Snapshot:
     """Encode the tree and capture tensors (copied into ``staging`` for async saves).
 
     Paths in ``skip`` (replicated tensors another rank wrote at the previous save) are
     hashed instead of copied: hashing reads at memory speed without writing, so the
     stall shrinks to copying this rank's share. If the hashes show the replication
     pattern changed, the save aborts (loudly, on every rank) and the next one copies all.
+    With ``trust`` (option ``replicas=trust``) they are not read at all: the DDP
+    invariant is assumed, as DCP's dedup assumes it, and the stall is the copy alone.
     """
     snap = Snapshot(step=step)
     try:
@@ -79,7 +81,11 @@ def take_snapshot(step: int, state: Any, staging: Any | None, skip: frozenset[st
         if staging is not None:
             for path in skip & tensors.keys():
                 t = tensors.pop(path).detach()
-                snap.hashed_only[path] = _meta(t if t.device.type == "cpu" else t.cpu())
+                if trust:  # DDP replicas by contract: shape and dtype only, no bytes read
+                    nbytes = t.numel() * t.element_size()
+                    snap.hashed_only[path] = [TRUSTED, nbytes, manifest.DTYPE_NAMES[t.dtype], list(t.shape)]
+                else:
+                    snap.hashed_only[path] = _meta(t if t.device.type == "cpu" else t.cpu())
             tensors = staging.copy(tensors)
         else:
             tensors = {p: t.detach().cpu().contiguous() for p, t in tensors.items()}
@@ -109,8 +115,14 @@ def _raise_if_failed(step: int, stage: str, replies: list[dict[str, Any]]) -> No
         raise CommitError(f"save of step {step} aborted at {stage}, nothing committed ({who})")
 
 
-def run_save(root: str, comm: Comm, opts: Options, snap: Snapshot) -> SaveResult:
-    """Collective: write this rank's shard, vote, publish on rank 0, agree on the outcome."""
+def run_save(root: str, comm: Comm, opts: Options, snap: Snapshot, store: Any = None) -> SaveResult:
+    """Collective: write this rank's shard, vote, publish on rank 0, agree on the outcome.
+
+    ``store`` is the storage backend (``chaos.storage``); None means the POSIX one at ``root``.
+    """
+    from chaos.storage import as_storage
+
+    store = as_storage(root) if store is None else store
     rank, step = comm.rank, snap.step
     msg: dict[str, Any] = {"ok": snap.error is None, "error": snap.error}
     if snap.error is None:
@@ -125,7 +137,6 @@ def run_save(root: str, comm: Comm, opts: Options, snap: Snapshot) -> SaveResult
     _raise_if_failed(step, "snapshot", replies)
     plan = make_plan([m["meta"] for m in replies])
     tmp_name = commit.tmp_dirname(step, replies[0]["nonce"])
-    tmp_dir = os.path.join(root, tmp_name)
     shard_name = f"shard-r{rank:05d}.safetensors"
 
     vote: dict[str, Any]
@@ -139,13 +150,11 @@ def run_save(root: str, comm: Comm, opts: Options, snap: Snapshot) -> SaveResult
             )
         owned = {name: snap.tensors[path] for name, path in plan.owned[rank].items()}
         checksums = {name: replies[rank]["meta"][path][0] for name, path in plan.owned[rank].items()} if opts.hash == "xxh3" else None
-        os.makedirs(tmp_dir, exist_ok=True)
         meta = {"format": manifest.FORMAT, "step": str(step), "rank": str(rank), "world_size": str(comm.world_size)}
-        with open(os.path.join(tmp_dir, shard_name), "wb") as f:
+        with store.create_shard(tmp_name, shard_name) as f:  # POSIX: makedirs + open(..., "wb")
             info = write_shard(f, shard_name, owned, meta, opts.hash, checksums, Throttle(opts.throttle_mb_s), opts.serializer)
             phase("fsync_shards", step=step)
-            f.flush()
-            os.fsync(f.fileno())
+            store.durable(f)  # POSIX: flush + fsync; S3: complete the upload, read back its size
         vote = {"ok": True, "file": shard_name, "size": info.size, "checksum": info.checksum, "entries": info.entries}
     except Exception as exc:  # noqa: BLE001 - reported to every rank through the vote
         vote = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -158,42 +167,29 @@ def run_save(root: str, comm: Comm, opts: Options, snap: Snapshot) -> SaveResult
         _raise_if_failed(step, "vote", votes)
     except CommitError:
         if rank == 0:
-            commit.clean_stale(root)
+            store.clean_stale()
         raise
 
     outcome: dict[str, Any] = {"ok": True}
     if rank == 0:
-        previous = _safe_latest(root)
+        previous = _safe_latest(store)
         try:
             body = build_manifest(step, comm.world_size, opts, snap, replies, votes, plan)
-            commit.publish(root, tmp_name, step, manifest.encode_manifest(body))
+            store.publish(tmp_name, step, manifest.encode_manifest(body))
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
             outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            _roll_back(root, step, tmp_dir, previous)
+            store.roll_back(step, tmp_name, previous)
     finals = comm.all_gather_json(outcome)
     _raise_if_failed(step, "publish", finals)
     others = frozenset(plan.replicated - set(plan.owned[rank].values()))
     return SaveResult(bytes_written=votes[rank]["size"], checkpoint_bytes=sum(v["size"] for v in votes), written_by_others=others)
 
 
-def _safe_latest(root: str) -> int | None:
+def _safe_latest(store: Any) -> int | None:
     try:
-        return commit.read_latest(root)
+        return store.read_latest()
     except Exception:  # noqa: BLE001 - a malformed pointer is simply replaced
         return None
-
-
-def _roll_back(root: str, step: int, tmp_dir: str, previous: int | None) -> None:
-    """After a failed publish: undo a rename that happened, restore ``latest``, drop temps."""
-    try:
-        renamed = not os.path.isdir(tmp_dir) and os.path.isdir(os.path.join(root, commit.step_dirname(step)))
-        if renamed:
-            commit.unpublish(root, step)
-            if _safe_latest(root) == step and previous is not None and previous != step:
-                commit.update_latest(root, previous)
-        commit.clean_stale(root)
-    except OSError:
-        pass
 
 
 def build_manifest(step: int, world: int, opts: Options, snap: Snapshot, replies: list, votes: list, plan: Any) -> dict[str, Any]:

@@ -32,6 +32,10 @@ class WorkloadConfig:
     crop_slack: int = 8
     noise_p: float = 0.02
     collective_timeout_s: float = 20.0
+    # Relative std of noise multiplied into every gradient after the all-reduce, drawn from a
+    # generator seeded afresh per launch (shared by all ranks): stands in for NCCL's and
+    # nondeterministic kernels' run-to-run differences. 0 = bit-exact reproducible runs.
+    nondeterminism: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -77,6 +77,13 @@ class Trainer:
         self.step = 0
         self.tokens = 0
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * world_size
+        self.noise = None
+        if cfg.nondeterminism > 0:
+            # Seeded from the OS, never checkpointed (it is hardware, not state), the same on
+            # every rank so DDP replicas stay equal, as NCCL's reductions do.
+            seed = torch.tensor([int.from_bytes(os.urandom(7), "little")], dtype=torch.long)
+            dist.broadcast(seed, 0)
+            self.noise = torch.Generator().manual_seed(int(seed.item()))
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +128,10 @@ class Trainer:
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.noise is not None:
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(1.0 + self.cfg.nondeterminism * torch.randn(p.grad.shape, generator=self.noise))
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()

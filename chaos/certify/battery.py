@@ -1,0 +1,484 @@
+"""The conformance battery: each storage property a checkpoint relies on, with evidence.
+
+Why these properties: a checkpoint is only as safe as the weakest storage guarantee its
+commit protocol leans on. Each check drives the *real* reference checkpointer (one
+rank, ``storage=`` the backend under test, optionally wrapped) or the backend's own
+operations, against real files or a real S3 endpoint, and returns ``pass``, ``fail`` or
+``n/a`` with the reason — never a guess. Readers are always fresh instances (new
+client, no cache), so a backend cannot pass by remembering what it wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from chaos.certify.crash import run_crashing
+from chaos.certify.target import Target
+
+
+@dataclass
+class Verdict:
+    name: str
+    status: str  # pass | fail | n/a
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "summary": self.summary,
+                "evidence": self.evidence, "seconds": round(self.seconds, 3)}
+
+
+def make_state(i: int, nbytes: int = 1 << 20, seed: int = 0) -> dict[str, Any]:
+    """A small training-like state whose tensors are distinct per ``i`` (seeded)."""
+    g = torch.Generator().manual_seed(seed * 1000 + i)
+    n = max(1, nbytes // 4)
+    w = torch.randn(n, generator=g)
+    return {"model": {"w": w, "b": torch.randn(16, generator=g)},
+            "optimizer": {"state": {0: {"exp_avg": torch.randn(16, generator=g)}}, "param_groups": [{"params": [0], "lr": 0.1}]},
+            "progress": {"step": i}}
+
+
+def fingerprint(state: Any) -> str:
+    """SHA-256 over every tensor's bytes and every other value, in path order."""
+    from chaos.statehash import fingerprint as prints
+    from chaos.statehash import state_digest
+
+    return state_digest(prints(state))
+
+
+class Bench:
+    """Per-property helpers bound to one target and one scratch directory."""
+
+    def __init__(self, target: Target, scratch: str, seed: int = 0) -> None:
+        self.target, self.scratch, self.seed = target, scratch, seed
+        self.small = 1 << 18
+        self.large = 12 << 20 if target.kind == "s3" else 4 << 20  # > one S3 part: multipart
+
+    def ckpt(self, sub: str, endpoint: str | None = None, url_params: dict[str, Any] | None = None, **opts: Any) -> Any:
+        from chaos.checkpoint.engine import ReferenceCheckpointer
+
+        local = tempfile.mkdtemp(prefix="local-", dir=self.scratch)
+        options = {"keep_last": 1000, "metrics": False, "storage": self.target.url(sub, endpoint, **(url_params or {}))}
+        if self.target.wrapper:
+            options["storage_wrapper"] = self.target.wrapper
+        options.update(opts)
+        return ReferenceCheckpointer(local, 0, 1, **options)
+
+    def reader(self, sub: str) -> Any:
+        return self.ckpt(sub)
+
+
+def _guard(name: str, fn: Callable[[], Verdict]) -> Verdict:
+    t = time.perf_counter()
+    try:
+        v = fn()
+    except Exception as exc:  # noqa: BLE001 - a property that cannot even run is a failure with its error
+        v = Verdict(name, "fail", f"the check itself failed: {type(exc).__name__}: {str(exc)[:300]}",
+                    {"traceback": traceback.format_exc()[-2000:]})
+    v.seconds = time.perf_counter() - t
+    return v
+
+
+# -- properties ---------------------------------------------------------------------------
+
+def read_after_write(b: Bench) -> Verdict:
+    """Each acknowledged save is immediately listed, pointed at by latest, and loads bit-exact in a fresh reader."""
+    sub = "raw"
+    w = b.ckpt(sub)
+    bad: list[str] = []
+    try:
+        for i in (1, 2, 3):
+            st = make_state(i, b.small, b.seed)
+            w.save(i, st)
+            r = b.reader(sub)
+            try:
+                steps = r.store.list_steps()
+                latest = r.store.read_latest()
+                if i not in steps:
+                    bad.append(f"list-after-write: step {i} acknowledged but a fresh reader lists {steps}")
+                if latest != i:
+                    bad.append(f"latest after the save of step {i} reads {latest}")
+                got = r.load_latest(make_state(0, b.small, b.seed))
+                if got is None or got[0] != i or fingerprint(got[1]) != fingerprint(st):
+                    bad.append(f"read-after-write: a fresh reader loaded {None if got is None else got[0]} "
+                               f"{'(different bytes)' if got and got[0] == i else ''} right after step {i} was acknowledged")
+            except Exception as exc:  # noqa: BLE001
+                bad.append(f"read-after-write: fresh reader failed right after step {i}: {type(exc).__name__}: {str(exc)[:300]}")
+            finally:
+                r.close()
+    finally:
+        w.close()
+    if bad:
+        return Verdict("read_after_write", "fail", bad[0], {"violations": bad})
+    return Verdict("read_after_write", "pass", "3 acknowledged saves each listed, latest, and bit-exact in a fresh reader at once")
+
+
+def checksums_round_trip(b: Bench) -> Verdict:
+    """Every byte written comes back: per-tensor SHA-256 equal after a verified load of a multipart-size shard."""
+    sub = "checksum"
+    st = make_state(7, b.large, b.seed)
+    w = b.ckpt(sub)
+    try:
+        w.save(7, st)
+    finally:
+        w.close()
+    r = b.reader(sub)
+    try:
+        got = r.load_latest(make_state(0, b.large, b.seed))
+        m, _ = r.store.read_manifest(7, 1 << 30)
+    finally:
+        r.close()
+    if got is None or fingerprint(got[1]) != fingerprint(st):
+        return Verdict("checksums_round_trip", "fail", "loaded state differs from the saved one", {"loaded": None if got is None else got[0]})
+    shards = {n: s["checksum"] for n, s in m["shards"].items()}
+    return Verdict("checksums_round_trip", "pass",
+                   f"{b.large >> 20} MiB shard (multipart on S3) verified: shard checksums and per-tensor SHA-256 equal",
+                   {"shard_checksums": shards})
+
+
+def _expect_only(b: Bench, sub: str, states: dict[int, Any], what: str) -> list[str]:
+    """Every listed step must load completely and hold exactly the state saved at it (``states``)."""
+    allowed = {k: fingerprint(v) for k, v in states.items()}
+    from chaos.checkpoint.loader import load_step
+
+    bad = []
+    r = b.reader(sub)
+    try:
+        steps = r.store.list_steps()
+        for s in steps:
+            try:
+                template = states.get(s, next(iter(states.values())))
+                loaded = load_step(r.store, s, template, 0, 1, True, 1 << 30)
+                if s not in allowed or fingerprint(loaded.state) != allowed[s]:
+                    bad.append(f"{what}: listed step {s} holds a state never saved at that step")
+            except Exception as exc:  # noqa: BLE001
+                bad.append(f"{what}: step {s} is listed (committed) but does not load: {type(exc).__name__}: {str(exc)[:200]}")
+        try:
+            latest = r.store.read_latest()
+        except Exception as exc:  # noqa: BLE001
+            latest = None
+            bad.append(f"{what}: latest pointer unreadable: {exc}")
+        if latest is not None and latest not in steps:
+            bad.append(f"{what}: latest names step {latest}, which is not committed")
+    finally:
+        r.close()
+    return bad
+
+
+def _reset_to_one(b: Bench, sub: str) -> None:
+    """Back to the starting point after a counting run or a crash: only step 1 committed and latest."""
+    c = b.ckpt(sub)
+    try:
+        if 2 in c.store.list_steps():
+            c.store.hide_step(2)()
+        if c.store.kind == "posix":
+            from chaos.checkpoint import commit
+
+            commit.update_latest(c.store.root, 1)
+        elif hasattr(c.store, "set_latest"):
+            c.store.set_latest(1)
+    finally:
+        c.close()
+
+
+def commit_atomicity(b: Bench, max_points: int = 40) -> Verdict:
+    """Kill the saving process before each mutating operation in turn: every committed step is complete."""
+    sub = "atomic"
+    size = 6 << 20 if b.target.kind == "s3" else b.large  # two parts on S3: multipart points, fewer slow uploads
+    base = make_state(1, size, b.seed)
+    w = b.ckpt(sub)
+    try:
+        w.save(1, base)
+    finally:
+        w.close()
+    nxt = make_state(2, size, b.seed)
+
+    def save_two() -> None:
+        b.ckpt(sub).save(2, nxt)  # no close(): nothing after the acknowledgement may matter
+
+    outcome, ops = run_crashing(save_two, None)
+    # The counting run committed step 2: remove it again so each crash starts from step 1 only.
+    _reset_to_one(b, sub)
+    if outcome != "completed" or len(ops) < 3:
+        return Verdict("commit_atomicity", "fail", f"could not enumerate the save's operations (outcome {outcome}, {len(ops)} ops seen)",
+                       {"ops": ops[:50]})
+    n = len(ops)
+    points = list(range(1, n + 1)) if n <= max_points else sorted({1 + round(k * (n - 1) / (max_points - 1)) for k in range(max_points)})
+    bad: list[str] = []
+    tried = []
+    for p in points:
+        result, _ = run_crashing(save_two, p)
+        tried.append({"point": p, "op": ops[p - 1], "outcome": result})
+        bad += [f"crash before op {p} ({ops[p - 1]}): {v}" for v in _expect_only(b, sub, {1: base, 2: nxt}, "after crash")]
+        # Restore the starting point (only step 1 committed) for the next crash point.
+        _reset_to_one(b, sub)
+        if len(bad) > 20:
+            break
+    ev = {"ops": n, "points": len(points), "tried": tried[:60], "violations": bad[:20]}
+    if bad:
+        return Verdict("commit_atomicity", "fail", bad[0], ev)
+    return Verdict("commit_atomicity", "pass",
+                   f"{len(points)} crash points over {n} mutating operations: every committed step complete, latest always committed", ev)
+
+
+def partial_invisible(b: Bench) -> Verdict:
+    """A shard upload stopped midway (uncompleted multipart / half-written temp file) is never visible."""
+    sub = "partial"
+    base = make_state(1, b.small, b.seed)
+    w = b.ckpt(sub)
+    try:
+        w.save(1, base)
+    finally:
+        w.close()
+    big = make_state(2, b.large, b.seed)
+
+    def save_two() -> None:
+        b.ckpt(sub).save(2, big)
+
+    _, ops = run_crashing(save_two, None)
+    _reset_to_one(b, sub)
+    marker = "UploadPart" if b.target.kind == "s3" else "write shard"
+    idx = [i for i, op in enumerate(ops) if op.startswith(marker)]
+    if len(idx) < 2:
+        return Verdict("partial_invisible", "fail", f"the shard was not written in parts ({len(idx)} '{marker}' ops): cannot stop it midway",
+                       {"ops": ops[:40]})
+    point = idx[len(idx) // 2] + 1
+    outcome, _ = run_crashing(save_two, point)
+    evidence: dict[str, Any] = {"stopped_before": ops[point - 1], "outcome": outcome}
+    bad = _expect_only(b, sub, {1: base}, "after a stopped upload")
+    r = b.reader(sub)
+    try:
+        if b.target.kind == "s3":
+            st = r.store
+            ups = st.client.list_multipart_uploads(Bucket=st.bucket, Prefix=st.prefix).get("Uploads", []) or []
+            evidence["uncompleted_uploads"] = [u["Key"] for u in ups]
+            for u in ups:
+                try:
+                    st.client.head_object(Bucket=st.bucket, Key=u["Key"])
+                    bad.append(f"the uncompleted multipart object {u['Key']} is readable")
+                except Exception:  # noqa: BLE001 - 404 is the expected answer
+                    pass
+        got = r.load_latest(make_state(0, b.small, b.seed))
+        if got is None or got[0] != 1:
+            bad.append(f"load_latest after the stopped upload returned {None if got is None else got[0]}, expected step 1")
+    finally:
+        r.close()
+    if bad:
+        return Verdict("partial_invisible", "fail", bad[0], evidence | {"violations": bad})
+    return Verdict("partial_invisible", "pass", f"upload stopped before {ops[point - 1]}: not listed, not loadable, step 1 still latest", evidence)
+
+
+def concurrent_writers(b: Bench) -> Verdict:
+    """Two writers publish the same step at the same moment: exactly one may be acknowledged."""
+    from chaos import phases
+
+    sub = "concurrent"
+    states = {k: make_state(10 + k, b.small, b.seed) for k in (0, 1)}
+    barrier = threading.Barrier(2, timeout=20)
+    commit_phase = {"commit", "rename"}
+
+    def listener(name: str, info: dict[str, Any]) -> None:
+        if name in commit_phase and threading.current_thread().name.startswith("writer-"):
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait()
+
+    results: dict[int, str] = {}
+    ckpts = {k: b.ckpt(sub) for k in (0, 1)}
+
+    def run(k: int) -> None:
+        try:
+            ckpts[k].save(5, states[k])
+            results[k] = "acknowledged"
+        except Exception as exc:  # noqa: BLE001
+            results[k] = f"rejected: {type(exc).__name__}: {str(exc)[:200]}"
+
+    phases.subscribe(listener)
+    try:
+        threads = [threading.Thread(target=run, args=(k,), name=f"writer-{k}") for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        phases.unsubscribe(listener)
+        for c in ckpts.values():
+            c.close()
+    acked = [k for k, v in results.items() if v == "acknowledged"]
+    r = b.reader(sub)
+    try:
+        got = r.load_latest(make_state(0, b.small, b.seed))
+    finally:
+        r.close()
+    holder = next((k for k in (0, 1) if got and fingerprint(got[1]) == fingerprint(states[k])), None)
+    ev = {"writers": {str(k): v for k, v in results.items()}, "committed_state_of_writer": holder}
+    if got is None or holder is None:
+        return Verdict("concurrent_writers", "fail", "after two concurrent commits the step holds neither writer's complete state", ev)
+    exclusive = getattr(r.store, "exclusive_commit", False)
+    if len(acked) == 1 and acked[0] == holder:
+        return Verdict("concurrent_writers", "pass", f"exactly one writer acknowledged (writer {holder}); the other was told: {results[1 - holder][:120]}", ev)
+    if not exclusive and len(acked) >= 1 and holder in acked:
+        return Verdict("concurrent_writers", "n/a",
+                       "POSIX rename has no exclusive create for directories: a second publish of a step replaces it "
+                       "(the reference's re-save semantics, one publisher per root by design); checked: the result is one "
+                       f"writer's complete state (writer {holder}), never a mixture", ev)
+    return Verdict("concurrent_writers", "fail",
+                   f"{len(acked)} writers acknowledged a commit of the same step; the stored state is writer {holder}'s", ev)
+
+
+def dropped_connection(b: Bench, seed: int = 0) -> Verdict:
+    """The connection to the store is reset (or blackholed) mid-upload: the save fails and nothing commits."""
+    if b.target.kind != "s3":
+        return Verdict("dropped_connection", "n/a", "no network between the checkpointer and a local file system; "
+                       "a process dying mid-write is covered by commit_atomicity")
+    import random
+
+    from faults.tcpproxy import FaultProxy, ProxyRule
+
+    rng = random.Random(seed)
+    sub = "dropped"
+    base = make_state(1, b.small, b.seed)
+    w = b.ckpt(sub)
+    try:
+        w.save(1, base)
+    finally:
+        w.close()
+    host, port = b.target.endpoint_hostport()
+    cases = [ProxyRule("reset", after_bytes=rng.randrange(1000, 3 << 20), once=False),
+             ProxyRule("reset", after_bytes=rng.randrange(6 << 20, 11 << 20), once=False),
+             ProxyRule("blackhole", after_bytes=rng.randrange(1 << 20, 4 << 20), once=False)]
+    bad: list[str] = []
+    log: list[dict[str, Any]] = []
+    allowed: dict[int, Any] = {1: base}
+    for i, rule in enumerate(cases):
+        big = make_state(2 + i, b.large, b.seed)
+        with FaultProxy((host, port), seed=seed) as proxy:
+            c = b.ckpt(sub, endpoint=proxy.endpoint, url_params={"read_timeout": 2, "connect_timeout": 2, "retries": 2})
+            proxy.set_rules([rule])
+            try:
+                c.save(2 + i, big)
+                # Acknowledged after the client's retries: allowed only if what committed is exact.
+                allowed[2 + i] = big
+                log.append({"rule": rule.__dict__, "save": "acknowledged (the client retried on a new connection)"})
+            except Exception as exc:  # noqa: BLE001 - the expected outcome
+                log.append({"rule": rule.__dict__, "save": f"failed: {type(exc).__name__}: {str(exc)[:160]}"})
+            finally:
+                proxy.set_rules([])
+                with contextlib.suppress(Exception):
+                    c.close()
+            log[-1:] and log[-1].setdefault("fired", [e for e in proxy.log if e["action"] in ("reset", "blackhole")][:3])
+        bad += _expect_only(b, sub, allowed, f"after {rule.kind} at byte {rule.after_bytes}")
+    failed = sum(1 for e in log if e["save"].startswith("failed"))
+    if bad:
+        return Verdict("dropped_connection", "fail", bad[0], {"cases": log, "violations": bad})
+    if not failed:
+        return Verdict("dropped_connection", "fail", "no injected drop made a save fail: the faults did not bite", {"cases": log})
+    return Verdict("dropped_connection", "pass",
+                   f"{len(cases)} drops mid-upload (2 resets, 1 blackhole): {failed} save(s) failed with nothing committed, "
+                   f"{len(cases) - failed} healed by client retries and load bit-exact", {"cases": log, "seed": seed})
+
+
+def full_disk(b: Bench) -> Verdict:
+    """Out of space mid-save: the save raises, is not acknowledged, nothing partial is committed."""
+    if b.target.kind == "s3":
+        return Verdict("full_disk", "n/a", "the store has no quota to exhaust here (moto has none; a real endpoint's "
+                       "quota cannot be provoked safely): not tested. Store errors are exercised by dropped_connection")
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return Verdict("full_disk", "n/a", "needs root to mount a size-limited tmpfs on the target for a real ENOSPC")
+    run_dir = os.path.dirname(b.target.url("x")[len("file://"):])
+    os.makedirs(run_dir, exist_ok=True)
+    mnt = tempfile.mkdtemp(prefix="quota-", dir=run_dir)
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mnt], check=True, capture_output=True, timeout=20)
+    except (subprocess.SubprocessError, OSError) as exc:
+        shutil.rmtree(mnt, ignore_errors=True)
+        return Verdict("full_disk", "n/a", f"could not mount a tmpfs on the target: {exc}")
+    try:
+        sub = os.path.basename(mnt) + "/ck"
+        base = make_state(1, 1 << 18, b.seed)
+        w = b.ckpt(sub)
+        try:
+            w.save(1, base)
+            try:
+                w.save(2, make_state(2, 8 << 20, b.seed))
+                return Verdict("full_disk", "fail", "an 8 MiB save into 3 MiB of free space was acknowledged")
+            except Exception as exc:  # noqa: BLE001 - expected
+                why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        finally:
+            w.close()
+        bad = _expect_only(b, sub, {1: base}, "after ENOSPC")
+        if bad:
+            return Verdict("full_disk", "fail", bad[0], {"violations": bad})
+        return Verdict("full_disk", "pass", f"ENOSPC reported, not acknowledged; step 1 intact ({why[:120]})", {"error": why})
+    finally:
+        subprocess.run(["umount", "-l", mnt], capture_output=True, timeout=20)
+        shutil.rmtree(mnt, ignore_errors=True)
+
+
+def orphan_cleanup(b: Bench) -> Verdict:
+    """Leftovers of crashed saves (temp dirs, data, uncompleted uploads) are removed at the next start; commits stay."""
+    sub = "orphans"
+    base = make_state(1, b.small, b.seed)
+    w = b.ckpt(sub)
+    try:
+        w.save(1, base)
+    finally:
+        w.close()
+    big = make_state(2, b.large, b.seed)
+
+    def save_two() -> None:
+        b.ckpt(sub).save(2, big)
+
+    _, ops = run_crashing(save_two, None)
+    _reset_to_one(b, sub)
+    marker = "UploadPart" if b.target.kind == "s3" else "write shard"
+    idx = [i for i, op in enumerate(ops) if op.startswith(marker)]
+    run_crashing(save_two, idx[len(idx) // 2] + 1 if len(idx) >= 2 else max(1, len(ops) // 2))
+    before = b.target.leftovers(sub)
+    fresh = b.ckpt(sub)  # rank 0 start-up cleans
+    fresh.close()
+    after = b.target.leftovers(sub)
+    bad = _expect_only(b, sub, {1: base}, "after cleanup")
+    ev = {"before": before, "after": after}
+    if not any(before.values()):
+        return Verdict("orphan_cleanup", "fail", "the crashed save left nothing to clean: the check did not exercise cleanup", ev)
+    if any(after.values()) or bad:
+        return Verdict("orphan_cleanup", "fail", bad[0] if bad else f"orphans remain after start-up cleanup: {after}", ev)
+    return Verdict("orphan_cleanup", "pass", f"removed {sum(len(v) for v in before.values())} orphan(s) at start-up; step 1 intact", ev)
+
+
+PROPERTIES: list[tuple[str, Callable[[Bench], Verdict]]] = [
+    ("read_after_write", read_after_write),
+    ("checksums_round_trip", checksums_round_trip),
+    ("commit_atomicity", commit_atomicity),
+    ("partial_invisible", partial_invisible),
+    ("concurrent_writers", concurrent_writers),
+    ("dropped_connection", dropped_connection),
+    ("full_disk", full_disk),
+    ("orphan_cleanup", orphan_cleanup),
+]
+
+
+def run_battery(target: Target, scratch: str, seed: int = 0, only: list[str] | None = None,
+                progress: Callable[[str], None] | None = None) -> list[Verdict]:
+    b = Bench(target, scratch, seed)
+    out = []
+    for name, fn in PROPERTIES:
+        if only and name not in only:
+            continue
+        if progress:
+            progress(name)
+        out.append(_guard(name, lambda fn=fn: fn(b)))
+    return out

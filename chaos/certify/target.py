@@ -1,0 +1,90 @@
+"""What is being certified: a backend URL (or ``s3-local``), optionally wrapped.
+
+Why a separate object: every property needs fresh, isolated locations on the same
+backend (a subdirectory or key prefix per check), URLs that route through a fault
+proxy, and a way to list leftovers — independent of the checkpointer under test.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.storage.base import StorageConfigError, parse_url
+
+
+@dataclass
+class Target:
+    spec: str
+    kind: str  # posix | s3
+    base: str  # file: directory; s3: URL without query
+    params: dict[str, str] = field(default_factory=dict)
+    wrapper: str | None = None
+    local_s3: Any = None
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    def location(self) -> str:
+        return self.base
+
+    def url(self, sub: str, endpoint: str | None = None, **params: Any) -> str:
+        """A URL for a fresh location ``sub`` of this certification run."""
+        if self.kind == "posix":
+            return "file://" + os.path.join(self.base, f"certify-{self.run_id}", sub)
+        q = dict(self.params)
+        if endpoint:
+            q["endpoint_url"] = endpoint
+        q.update({k: str(v) for k, v in params.items()})
+        return f"{self.base.rstrip('/')}/certify-{self.run_id}/{sub}?" + urllib.parse.urlencode(q, safe=":/")
+
+    def endpoint_hostport(self) -> tuple[str, int]:
+        ep = urllib.parse.urlsplit(self.params.get("endpoint_url", ""))
+        if not ep.hostname or not ep.port:
+            raise StorageConfigError(f"backend {self.spec!r}: the fault proxy needs an explicit endpoint_url host:port")
+        return ep.hostname, ep.port
+
+    def leftovers(self, sub: str) -> dict[str, list[str]]:
+        """Temp dirs / uncommitted data / uncompleted uploads under ``sub`` (for orphan_cleanup)."""
+        from chaos.storage import open_storage
+
+        if self.kind == "posix":
+            root = parse_url(self.url(sub)).location
+            names = os.listdir(root) if os.path.isdir(root) else []
+            return {"temp_entries": sorted(n for n in names if n.startswith((".tmp-", ".old-", ".del-")))}
+        st = open_storage(self.url(sub), local_dir=tempfile.gettempdir())
+        try:
+            ups = st.client.list_multipart_uploads(Bucket=st.bucket, Prefix=st.prefix).get("Uploads", []) or []
+            referenced = set()
+            import json
+
+            for key in st._commits().values():
+                got = st._get(key)
+                if got:
+                    referenced.add(st.prefix + json.loads(got[0])["data"])
+            data = {o["Key"].rsplit("/", 1)[0] + "/" for o in st._list(st.prefix + "data/")}
+            return {"uncompleted_uploads": sorted(u["Key"] for u in ups), "unreferenced_data": sorted(data - referenced)}
+        finally:
+            st.close()
+
+
+def resolve(spec: str, wrapper: str | None = None, scratch: str | None = None) -> Target:
+    """``s3-local`` (starts the embedded server; caller stops ``target.local_s3``), or a URL."""
+    if spec == "s3-local":
+        from chaos.storage.local_s3 import LocalS3
+
+        s3 = LocalS3().start()
+        return Target(spec, "s3", f"s3://{s3.bucket}", {"endpoint_url": s3.endpoint, "part_size": str(5 << 20)},
+                      wrapper, local_s3=s3)
+    u = parse_url(spec)
+    if u.scheme == "file":
+        if not os.path.isdir(u.location):
+            raise StorageConfigError(f"backend {spec!r}: directory {u.location} does not exist")
+        return Target(spec, "posix", u.location, {}, wrapper)
+    if u.scheme == "s3":
+        params = dict(u.params)
+        params.setdefault("part_size", str(5 << 20))
+        return Target(spec, "s3", f"s3://{u.location}/{u.prefix}".rstrip("/"), params, wrapper)
+    raise StorageConfigError(f"backend {spec!r}: certify supports file://, plain paths, s3:// and s3-local")

@@ -1,0 +1,310 @@
+"""The Docker engine the container driver talks to: a reachable one, or a private ``dockerd``.
+
+No Docker daemon runs on a fresh CI machine, but Debian's ``docker.io`` starts one as
+root in seconds with its own socket, data and exec roots. ``PrivateEngine`` does exactly
+that, under one directory it owns, so a test session (or ``chaos engine start``) gets an
+engine that shares nothing with a system daemon and leaves nothing behind when stopped:
+
+    dockerd --iptables=false --storage-driver=vfs --bridge=none --host unix://ROOT/docker.sock
+            --data-root ROOT/data --exec-root ROOT/exec --pidfile ROOT/dockerd.pid
+
+``--bridge=none`` keeps it off the host's ``docker0`` (another engine may own it);
+``--iptables=false`` keeps it off the host firewall. No registry is reachable either, so
+``ensure_image`` builds the driver's default image itself: ``docker import`` of an empty
+tar. Containers of that image run the host's Python and virtual environment, bind-mounted
+read-only (see ``chaos.drivers.docker``).
+
+Which engine ``connect`` picks: ``DOCKER_HOST`` if set; else a private engine running under
+``CHAOS_ENGINE_ROOT`` (default ``/tmp/chaos-engine``, where ``chaos engine start`` puts it);
+else the system socket ``/var/run/docker.sock``. None reachable raises ``EngineUnavailable``,
+which the runner reports as a *skipped* scenario with the reason.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from faults import Unsupported
+
+DEFAULT_ROOT = "/tmp/chaos-engine"
+EMPTY_IMAGE = "chaos-empty:latest"
+LABEL = "chaos.harness"  # every container, network and volume the driver makes carries it
+SYSTEM_SOCKET = "/var/run/docker.sock"
+ENGINE_BINARIES = ("dockerd", "containerd", "runc", "docker-")  # /proc/PID/comm prefixes
+
+
+class EngineUnavailable(Unsupported):
+    """No Docker engine can be reached or started here; the reason is one line."""
+
+
+def default_root() -> Path:
+    """Where ``chaos engine start`` keeps its private engine (``CHAOS_ENGINE_ROOT`` overrides)."""
+    return Path(os.environ.get("CHAOS_ENGINE_ROOT", DEFAULT_ROOT))
+
+
+def can_start_engine() -> tuple[bool, str]:
+    """(possible, reason): a private engine needs root, the docker SDK and a ``dockerd`` binary."""
+    try:
+        import docker  # noqa: F401
+    except ImportError:
+        return False, "the docker SDK is not installed (pip install docker)"
+    if os.geteuid() != 0:
+        return False, "starting a private dockerd needs root"
+    if shutil.which("dockerd") is None:
+        return False, "no dockerd binary (apt-get install docker.io)"
+    return True, "ok"
+
+
+def _client(base_url: str, timeout: int = 60) -> Any:
+    import docker
+
+    return docker.DockerClient(base_url=base_url, timeout=timeout)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class PrivateEngine:
+    """A ``dockerd`` of our own under ``root``: start, ping, stop, and remove every trace of it."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = Path(root) if root is not None else default_root()
+        self.socket = self.root / "docker.sock"
+        self.pidfile = self.root / "dockerd.pid"
+        self.logfile = self.root / "dockerd.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def pid(self) -> int | None:
+        """The daemon's pid from its pidfile, if that process is alive."""
+        try:
+            pid = int(self.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _pid_alive(pid) else None
+
+    def running(self) -> bool:
+        if self.pid() is None or not self.socket.exists():
+            return False
+        try:
+            return bool(_client(self.url, timeout=5).ping())
+        except Exception:  # noqa: BLE001 - any failure to answer means not usable
+            return False
+
+    def client(self) -> Any:
+        return _client(self.url)
+
+    def start(self, timeout_s: float = 60.0) -> PrivateEngine:
+        """Start the daemon (detached, its own session) and wait until it answers a ping."""
+        ok, why = can_start_engine()
+        if not ok:
+            raise EngineUnavailable(why)
+        if self.running():
+            return self
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "daemon.json"
+        config.write_text("{}\n")  # never the host's /etc/docker/daemon.json
+        cmd = ["dockerd", "--iptables=false", "--ip-masq=false", "--bridge=none", "--storage-driver=vfs",
+               "--host", self.url, "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+               "--pidfile", str(self.pidfile), "--config-file", str(config), "--log-level", "warn"]
+        with open(self.logfile, "ab") as log:
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                          start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                tail = self.logfile.read_text(errors="replace").strip().splitlines()[-3:]
+                raise EngineUnavailable(f"dockerd exited with status {self._proc.returncode}: {' | '.join(tail)}")
+            if self.running():
+                return self
+            time.sleep(0.3)
+        self.stop()
+        raise EngineUnavailable(f"dockerd did not answer on {self.socket} within {timeout_s:.0f} s")
+
+    def _processes(self) -> list[int]:
+        """The engine's own processes still alive: dockerd, its containerd, shims, runc,
+        proxies — an engine binary whose command line names our root. A shell that merely
+        mentions the root (``bash -c "chaos engine stop --root ..."``) is never one of them."""
+        pids, needle = [], str(self.root).encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    comm = f.read().strip()
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if comm.startswith(ENGINE_BINARIES) and needle in cmdline:
+                pids.append(int(entry))
+        return [p for p in pids if _pid_alive(p)]
+
+    def stop(self, remove: bool = True, timeout_s: float = 20.0) -> dict[str, Any]:
+        """Remove our containers, networks and volumes, stop the daemon, then delete its root.
+
+        Returns what was done; processes that survive SIGTERM get SIGKILL (only ours:
+        processes whose command line names this engine's root).
+        """
+        done: dict[str, Any] = {"root": str(self.root)}
+        if self.running():
+            try:
+                done["removed"] = remove_labelled(self.client())
+            except Exception as exc:  # noqa: BLE001 - stopping goes on regardless
+                done["remove_error"] = str(exc)
+        pid = self.pid() or (self._proc.pid if self._proc is not None and self._proc.poll() is None else None)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and _pid_alive(pid):
+                if self._proc is not None and self._proc.pid == pid:
+                    self._proc.poll()
+                time.sleep(0.2)
+        for straggler in self._processes():
+            try:
+                os.kill(straggler, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            self._proc = None
+        done["stopped_pid"] = pid
+        if remove and self.root.exists():
+            _unmount_under(self.root)
+            shutil.rmtree(self.root, ignore_errors=True)
+        return done
+
+    def status(self) -> dict[str, Any]:
+        running = self.running()
+        out: dict[str, Any] = {"root": str(self.root), "socket": str(self.socket), "pid": self.pid(),
+                               "running": running}
+        if running:
+            client = self.client()
+            out["version"] = client.version().get("Version")
+            out["containers"] = len(client.containers.list(all=True, filters={"label": LABEL}))
+            out["networks"] = len(client.networks.list(filters={"label": LABEL}))
+        return out
+
+
+def _unmount_under(root: Path) -> None:
+    """Lazy-unmount anything the daemon left mounted under its root (netns files, shm)."""
+    prefix = str(root.resolve())
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return
+    points = [ln.split()[4] for ln in lines if ln.split()[4].startswith(prefix + "/")]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def remove_labelled(client: Any, label: str = LABEL, value: str | None = None) -> dict[str, list[str]]:
+    """Force-remove every container, network and volume carrying ``label`` (``=value``)."""
+    filters = {"label": f"{label}={value}" if value is not None else label}
+    removed: dict[str, list[str]] = {"containers": [], "networks": [], "volumes": []}
+    for c in client.containers.list(all=True, filters=filters):
+        try:
+            if c.status == "paused":
+                c.unpause()
+        except Exception:  # noqa: BLE001 - removal below still forces it
+            pass
+        try:
+            c.remove(force=True, v=True)
+            removed["containers"].append(c.name)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    for n in client.networks.list(filters=filters):
+        try:
+            n.remove()
+            removed["networks"].append(n.name)
+        except Exception:  # noqa: BLE001
+            pass
+    for v in client.volumes.list(filters=filters):
+        try:
+            v.remove(force=True)
+            removed["volumes"].append(v.name)
+        except Exception:  # noqa: BLE001
+            pass
+    return removed
+
+
+def connect() -> Any:
+    """A client of the engine to use: ``DOCKER_HOST``, else the private engine, else the system socket."""
+    try:
+        import docker
+    except ImportError:
+        raise EngineUnavailable("the docker SDK is not installed (pip install docker)") from None
+    candidates: list[tuple[str, Any]] = []
+    if os.environ.get("DOCKER_HOST"):
+        candidates.append(("DOCKER_HOST", lambda: docker.from_env(timeout=60)))
+    else:
+        private = PrivateEngine()
+        if private.socket.exists():
+            candidates.append((str(private.socket), private.client))
+        if os.path.exists(SYSTEM_SOCKET):
+            candidates.append((SYSTEM_SOCKET, lambda: _client(f"unix://{SYSTEM_SOCKET}")))
+    reasons = []
+    for where, make in candidates:
+        try:
+            client = make()
+            client.ping()
+            return client
+        except Exception as exc:  # noqa: BLE001 - try the next one, keep the reason
+            reasons.append(f"{where}: {type(exc).__name__}")
+    why = "; ".join(reasons) if reasons else "DOCKER_HOST is unset, no private engine and no system socket"
+    raise EngineUnavailable(f"no Docker engine reachable ({why}); start one with `chaos engine start`")
+
+
+def empty_tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w"):
+        pass
+    return buf.getvalue()
+
+
+def ensure_image(client: Any, name: str = EMPTY_IMAGE) -> str:
+    """Make the empty image (``docker import`` of an empty tar) unless the engine has it."""
+    import docker
+
+    try:
+        client.images.get(name)
+        return name
+    except docker.errors.ImageNotFound:
+        pass
+    repo, _, tag = name.partition(":")
+    client.api.import_image_from_data(empty_tar(), repository=repo, tag=tag or "latest")
+    client.images.get(name)
+    return name
+
+
+def describe(client: Any) -> str:
+    """One line naming the engine, for logs and results."""
+    info = client.version()
+    return json.dumps({"version": info.get("Version"), "api": info.get("ApiVersion"),
+                       "url": getattr(client.api, "base_url", "")})

@@ -1,0 +1,106 @@
+"""The storage protocol the reference checkpointer saves and loads through, and URL parsing.
+
+Why a protocol: the two-phase commit of a checkpoint needs one *commit point* that is
+atomic on the backend. On POSIX that is a directory rename (plus fsyncs); on an object
+store without rename it is a small commit object created with ``If-None-Match: *``; on
+a filesystem that offers neither, no commit point exists and the backend says so
+instead of pretending. Each backend implements the same small set of operations and
+states its protocol in ``commit_protocol`` so reports can quote it.
+
+Who calls what (see ``chaos/checkpoint/saver.py``): every rank calls
+:meth:`Storage.create_shard` / :meth:`Storage.durable` for its own shard; after the
+vote, rank 0 alone calls :meth:`Storage.publish`; loaders call ``list_steps``,
+``read_latest``, ``read_manifest`` and ``read_shard``.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Protocol, runtime_checkable
+
+from chaos.checkpoint.errors import CheckpointConfigError
+
+STEP_PREFIX = re.compile(r"^\.tmp-step-(\d{1,19})-([0-9a-f]{1,64})$")
+
+
+class StorageError(Exception):
+    """A backend operation failed; the message names the URL or key and the problem."""
+
+
+class StorageConfigError(CheckpointConfigError):
+    """A storage URL is malformed or names an unsupported backend (one line, names the URL)."""
+
+
+class CommitConflict(StorageError):
+    """Another writer already committed this checkpoint (the conditional create lost)."""
+
+
+@dataclass(frozen=True)
+class StorageURL:
+    """A parsed backend URL: ``file:///p``, plain paths, ``s3://bucket/prefix?k=v``, fsspec URLs."""
+
+    scheme: str
+    location: str  # file: absolute path; s3: bucket; fsspec: the URL without query
+    prefix: str = ""
+    params: dict[str, str] = field(default_factory=dict)
+    raw: str = ""
+
+
+def parse_url(url: str) -> StorageURL:
+    """Parse a storage URL; bad input raises :class:`StorageConfigError` naming the URL."""
+    if not isinstance(url, str) or not url.strip():
+        raise StorageConfigError(f"storage URL {url!r}: empty or not a string")
+    url = url.strip()
+    if "://" not in url:
+        import os
+
+        return StorageURL("file", os.path.abspath(url), raw=url)
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        params = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+    except ValueError:
+        raise StorageConfigError(f"storage URL {url!r}: malformed query string {parts.query!r}") from None
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise StorageConfigError(f"storage URL {url!r}: file URLs need an absolute path (file:///path), got host {parts.netloc!r}")
+        if not parts.path.startswith("/"):
+            raise StorageConfigError(f"storage URL {url!r}: file URLs need an absolute path")
+        return StorageURL("file", urllib.parse.unquote(parts.path), params=params, raw=url)
+    if scheme == "s3":
+        bucket = parts.netloc
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket or ""):
+            raise StorageConfigError(f"storage URL {url!r}: {bucket!r} is not a valid S3 bucket name")
+        prefix = parts.path.strip("/")
+        known = {"endpoint_url", "region", "part_size", "multipart_threshold", "connect_timeout", "read_timeout", "retries", "create_bucket"}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise StorageConfigError(f"storage URL {url!r}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return StorageURL("s3", bucket, prefix + "/" if prefix else "", params, raw=url)
+    if scheme in ("memory", "fsspec") or scheme.isidentifier():
+        base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        return StorageURL(scheme, base, params=params, raw=url)
+    raise StorageConfigError(f"storage URL {url!r}: unsupported scheme {scheme!r}")
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """What the reference checkpointer needs from a backend (see module docstring)."""
+
+    url: str
+    kind: str
+    commit_protocol: str
+
+    def create_shard(self, tmp_name: str, name: str) -> BinaryIO: ...
+    def durable(self, f: Any) -> None: ...
+    def publish(self, tmp_name: str, step: int, manifest: bytes) -> None: ...
+    def roll_back(self, step: int, tmp_name: str, previous: int | None) -> None: ...
+    def read_latest(self) -> int | None: ...
+    def clean_stale(self) -> list[str]: ...
+    def list_steps(self) -> list[int]: ...
+    def read_manifest(self, step: int, max_bytes: int) -> tuple[dict[str, Any], str]: ...
+    def read_shard(self, step: int, name: str, spec: Any, algorithm: str, verify: bool, targets: Any = None) -> Any: ...
+    def hide_step(self, step: int) -> Any: ...
+    def close(self) -> None: ...
