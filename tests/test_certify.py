@@ -117,3 +117,19 @@ def test_certification_page_names_the_failing_property():
     page = render_certification(report)
     assert "not certified" in page and "commit_atomicity" in page and "step 2 listed but does not load" in page
     assert "<script>" not in page, "values are escaped"
+
+
+def test_fsspec_backend_commit_point_survives_every_crash_and_races_are_never_passed(tmp_path):
+    """The generic fsspec protocol (commit object moved into place) on local://: every crash
+    point leaves only complete committed steps; a check-then-put commit can never earn a
+    pass for concurrent writers, only n/a with the reason."""
+    d = tmp_path / "backend"
+    d.mkdir()
+    spec = f"local://{d}"
+    atomic = _run(spec, None, "commit_atomicity")
+    assert atomic["backend_kind"] == "fsspec" and "temp name, then move" in atomic["commit_protocol"]
+    assert _status(atomic, "commit_atomicity") == "pass"
+    race = _run(spec, None, "concurrent_writers")
+    p = next(p for p in race["properties"] if p["name"] == "concurrent_writers")
+    assert p["status"] == "n/a" and "check-then-put" in p["summary"] and "never a mixture" in p["summary"]
+    assert not any(d.iterdir()), "certify left files behind on the backend"

@@ -29,7 +29,7 @@ def test_s3_url_parts():
     ("s3://B/x", "bucket name"),
     ("s3://bucket/x?colour=red", "unknown parameter"),
     ("s3://bucket/x?part_size=100&endpoint_url=http://127.0.0.1:1", "part_size"),
-    ("gopher://x/y", "no checkpoint backend"),
+    ("gopher://x/y", "fsspec knows no protocol"),
 ])
 def test_bad_urls_are_one_typed_line(url, words):
     with pytest.raises(StorageConfigError) as exc:
@@ -55,3 +55,10 @@ def test_wrapper_resolution(tmp_path):
     assert wrap_storage(inner, None) is inner
     with pytest.raises(StorageConfigError, match="Missing"):
         wrap_storage(inner, f"{mod}:Missing")
+
+
+def test_fsspec_urls_keep_their_authority_part():
+    """urlunsplit would turn local:///x into local:/x, which then reads as a plain path."""
+    assert parse_url("local:///tmp/x/y").location == "local:///tmp/x/y"
+    assert parse_url("memory://bucket/p?k=v").location == "memory://bucket/p"
+    assert parse_url(parse_url("local:///tmp/x").location + "/sub").scheme == "local"

@@ -136,6 +136,8 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
     finally:
         if target.kind == "posix":
             shutil.rmtree(target.url("x")[len("file://"):].rsplit("/", 1)[0], ignore_errors=True)
+        elif target.kind == "fsspec":
+            _remove_fsspec_run(target)
         else:
             _remove_s3_run(target)
         if target.local_s3 is not None:
@@ -165,6 +167,20 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
         "seconds": round(time.time() - started, 1),
         "host": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine()},
     }
+
+
+def _remove_fsspec_run(target: Any) -> None:
+    """Delete this run's directory on the fsspec filesystem (best effort)."""
+    from chaos.storage import open_storage
+
+    try:
+        st = open_storage(target.url(""))
+        run_dir = st.base.rstrip("/")
+        if st.fs.exists(run_dir):
+            st.fs.rm(run_dir, recursive=True)
+        st.close()
+    except Exception:  # noqa: BLE001 - best effort
+        return
 
 
 def _remove_s3_run(target: Any) -> None:

@@ -20,8 +20,8 @@ from chaos.storage.base import StorageConfigError, parse_url
 @dataclass
 class Target:
     spec: str
-    kind: str  # posix | s3
-    base: str  # file: directory; s3: URL without query
+    kind: str  # posix | s3 | fsspec
+    base: str  # file: directory; s3 and fsspec: URL without query
     params: dict[str, str] = field(default_factory=dict)
     wrapper: str | None = None
     local_s3: Any = None
@@ -34,6 +34,9 @@ class Target:
         """A URL for a fresh location ``sub`` of this certification run."""
         if self.kind == "posix":
             return "file://" + os.path.join(self.base, f"certify-{self.run_id}", sub)
+        if self.kind == "fsspec":
+            query = "?" + urllib.parse.urlencode(self.params) if self.params else ""
+            return f"{self.base.rstrip('/')}/certify-{self.run_id}/{sub}{query}"
         q = dict(self.params)
         if endpoint:
             q["endpoint_url"] = endpoint
@@ -55,6 +58,11 @@ class Target:
             names = os.listdir(root) if os.path.isdir(root) else []
             return {"temp_entries": sorted(n for n in names if n.startswith((".tmp-", ".old-", ".del-")))}
         st = open_storage(self.url(sub), local_dir=tempfile.gettempdir())
+        if self.kind == "fsspec":
+            try:
+                return {"unreferenced_data": st.unreferenced_data()}
+            finally:
+                st.close()
         try:
             ups = st.client.list_multipart_uploads(Bucket=st.bucket, Prefix=st.prefix).get("Uploads", []) or []
             referenced = set()
@@ -87,4 +95,9 @@ def resolve(spec: str, wrapper: str | None = None, scratch: str | None = None) -
         params = dict(u.params)
         params.setdefault("part_size", str(5 << 20))
         return Target(spec, "s3", f"s3://{u.location}/{u.prefix}".rstrip("/"), params, wrapper)
-    raise StorageConfigError(f"backend {spec!r}: certify supports file://, plain paths, s3:// and s3-local")
+    import fsspec
+
+    if u.scheme in fsspec.available_protocols():
+        return Target(spec, "fsspec", u.location, dict(u.params), wrapper)
+    raise StorageConfigError(f"backend {spec!r}: certify supports file://, plain paths, s3://, s3-local "
+                             "and URLs of filesystems fsspec knows")

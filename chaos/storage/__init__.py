@@ -4,7 +4,9 @@
 POSIX commit protocol, unchanged). ``s3://bucket/prefix?endpoint_url=...``:
 :class:`~chaos.storage.s3.S3Storage` (conditional commit object). ``s3-local`` is not a
 URL but a harness feature: :mod:`chaos.storage.local_s3` starts a moto server and hands
-out ``s3://`` URLs pointing at it. Every backend states its ``commit_protocol``.
+out ``s3://`` URLs pointing at it. Any other scheme fsspec knows (``memory://``,
+``local://``, ``gcs://`` ...): :class:`~chaos.storage.fsspec_store.FsspecStorage`
+(commit object written last; not exclusive). Every backend states its ``commit_protocol``.
 """
 
 from __future__ import annotations
@@ -37,10 +39,9 @@ def open_storage(url: str, local_dir: str | None = None) -> Any:
         from chaos.storage.s3 import S3Storage
 
         return S3Storage(u, local_dir)
-    raise StorageConfigError(
-        f"storage URL {url!r}: scheme {u.scheme!r} has no checkpoint backend here "
-        "(supported: file://, plain paths, s3://)"
-    )
+    from chaos.storage.fsspec_store import FsspecStorage
+
+    return FsspecStorage(u, local_dir)  # any other scheme fsspec knows; unknown ones are refused there
 
 
 def load_wrapper(spec: str) -> Any:

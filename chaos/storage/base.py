@@ -80,7 +80,7 @@ def parse_url(url: str) -> StorageURL:
             raise StorageConfigError(f"storage URL {url!r}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return StorageURL("s3", bucket, prefix + "/" if prefix else "", params, raw=url)
     if scheme in ("memory", "fsspec") or scheme.isidentifier():
-        base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        base = f"{parts.scheme}://{parts.netloc}{parts.path}"  # urlunsplit drops "//" for unknown schemes
         return StorageURL(scheme, base, params=params, raw=url)
     raise StorageConfigError(f"storage URL {url!r}: unsupported scheme {scheme!r}")
 

@@ -23,8 +23,8 @@ class PosixStorage:
     kind = "posix"
     exclusive_commit = False  # does the commit point refuse a second writer?
     commit_protocol = (
-        "shards into .tmp-step-N-<nonce>/, fsync each, vote, manifest + fsync, fsync dir, "
-        "atomic rename to step-N, fsync parent, latest replaced by temp+fsync+rename+fsync"
+        "shards into .tmp-step-N-<nonce>/, fsync each, vote, manifest + fsync, atomic rename to "
+        "step-N, fsync it, latest replaced by temp+fsync+rename, then one fsync of the parent"
     )
 
     def __init__(self, root: str) -> None:
