@@ -150,8 +150,19 @@ def _unfired_io_faults(scenario: Scenario, record: RunRecord) -> str | None:
     if not wanted or record.io.get("fired"):
         return None
     untraced = record.io.get("untraced_files", [])
-    why = (f"the checkpointer's I/O was not traced (written by C-level code: {', '.join(untraced[:5])})"
-           if untraced else "no I/O operation matched its point")
+    ops = record.io.get("ops") or {}
+    if ops:
+        # Python-level I/O was traced, so the point was simply never reached (that rank
+        # never does that op, or the attempt never ran): not a C-level writer.
+        seen = ", ".join(f"{k}={v}" for k, v in sorted(ops.items()))
+        why = f"no traced I/O operation matched its point (traced: {seen})"
+        if untraced:
+            why += (f"; files no trace saw (C-level writers, or ranks/attempts that were not traced): "
+                    f"{', '.join(untraced[:5])}")
+    elif untraced:
+        why = f"the checkpointer's I/O was not traced (written by C-level code: {', '.join(untraced[:5])})"
+    else:
+        why = "no I/O operation matched its point"
     return f"skipped: I/O fault {wanted[0].spec()} never fired: {why}"
 
 

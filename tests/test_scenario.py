@@ -64,3 +64,18 @@ def test_default_campaign_covers_every_family_once():
         s.validate()
     net = next(s for s in scenarios if s.faults[0].family == "net")
     assert net.workload.collective_timeout_s == 5.0
+
+
+def test_unfired_io_fault_blames_c_level_writers_only_when_nothing_was_traced():
+    from chaos.record import RunRecord
+    from chaos.runner import _unfired_io_faults
+    from chaos.scenario import Scenario, parse_fault
+
+    sc = Scenario("reference", faults=[parse_fault("eio:rank=1,step=5,op=rename")])
+    reached = RunRecord(2, [], io={"ops": {"write": 4, "fsync": 4}, "fired": [], "untraced_files": []})
+    why = _unfired_io_faults(sc, reached)
+    assert "no traced I/O operation matched its point (traced: fsync=4, write=4)" in why and "C-level" not in why
+    c_level = RunRecord(2, [], io={"ops": {}, "fired": [], "untraced_files": ["step-5/model.pt"]})
+    assert "not traced (written by C-level code: step-5/model.pt)" in _unfired_io_faults(sc, c_level)
+    fired = RunRecord(2, [], io={"ops": {"rename": 1}, "fired": [{"rule": 0}], "untraced_files": []})
+    assert _unfired_io_faults(sc, fired) is None
