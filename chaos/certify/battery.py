@@ -234,9 +234,13 @@ def commit_atomicity(b: Bench, max_points: int = 40) -> Verdict:
                    f"{len(points)} crash points over {n} mutating operations: every committed step complete, latest always committed", ev)
 
 
-def partial_invisible(b: Bench) -> Verdict:
-    """A shard upload stopped midway (uncompleted multipart / half-written temp file) is never visible."""
-    sub = "partial"
+def _one_committed_then_count_shard_writes(b: Bench, sub: str) -> tuple[Any, Callable[[], None], list[str], str, list[int]]:
+    """Commit step 1, then run a full save of step 2 once to count its operations.
+
+    Returns step 1's state, the step-2 saver (to rerun crashing at a chosen op), the ops,
+    the marker of a shard write on this backend and the indices of those writes; the
+    backend is back to "only step 1 committed and latest".
+    """
     base = make_state(1, b.small, b.seed)
     w = b.ckpt(sub)
     try:
@@ -251,7 +255,13 @@ def partial_invisible(b: Bench) -> Verdict:
     _, ops = run_crashing(save_two, None)
     _reset_to_one(b, sub)
     marker = "UploadPart" if b.target.kind == "s3" else "write shard"
-    idx = [i for i, op in enumerate(ops) if op.startswith(marker)]
+    return base, save_two, ops, marker, [i for i, op in enumerate(ops) if op.startswith(marker)]
+
+
+def partial_invisible(b: Bench) -> Verdict:
+    """A shard upload stopped midway (uncompleted multipart / half-written temp file) is never visible."""
+    sub = "partial"
+    base, save_two, ops, marker, idx = _one_committed_then_count_shard_writes(b, sub)
     if len(idx) < 2:
         return Verdict("partial_invisible", "fail", f"the shard was not written in parts ({len(idx)} '{marker}' ops): cannot stop it midway",
                        {"ops": ops[:40]})
@@ -435,21 +445,7 @@ def full_disk(b: Bench) -> Verdict:
 def orphan_cleanup(b: Bench) -> Verdict:
     """Leftovers of crashed saves (temp dirs, data, uncompleted uploads) are removed at the next start; commits stay."""
     sub = "orphans"
-    base = make_state(1, b.small, b.seed)
-    w = b.ckpt(sub)
-    try:
-        w.save(1, base)
-    finally:
-        w.close()
-    big = make_state(2, b.large, b.seed)
-
-    def save_two() -> None:
-        b.ckpt(sub).save(2, big)
-
-    _, ops = run_crashing(save_two, None)
-    _reset_to_one(b, sub)
-    marker = "UploadPart" if b.target.kind == "s3" else "write shard"
-    idx = [i for i, op in enumerate(ops) if op.startswith(marker)]
+    base, save_two, ops, _, idx = _one_committed_then_count_shard_writes(b, sub)
     run_crashing(save_two, idx[len(idx) // 2] + 1 if len(idx) >= 2 else max(1, len(ops) // 2))
     before = b.target.leftovers(sub)
     fresh = b.ckpt(sub)  # rank 0 start-up cleans

@@ -104,3 +104,17 @@ class Storage(Protocol):
     def read_shard(self, step: int, name: str, spec: Any, algorithm: str, verify: bool, targets: Any = None) -> Any: ...
     def hide_step(self, step: int) -> Any: ...
     def close(self) -> None: ...
+
+
+def restore_latest(store: Any, step: int, previous: int | None) -> None:
+    """After undoing the commit of ``step``: point ``latest`` back at ``previous`` if it names ``step``.
+
+    Shared by backends whose ``latest`` is a separate object (``set_latest``); a pointer
+    that cannot be read is treated as not naming ``step``.
+    """
+    try:
+        current = store.read_latest()
+    except Exception:  # noqa: BLE001 - a malformed pointer is simply left for loaders to ignore
+        current = None
+    if current == step and previous is not None and previous != step:
+        store.set_latest(previous)

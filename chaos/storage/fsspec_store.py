@@ -39,6 +39,7 @@ from chaos.storage.base import (
     StorageConfigError,
     StorageError,
     StorageURL,
+    restore_latest,
 )
 
 COMMIT_NAME = re.compile(r"^step-(\d{1,19})\.json$")
@@ -170,12 +171,7 @@ class FsspecStorage:
             if self._published and self._published[0] == step:
                 self.fs.rm_file(self._published[1])
                 self._published = None
-                try:
-                    current = self.read_latest()
-                except Exception:  # noqa: BLE001
-                    current = None
-                if current == step and previous is not None and previous != step:
-                    self.set_latest(previous)
+                restore_latest(self, step, previous)
             self._remove(self._data_dir(tmp_name))
         except Exception:  # noqa: BLE001 - the failed save is reported by the caller; orphans go later
             pass

@@ -49,6 +49,7 @@ from chaos.storage.base import (
     StorageConfigError,
     StorageError,
     StorageURL,
+    restore_latest,
 )
 
 MIN_PART = 5 * 1024 * 1024
@@ -332,12 +333,7 @@ class S3Storage:
                 except Exception:  # noqa: BLE001 - not ours any more, or already gone
                     pass
                 self._published = None
-                try:
-                    current = self.read_latest()
-                except Exception:  # noqa: BLE001
-                    current = None
-                if current == step and previous is not None and previous != step:
-                    self.set_latest(previous)
+                restore_latest(self, step, previous)
             self._remove_data(self._data_prefix(tmp_name))
         except Exception:  # noqa: BLE001 - the failed save is reported by the caller; orphans go later
             pass
