@@ -94,6 +94,7 @@ class LaunchPlan:
     hang_timeout_s: float = 60.0
     attempt_timeout_s: float = 900.0
     trace_io: bool = False  # trace every rank's checkpoint I/O even without an I/O fault
+    scratch: str | None = None  # the scenario's scratch root: ranks keep their temp files below it
     # Called with (event, info) as the job goes: "attempt", "step", "save"; for live displays.
     progress: Callable[[str, dict[str, Any]], None] | None = None
 
@@ -211,7 +212,7 @@ class _Attempt:
             backend=plan.backend, triggers=triggers, io_rules=rules,
             trace_path=trace_path(plan.log_dir, rank, self.attempt) if traced else None,
             trace_data=any(f.family == "powerloss" for _, f in self._mine()), netns=netns, env=env,
-            mode=self.mode,
+            mode=self.mode, scratch=plan.scratch,
         )
 
     def _start(self, rank: int, port: int) -> None:

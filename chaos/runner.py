@@ -7,6 +7,7 @@ request), on success, failure, timeout and Ctrl-C alike.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import tempfile
 import time
@@ -85,18 +86,44 @@ def _verify_record(verify: cluster.AttemptResult, log_dir: str, world_size: int)
 
 
 def _leftovers(record: RunRecord, scratch: Path, suffix: str | None) -> dict[str, list]:
-    """Everything of this scenario that should be gone by now: rank processes, mounts, namespaces."""
+    """Everything of this scenario that should be gone by now: rank processes, mounts, namespaces.
+
+    Called after the harness's own teardown (each attempt kills its ranks' process
+    groups, the environment unmounts and removes its namespaces) and *before* the
+    runner's last-resort clean-up, so what it finds really outlived the scenario: a
+    rank that did not die, or a helper that left the rank's process group (a daemon, a
+    ``setsid`` child), found by the ``CHAOS_SCENARIO`` mark every descendant inherits.
+    """
+    from chaos.workload.spec import SCENARIO_ENV
     from faults.disk import mounts_under
-    from faults.process import alive
+    from faults.process import alive, marked_with
 
     pids = {e["pid"] for a in record.events.values() for evs in a.values() for e in evs if e["ev"] == "start"}
     pids |= {e["pid"] for evs in record.verify.get("events", {}).values() for e in evs if e["ev"] == "start"}
-    out: dict[str, list] = {"processes": sorted(p for p in pids if alive(p)), "mounts": mounts_under(scratch)}
+    live = {p for p in pids if alive(p)} | set(marked_with(SCENARIO_ENV, str(scratch)))
+    out: dict[str, list] = {"processes": sorted(live), "mounts": mounts_under(scratch)}
     if suffix is not None:
         from faults.network import leftovers
 
         out["network"] = leftovers(suffix)
     return out
+
+
+def _clean_leftovers(found: dict[str, list]) -> None:
+    """The last resort, after hygiene has looked: no process of the scenario survives it."""
+    import signal
+
+    from faults.process import alive
+
+    cluster.kill_all()
+    for pid in found.get("processes", []):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + 5.0
+    while any(alive(p) for p in found.get("processes", [])) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _save_trace(log_dir: str, rank: int, attempt: int, mark: int, step: int) -> list[dict[str, Any]]:
@@ -200,7 +227,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
             checkpointer=scenario.checkpointer, ckpt_options=dict(scenario.ckpt_options),
             ckpt_root=str(scratch / "ckpt"), faults=list(scenario.faults), max_restarts=scenario.max_restarts,
             hang_timeout_s=options.hang_timeout_s, attempt_timeout_s=options.attempt_timeout_s,
-            progress=progress,
+            progress=progress, scratch=str(scratch),
         )
         verify = None
         driver = open_driver(scenario.driver, scratch, scenario.image)
@@ -222,8 +249,9 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
         record = RunRecord.collect(outcome, str(log_dir), scenario.world_size, plan.ckpt_root)
         if verify is not None:
             record.verify = _verify_record(verify, str(log_dir), outcome.final_world_size or scenario.world_size)
-        cluster.kill_all()
-        record.hygiene = driver.hygiene(_leftovers(record, scratch, suffix))
+        found = _leftovers(record, scratch, suffix)  # observe first, then clean
+        _clean_leftovers(found)
+        record.hygiene = driver.hygiene(found)
         result.record = record
         if outcome.config_error:
             msgs = [e["message"] for e in record.errors() if e.get("kind") == "config"]
@@ -248,7 +276,10 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
     except Exception as exc:  # noqa: BLE001 - reported as a harness error with its type
         result.verdict, result.error = "error", f"harness error: {type(exc).__name__}: {exc}"
     finally:
-        cluster.kill_all()
+        from chaos.workload.spec import SCENARIO_ENV
+        from faults.process import marked_with
+
+        _clean_leftovers({"processes": marked_with(SCENARIO_ENV, str(scratch))})
         result.seconds = time.time() - started
         if not options.keep:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -58,6 +58,24 @@ def group_members(pgid: int) -> list[int]:
     return sorted(out)
 
 
+def marked_with(name: str, value: str) -> list[int]:
+    """Live pids whose environment has ``name=value`` (inherited by every descendant, even
+    one that left its parent's process group or session), from /proc."""
+    want = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue  # gone, or not ours to read
+        if want in env and alive(int(entry)):
+            found.append(int(entry))
+    return sorted(found)
+
+
 def signal_group(pgid: int, sig: int | signal.Signals) -> dict[str, Any]:
     """Send ``sig`` to every process of group ``pgid``; an empty group is not an error."""
     members = group_members(pgid)

@@ -8,6 +8,8 @@ from typing import Any
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 3
+# Exported by every rank (the scenario's scratch root) and inherited by all it starts.
+SCENARIO_ENV = "CHAOS_SCENARIO"
 
 
 @dataclass
@@ -37,3 +39,8 @@ class RankSpec:
     env: dict[str, str] = field(default_factory=dict)
     # "train", or "verify": load the latest checkpoint, log what loaded, exit.
     mode: str = "train"
+    # The scenario's scratch root: the rank's temporary directory lies below it (so a
+    # SIGKILLed rank's temp files go when the scenario's scratch root does), and the
+    # root is exported as CHAOS_SCENARIO, which every descendant inherits: the hygiene
+    # check finds a helper that escaped the rank's process group by it.
+    scratch: str | None = None

@@ -12,6 +12,7 @@ import faulthandler
 import math
 import os
 import signal
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -30,7 +31,7 @@ from chaos.workload.config import WorkloadConfig
 from chaos.workload.data import Loader
 from chaos.workload.log import EventLog
 from chaos.workload.model import build_model
-from chaos.workload.spec import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, RankSpec
+from chaos.workload.spec import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, SCENARIO_ENV, RankSpec
 
 # The pid that imported this module (and torch with it). In a rank forked from the warm
 # fork server it differs from the rank's own pid: proof that the rank imported nothing.
@@ -49,6 +50,19 @@ def become_rank_process() -> None:
     except (OSError, AttributeError):
         pass
     os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def enter_scratch(scratch: str) -> None:
+    """Keep this process's temporary files inside the scenario's scratch root, and mark it.
+
+    ``tempfile`` caches its directory, and the fork server may have looked it up
+    already, so both the environment (for children) and the cache are set.
+    """
+    tmp = os.path.join(scratch, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    os.environ["TMPDIR"] = tmp
+    os.environ[SCENARIO_ENV] = scratch
+    tempfile.tempdir = tmp
 
 
 def lr_lambda_factory(cfg: WorkloadConfig):
@@ -303,6 +317,8 @@ def rank_entry(spec: RankSpec, conn: Any = None) -> None:
     """Process entry point: its own process group, its own log, a typed exit status."""
     become_rank_process()
     os.environ.update(spec.env)
+    if spec.scratch:
+        enter_scratch(spec.scratch)
     if spec.netns:
         from faults.network import enter_netns
 
