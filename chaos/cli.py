@@ -10,9 +10,11 @@ import argparse
 import dataclasses
 import importlib
 import json
+import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +166,12 @@ def _load_replay(args: argparse.Namespace) -> list[Scenario]:
 
 
 def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
+    """Run, then write the results, then render: evidence is on disk before anything can fail to print.
+
+    The results JSON is rewritten after every scenario, so a harness crash or a Ctrl-C
+    later in a campaign still leaves every finished scenario's verdict and replay
+    command in ``--json``; ``main`` turns such a crash into exit 2.
+    """
     from rich.console import Console
 
     from chaos.results import exit_status, write_results
@@ -174,27 +182,35 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     options = RunOptions(scratch_base=args.scratch, keep=args.keep,
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None,
                          use_golden_cache=not args.no_cache, hang_timeout_s=args.hang_timeout)
-    results = []
+    results: list[Any] = []
+
+    def save() -> None:
+        if args.json:
+            write_results(args.json, results)
+
     started = time.monotonic()
-    with LiveProgress(console, len(scenarios)) as live:
-        for scenario in scenarios:
-            live.start(scenario)
-            result = run_scenario(scenario, options, progress=live.update)
-            live.finish(result)
-            results.append(result)
-            scenario_line(console, result)
-    if getattr(args, "command", None) == "run" and not args.fault and scenarios:
-        results += _generated(args, scenarios[0], options, console, started, results)
-    summary_table(console, results)
+    try:
+        with LiveProgress(console, len(scenarios)) as live:
+            for scenario in scenarios:
+                live.start(scenario)
+                result = run_scenario(scenario, options, progress=live.update)
+                live.finish(result)
+                results.append(result)
+                save()
+                scenario_line(console, result)
+        if getattr(args, "command", None) == "run" and not args.fault and scenarios:
+            results += _generated(args, scenarios[0], options, console, started, results)
+    finally:
+        save()  # also on a crash or Ctrl-C: what finished is kept
     if args.json:
-        write_results(args.json, results)
-        console.print(f"results written to {args.json}")
+        console.print(f"results written to {args.json}", markup=False, highlight=False)
     if args.html:
         from chaos.results import results_document
         from reports.html import render_report
 
         render_report(results_document(results), Path(args.html))
-        console.print(f"report written to {args.html}")
+        console.print(f"report written to {args.html}", markup=False, highlight=False)
+    summary_table(console, results)
     return exit_status(results)
 
 
@@ -257,6 +273,16 @@ def main(argv: list[str] | None = None) -> int:
         cluster.kill_all()
         print("chaos: interrupted; every rank process was stopped", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug of the harness itself: exit 2, never a bare traceback
+        from chaos import cluster
+
+        cluster.kill_all()
+        kept = getattr(args, "json", None)
+        where = f"; results of the finished scenarios are in {kept}" if kept else ""
+        print(f"chaos: harness error: {type(exc).__name__}: {exc}{where}", file=sys.stderr)
+        if os.environ.get("CHAOS_DEBUG"):
+            traceback.print_exc()
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,13 +1,18 @@
 """Rich console output: a line per finished scenario and a table at the end.
 
 Rich turns colour and control characters off by itself when stdout is not a terminal
-(CI logs stay plain text).
+(CI logs stay plain text). Every string that came from outside the harness — scenario
+ids, fault specs, oracle evidence, a rank's error text such as gloo's
+``[/__w/pytorch/...] Timed out`` — is printed as plain text (``Text`` or ``escape``),
+never parsed as rich markup: one stray bracket must not take the closing table down.
 """
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from chaos.runner import ScenarioResult
 
@@ -17,7 +22,8 @@ STYLE = {"pass": "green", "fail": "bold red", "error": "bold yellow", "skipped":
 def scenario_line(console: Console, result: ScenarioResult) -> None:
     style = STYLE.get(result.verdict, "")
     golden = "golden cached" if result.golden_cached else "golden run"
-    console.print(f"[{style}]{result.verdict.upper():7}[/] {result.scenario.id}  ({result.seconds:.1f} s, {golden})")
+    console.print(f"[{style}]{result.verdict.upper():7}[/] {escape(result.scenario.id)}  "
+                  f"({result.seconds:.1f} s, {golden})")
     for oracle in result.failing():
         console.print(f"        {oracle.name}: {oracle.summary}", markup=False)
     if result.error:
@@ -33,8 +39,9 @@ def summary_table(console: Console, results: list[ScenarioResult]) -> None:
     for r in results:
         evidence = "; ".join(f"{o.name}: {o.summary}" for o in r.failing()) or r.error or next(
             (o.summary for o in r.oracles.values()), "")
-        table.add_row(r.scenario.id, r.scenario.checkpointer, " ".join(f.spec() for f in r.scenario.faults) or "-",
-                      f"[{STYLE.get(r.verdict, '')}]{r.verdict}[/]", evidence, f"{r.seconds:.1f}")
+        table.add_row(Text(r.scenario.id), Text(r.scenario.checkpointer),
+                      Text(" ".join(f.spec() for f in r.scenario.faults) or "-"),
+                      Text(r.verdict, style=STYLE.get(r.verdict, "")), Text(evidence), f"{r.seconds:.1f}")
     console.print(table)
     counts = {v: sum(1 for r in results if r.verdict == v) for v in STYLE}
     console.print("  ".join(f"[{STYLE[v]}]{v}: {n}[/]" for v, n in counts.items() if n) or "no scenarios")
@@ -66,13 +73,13 @@ class LiveProgress:
 
     def start(self, scenario) -> None:  # noqa: ANN001 - a chaos.scenario.Scenario
         self.steps = scenario.workload.steps
-        self.task = self.progress.add_task(scenario.id[:48], total=self.steps, phase="starting", detail="")
+        self.task = self.progress.add_task(escape(scenario.id[:48]), total=self.steps, phase="starting", detail="")
 
     def update(self, event: str, info: dict) -> None:
         if self.task is None:
             return
         if event == "phase":
-            self.progress.update(self.task, phase=info["phase"])
+            self.progress.update(self.task, phase=escape(str(info["phase"])))
         elif event == "attempt":
             phase = "faulted run" if info["attempt"] == 0 else f"restart {info['attempt']}"
             self.progress.update(self.task, phase=phase)

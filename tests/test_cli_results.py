@@ -1,0 +1,53 @@
+"""A failing campaign keeps its evidence: foreign text is never markup, results are written
+before anything is rendered, and a crash of the harness itself exits 2 with the file intact."""
+
+import io
+import json
+
+from rich.console import Console
+
+from chaos import cli
+from chaos.oracles import OracleResult
+from chaos.runner import ScenarioResult
+from chaos.scenario import Scenario, parse_fault
+from reports.console import scenario_line, summary_table
+
+GLOO = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+        "Timed out waiting 5000ms for recv operation to complete [bold]x[/]")
+
+
+def _failed(scenario: Scenario) -> ScenarioResult:
+    return ScenarioResult(scenario, "fail", {"liveness": OracleResult("liveness", False, GLOO, {})}, error=GLOO)
+
+
+def test_a_ranks_error_text_prints_verbatim_in_the_line_and_the_table():
+    out = io.StringIO()
+    console = Console(file=out, width=400, color_system=None)
+    result = _failed(Scenario(checkpointer="reference", faults=[parse_fault("kill:rank=1,step=5")]))
+    scenario_line(console, result)
+    summary_table(console, [result])
+    text = out.getvalue()
+    assert "[/__w/pytorch/pytorch/third_party/gloo" in text
+    assert "[bold]x[/]" in text  # not interpreted either
+
+
+def test_a_harness_crash_mid_campaign_exits_2_and_keeps_the_finished_results(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_run(scenario, options=None, progress=None):
+        calls.append(scenario)
+        if len(calls) == 2:
+            raise RuntimeError("the harness broke")
+        return _failed(scenario)
+
+    monkeypatch.setattr("chaos.runner.run_scenario", fake_run)
+    monkeypatch.setattr(cli, "_generated", lambda *a, **k: [])
+    out = tmp_path / "results.json"
+    rc = cli.main(["run", "--json", str(out)])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"chaos: harness error: RuntimeError: the harness broke; results of the finished scenarios "
+                   f"are in {out}"]
+    doc = json.loads(out.read_text())
+    assert [s["verdict"] for s in doc["scenarios"]] == ["fail"]
+    assert GLOO in doc["scenarios"][0]["oracles"]["liveness"]["summary"]
