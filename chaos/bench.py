@@ -103,7 +103,7 @@ def _zeros_like(value: Any) -> Any:
 
 
 def _payload_bytes(state: dict[str, Any], world: int) -> int:
-    from chaos.checkpoint import tree
+    from chaos.ckptformat import tree
 
     _, tensors = tree.encode(state)
     total = 0

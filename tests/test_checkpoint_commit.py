@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from chaos import phases
-from chaos.checkpoint import CommitError, ReferenceCheckpointer, commit
+from chaos.checkpoint import CommitError, ReferenceCheckpointer
 from chaos.checkpoint.options import Milestones
 from chaos.checkpoint.policy import select_for_deletion
+from chaos.ckptformat import commit
 
 
 def state(step: int) -> dict:

@@ -15,8 +15,8 @@ import torch
 from ckpt_dist import check_all_ok, run_ranks
 
 from chaos.checkpoint import ReferenceCheckpointer
-from chaos.checkpoint.commit import list_steps, read_latest, step_dirname
-from chaos.checkpoint.manifest import read_manifest
+from chaos.ckptformat.commit import list_steps, read_latest, step_dirname
+from chaos.ckptformat.manifest import read_manifest
 from chaos.statehash import fingerprint
 
 pytestmark = pytest.mark.timeout(120)

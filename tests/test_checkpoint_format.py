@@ -16,15 +16,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.checkpoint import ManifestError, NoValidCheckpointError, ReferenceCheckpointer, tree
-from chaos.checkpoint.errors import (
+from chaos.checkpoint import ManifestError, NoValidCheckpointError, ReferenceCheckpointer
+from chaos.checkpoint.loader import load_step
+from chaos.ckptformat import tree
+from chaos.ckptformat.errors import (
     CheckpointConfigError,
     CorruptCheckpointError,
     UnsupportedValueError,
 )
-from chaos.checkpoint.hashing import digest
-from chaos.checkpoint.loader import load_step
-from chaos.checkpoint.manifest import encode_manifest, read_manifest, safe_json_loads
+from chaos.ckptformat.hashing import digest
+from chaos.ckptformat.manifest import encode_manifest, read_manifest, safe_json_loads
 from chaos.statehash import fingerprint
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.uint8, torch.bool]
@@ -262,7 +263,7 @@ def test_per_rank_value_missing_for_a_new_rank_keeps_the_template_value():
 
 
 def test_throttle_paces_writes(monkeypatch):
-    from chaos.checkpoint import shard
+    from chaos.ckptformat import shard
 
     clock = [0.0]
     slept: list[float] = []
@@ -280,7 +281,7 @@ def test_shard_writer_starts_writeback_as_it_goes_and_writes_the_same_bytes(tmp_
     """Early writeback is a hint only: same bytes and checksum as without it, on any file object."""
     import io
 
-    from chaos.checkpoint import shard
+    from chaos.ckptformat import shard
 
     calls: list[tuple[int, int]] = []
     real = shard._load_sync_file_range()

@@ -13,7 +13,7 @@ import torch
 from ckpt_dist import check_all_ok, run_ranks
 
 from chaos.checkpoint import ReferenceCheckpointer
-from chaos.checkpoint.errors import CommitError
+from chaos.ckptformat.errors import CommitError
 from chaos.statehash import fingerprint
 from chaos.storage import CommitConflict, open_storage
 from chaos.storage.fsspec_store import FsspecStorage

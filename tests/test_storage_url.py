@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.checkpoint.errors import CheckpointConfigError
 from chaos.checkpoint.options import parse_options
+from chaos.ckptformat.errors import CheckpointConfigError
 from chaos.storage import StorageConfigError, open_storage, parse_url, wrap_storage
 from chaos.storage.posix import PosixStorage
 

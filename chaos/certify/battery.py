@@ -185,7 +185,7 @@ def _reset_to_one(b: Bench, sub: str) -> None:
         if 2 in c.store.list_steps():
             c.store.hide_step(2)()
         if c.store.kind == "posix":
-            from chaos.checkpoint import commit
+            from chaos.ckptformat import commit
 
             commit.update_latest(c.store.root, 1)
         elif hasattr(c.store, "set_latest"):

@@ -1,14 +1,14 @@
 """The reference checkpointer: safetensors shards + manifest, two-phase commit, verified load.
 
-Modules, one job each: ``engine`` (the class), ``saver`` (save pipeline), ``commit``
-(POSIX two-phase commit), ``manifest`` and ``tree`` (format, hostile-input checks),
-``shard`` (safetensors I/O), ``planner`` (who writes what), ``loader`` (verified load
-with fallback), ``async_writer``, ``policy`` (retention, Young/Daly cadence), ``metrics``
-(events, Prometheus, alerts), ``comm`` (JSON over a private gloo group).
+Modules, one job each: ``engine`` (the class), ``saver`` (save pipeline), ``planner``
+(who writes what), ``loader`` (verified load with fallback), ``async_writer``, ``policy``
+(retention, Young/Daly cadence), ``metrics`` (events, Prometheus, alerts), ``comm`` (JSON
+over a private gloo group). The format itself (errors, hashing, tree, manifest, shard,
+POSIX commit) is :mod:`chaos.ckptformat`, below this package and ``chaos.storage``.
 """
 
 from chaos.checkpoint.engine import ReferenceCheckpointer
-from chaos.checkpoint.errors import (
+from chaos.ckptformat.errors import (
     CheckpointConfigError,
     CheckpointError,
     CommitError,

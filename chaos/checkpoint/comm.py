@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from chaos.checkpoint.errors import CheckpointConfigError
+from chaos.ckptformat.errors import CheckpointConfigError
 
 
 def _default_timeout() -> timedelta:

@@ -36,11 +36,11 @@ from typing import Any
 from chaos.checkpoint import policy
 from chaos.checkpoint.async_writer import BackgroundCommit, Staging
 from chaos.checkpoint.comm import Comm
-from chaos.checkpoint.errors import CheckpointError, CommitError, NoValidCheckpointError
 from chaos.checkpoint.loader import candidate_order, describe, load_step
 from chaos.checkpoint.metrics import Metrics
 from chaos.checkpoint.options import Options, parse_options
 from chaos.checkpoint.saver import Snapshot, run_save, take_snapshot
+from chaos.ckptformat.errors import CheckpointError, CommitError, NoValidCheckpointError
 from chaos.phases import phase
 
 log = logging.getLogger("chaos.checkpoint")

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from chaos.checkpoint import manifest, tree
-from chaos.checkpoint.errors import CheckpointError, IncompatibleCheckpointError, ManifestError
 from chaos.checkpoint.saver import optimizer_structure
-from chaos.checkpoint.shard import LoadedShard, entry_tensor
+from chaos.ckptformat import manifest, tree
+from chaos.ckptformat.errors import CheckpointError, IncompatibleCheckpointError, ManifestError
+from chaos.ckptformat.shard import LoadedShard, entry_tensor
 
 log = logging.getLogger("chaos.checkpoint")
 

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
-from chaos.checkpoint.errors import CheckpointConfigError
+from chaos.ckptformat.errors import CheckpointConfigError
 
 HASHES = ("xxh3", "sha256", "crc32c")
 SERIALIZERS = ("native", "safetensors")

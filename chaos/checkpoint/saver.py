@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from chaos.checkpoint import commit, manifest, tree
 from chaos.checkpoint.comm import Comm
-from chaos.checkpoint.errors import CommitError
-from chaos.checkpoint.hashing import digest, tensor_bytes
 from chaos.checkpoint.options import Options
 from chaos.checkpoint.planner import TRUSTED, make_plan
-from chaos.checkpoint.shard import Throttle, write_shard
+from chaos.ckptformat import commit, manifest, tree
+from chaos.ckptformat.errors import CommitError
+from chaos.ckptformat.hashing import digest, tensor_bytes
+from chaos.ckptformat.shard import Throttle, write_shard
 from chaos.phases import phase
 
 

@@ -20,7 +20,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
-from chaos.checkpoint.errors import CheckpointConfigError
+from chaos.ckptformat.errors import CheckpointConfigError
 
 STEP_PREFIX = re.compile(r"^\.tmp-step-(\d{1,19})-([0-9a-f]{1,64})$")
 

@@ -29,9 +29,9 @@ import tempfile
 import uuid
 from typing import Any
 
-from chaos.checkpoint import commit, manifest
-from chaos.checkpoint.errors import CorruptCheckpointError, ManifestError
-from chaos.checkpoint.shard import LoadedShard, read_shard
+from chaos.ckptformat import commit, manifest
+from chaos.ckptformat.errors import CorruptCheckpointError, ManifestError
+from chaos.ckptformat.shard import LoadedShard, read_shard
 from chaos.phases import phase
 from chaos.storage.base import (
     STEP_PREFIX,

@@ -13,8 +13,8 @@ import os
 import shutil
 from typing import Any, BinaryIO
 
-from chaos.checkpoint import commit, manifest
-from chaos.checkpoint.shard import LoadedShard, read_shard
+from chaos.ckptformat import commit, manifest
+from chaos.ckptformat.shard import LoadedShard, read_shard
 
 
 class PosixStorage:

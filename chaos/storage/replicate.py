@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from chaos.checkpoint import commit, manifest
-from chaos.checkpoint.errors import ManifestError
+from chaos.ckptformat import commit, manifest
+from chaos.ckptformat.errors import ManifestError
 
 
 def replicate_step(src: Any, dst: Any, step: int, max_manifest_bytes: int = 256 * 1024 * 1024) -> dict[str, Any]:

@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Any
 
-from chaos.checkpoint import commit
-from chaos.checkpoint.manifest import MANIFEST_NAME
+from chaos.ckptformat import commit
+from chaos.ckptformat.manifest import MANIFEST_NAME
 
 
 class _Wrapper:

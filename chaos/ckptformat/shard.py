@@ -26,9 +26,9 @@ from typing import Any, BinaryIO
 
 import torch
 
-from chaos.checkpoint.errors import CorruptCheckpointError, ManifestError
-from chaos.checkpoint.hashing import digest, new_hasher, tensor_bytes
-from chaos.checkpoint.manifest import DTYPE_NAMES, DTYPES, safe_json_loads
+from chaos.ckptformat.errors import CorruptCheckpointError, ManifestError
+from chaos.ckptformat.hashing import digest, new_hasher, tensor_bytes
+from chaos.ckptformat.manifest import DTYPE_NAMES, DTYPES, safe_json_loads
 
 MAX_HEADER = 100 * 1024 * 1024
 CHUNK = 8 * 1024 * 1024

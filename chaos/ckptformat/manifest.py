@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from chaos.checkpoint import tree
-from chaos.checkpoint.errors import ManifestError
+from chaos.ckptformat import tree
+from chaos.ckptformat.errors import ManifestError
 
 FORMAT = "chaos-ckpt"
 FORMAT_VERSION = 1

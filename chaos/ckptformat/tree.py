@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from chaos.checkpoint.errors import ManifestError, UnsupportedValueError
+from chaos.ckptformat.errors import ManifestError, UnsupportedValueError
 
 MAX_DEPTH = 200
 MAX_INT_DIGITS = 1000

@@ -21,8 +21,8 @@ import re
 import shutil
 import uuid
 
-from chaos.checkpoint.errors import ManifestError
-from chaos.checkpoint.manifest import MANIFEST_NAME
+from chaos.ckptformat.errors import ManifestError
+from chaos.ckptformat.manifest import MANIFEST_NAME
 from chaos.phases import phase
 
 STEP_DIR = re.compile(r"^step-(\d{1,19})$")

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from chaos.checkpoint.errors import CheckpointConfigError
+from chaos.ckptformat.errors import CheckpointConfigError
 
 
 class Hasher(Protocol):

@@ -1,0 +1,12 @@
+"""The on-disk checkpoint format, below both the checkpointer and the storage backends.
+
+Why a package of its own: ``chaos.storage`` (the backends) and ``chaos.checkpoint`` (the
+reference checkpointer) both need the format — errors, hashing, the value tree, manifest
+encode/parse/validation, shard read/verify and the POSIX commit primitives — and the
+layering wants storage below checkpoint, never importing it back. So the format lives
+here and imports neither of them. Importing this package imports nothing heavy.
+
+Modules: ``errors`` (typed checkpoint errors), ``hashing`` (xxh3 / sha256 / crc32c),
+``tree`` (state tree encoding, hostile-input checks), ``manifest`` (manifest format),
+``shard`` (safetensors shard I/O with checksums), ``commit`` (POSIX two-phase commit).
+"""
