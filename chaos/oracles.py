@@ -7,6 +7,8 @@ attempt where it was seen.
 
 from __future__ import annotations
 
+import fnmatch
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,36 +211,65 @@ def final_durability(golden: GoldenRun, record: RunRecord) -> OracleResult:
                         {"step": want})
 
 
-def _injured_saves(record: RunRecord) -> list[tuple[int, int, str]]:
-    """(attempt, save step, what) for every save an injected error or a full disk hit."""
-    out = []
+def _auxiliary(record: RunRecord, path: str | None) -> bool:
+    """Whether ``path`` is a file the checkpointer declared auxiliary (read by no load)."""
+    if not path:
+        return False
+    for e in record.rank_events(0, "ckpt_ready"):
+        root = e.get("root") or ""
+        rel = os.path.relpath(path, root) if root and os.path.isabs(path) else path
+        if not rel.startswith("..") and any(fnmatch.fnmatchcase(rel, g) for g in e.get("auxiliary") or ()):
+            return True
+    return False
+
+
+def _injured_saves(record: RunRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every save an injected error or a full disk hit, and the injuries that hit only
+    declared auxiliary files (not part of any save's acknowledged path)."""
+    out, aside = [], []
     for f in record.io.get("fired", []):
         if f.get("action") in ("enospc", "eio", "fsync_fail", "short_write") and f.get("step") is not None:
-            out.append((f["attempt"], int(f["step"]), f"{f['action']} at {f.get('op')} of {f.get('path')}"))
+            what = f"{f['action']} at {f.get('op')} of {f.get('path')}"
+            entry = {"attempt": f["attempt"], "step": int(f["step"]), "what": what,
+                     "failed_sync": f.get("op") in ("fsync", "fdatasync")}
+            (aside if _auxiliary(record, f.get("path")) else out).append(entry)
     for f in record.fired_faults():
         if f.get("kind") == "diskfull" and f.get("step") is not None:
             saves = [e["step"] for e in record.rank_events(0, "save_call") if e["attempt"] == f["attempt"]
                      and e["step"] >= f["step"]]
             if saves:
-                out.append((f["attempt"], min(saves), f"disk full ({f.get('detail', {}).get('leave_bytes')} bytes left)"))
-    return out
+                out.append({"attempt": f["attempt"], "step": min(saves), "failed_sync": False,
+                            "what": f"disk full ({f.get('detail', {}).get('leave_bytes')} bytes left)"})
+    return out, aside
 
 
 def no_false_ack(golden: GoldenRun, record: RunRecord) -> OracleResult:
     """A save that an injected error or a full disk hit is not acknowledged.
 
     Unless the very state of that save later loads intact (a checkpointer may retry and
-    succeed), acknowledging it is a lie the next crash would expose.
+    succeed), acknowledging it is a lie the next crash would expose. A failed fsync on
+    checkpoint data has no such excuse: after it Linux may have dropped the dirty pages
+    (PostgreSQL's "fsyncgate"), so a load that reads them back from the page cache
+    proves nothing, and the power-loss model counts that data as lost. Injuries of files
+    the checkpointer declared auxiliary (``auxiliary_files``: metrics and the like) are
+    listed but are not injuries of the save.
     """
     name = "no_false_ack"
-    injured = _injured_saves(record)
+    injured, aside = _injured_saves(record)
     loaded = {(e["step"], r) for r in range(record.world_size) for e in record.resumes(r) if e.get("step")}
-    for attempt, step, what in injured:
-        if step in record.acked_steps(attempt) and not all((step, r) in loaded for r in range(record.world_size)):
+    for hurt in injured:
+        attempt, step, what = hurt["attempt"], hurt["step"], hurt["what"]
+        if step not in record.acked_steps(attempt):
+            continue
+        if hurt["failed_sync"]:
+            return OracleResult(name, False, f"the save at step {step} was acknowledged although an fsync of its "
+                                f"data failed ({what}): after a failed fsync the data may be gone", hurt)
+        if not all((step, r) in loaded for r in range(record.world_size)):
             return OracleResult(name, False, f"the save at step {step} was acknowledged although it failed: {what}",
                                 {"attempt": attempt, "step": step, "injury": what})
-    return OracleResult(name, True, f"{len(injured)} injured save(s), none acknowledged falsely",
-                        {"injured": [{"attempt": a, "step": s, "what": w} for a, s, w in injured]})
+    return OracleResult(name, True, f"{len(injured)} injured save(s), none acknowledged falsely"
+                        + (f"; {len(aside)} injur(ies) of auxiliary files only" if aside else ""),
+                        {"injured": injured, "auxiliary": aside})
 
 
 def checksum_detection(golden: GoldenRun, record: RunRecord) -> OracleResult:

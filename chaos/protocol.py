@@ -40,6 +40,21 @@ class Checkpointer(Protocol):
     def close(self) -> None: ...
 
 
+def auxiliary_files(checkpointer: Any) -> list[str]:
+    """Globs (relative to the root) of files a checkpointer writes *beside* its checkpoints.
+
+    A checkpointer may declare ``auxiliary_files`` (a class attribute): metrics, logs,
+    anything no load reads. A failure writing them does not make a save unacknowledgeable,
+    so ``no_false_ack`` does not count it as an injury of the save; everything else under
+    the root is checkpoint data, judged strictly.
+    """
+    globs = getattr(checkpointer, "auxiliary_files", ()) or ()
+    if isinstance(globs, str) or not all(isinstance(g, str) for g in globs):
+        raise ConfigError(f"{type(checkpointer).__name__}.auxiliary_files must be a sequence of glob strings, "
+                          f"got {globs!r}")
+    return list(globs)
+
+
 def _split(spec: str) -> tuple[str, str]:
     target = BUILTIN_CHECKPOINTERS.get(spec, spec)
     if ":" not in target:

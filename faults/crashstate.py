@@ -52,6 +52,16 @@ from faults import FaultError
 _DataOp = tuple[str, int, bytes]
 
 
+def _failed_sync(rec: dict[str, Any]) -> bool:
+    """An fsync/fdatasync that failed: a real error on the op, or an injected failure (the
+    interposer's ``fired`` record: it raises before the real call, so no op record follows)."""
+    if rec.get("op") not in ("fsync", "fdatasync"):
+        return False
+    if rec.get("event", "op") == "op":
+        return rec.get("error") is not None
+    return rec.get("event") == "fired" and rec.get("action") in ("fsync_fail", "eio")
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Contents of a directory tree: ``files`` relpath -> bytes, ``dirs`` relpaths."""
@@ -197,7 +207,8 @@ class CrashModel:
         self.root = os.path.realpath(os.fspath(root))
         self.torn_per_write = torn_per_write
         self.seed = seed
-        self.ops = [r for r in records if r.get("event", "op") == "op" and r.get("error") is None]
+        self.ops = [r for r in records if r.get("event", "op") == "op" and r.get("error") is None
+                    or _failed_sync(r)]
         self._kind: dict[int, str] = {0: "d"}
         self._next = 1
         self._prefixes: list[_Prefix] = []
@@ -304,6 +315,13 @@ class CrashModel:
                 ino = file_of(rec)
                 if ino is not None:
                     pdata[ino] = pdata.get(ino, ()) + (("t", rec["length"], b""),)
+            elif kind in ("fsync", "fdatasync") and _failed_sync(rec):
+                # fsyncgate: after a failed fsync Linux may mark the dirty pages clean and
+                # drop them, so a later fsync that succeeds does not make them durable:
+                # the data written before the failure is lost in every crash state.
+                ino = file_of(rec)
+                if ino is not None and self._kind[ino] == "f":
+                    pdata.pop(ino, None)
             elif kind in ("fsync", "fdatasync"):
                 ino = file_of(rec)
                 if ino is None:

@@ -139,3 +139,28 @@ def test_real_trace_materializes(tmp_path: pathlib.Path) -> None:
     assert (tmp_path / "from_dict" / "step-1" / "shard").read_bytes() == b"x" * 5000
     with pytest.raises(Exception, match="not empty"):
         m.materialize(d, tmp_path / "from_dict")
+
+
+@pytest.mark.parametrize("failure", [
+    {"event": "fired", "seq": 2, "rank": 0, "action": "fsync_fail", "op": "fsync", "path": f"{R}/ckpt.tmp", "fd": 5},
+    op(2, "fsync", path=f"{R}/ckpt.tmp", fd=5, error=5),
+], ids=["injected", "real"])
+def test_data_before_a_failed_fsync_is_lost_even_after_a_later_fsync_succeeds(failure: dict) -> None:
+    """fsyncgate: after a failed fsync the dirty pages may be dropped; a retry that succeeds
+    does not bring them back, so no crash state may hold the bytes written before it."""
+    trace = [op(0, "open", path=f"{R}/ckpt.tmp", fd=5, created=True, trunc=True),
+             op(1, "write", path=f"{R}/ckpt.tmp", fd=5, offset=0, length=100, data=b"A" * 100),
+             failure,
+             op(3, "fsync", path=f"{R}/ckpt.tmp", fd=5),
+             op(4, "write", path=f"{R}/ckpt.tmp", fd=5, offset=100, length=10, data=b"B" * 10),
+             op(5, "fsync", path=f"{R}/ckpt.tmp", fd=5),
+             op(6, "close", path=f"{R}/ckpt.tmp", fd=5)]
+    m = CrashModel(R, Snapshot({}), trace, seed=1)
+    states = m.generate().states
+    # a crash before the failed fsync may hold the bytes (they may have been written back)
+    assert any((contents(m, s).get("ckpt.tmp") or b"").startswith(b"A") for s in states if s.prefix <= 2)
+    after = [contents(m, s).get("ckpt.tmp") for s in states if s.prefix > 3]  # prefix k: after op k-1
+    assert after and not any(c and c.startswith(b"A") for c in after), after
+    # what was written after the failure is durable once its own fsync returned
+    last = [contents(m, s).get("ckpt.tmp") for s in states if s.prefix == m.n_prefixes - 1]
+    assert [c for c in last if c is not None] and all(c.endswith(b"B" * 10) for c in last if c is not None)

@@ -68,6 +68,31 @@ def test_no_false_ack_flags_an_acknowledged_save_that_hit_an_injected_error():
     assert no_false_ack(GOLD, record([unacked], outcomes=("ok",), io=io)).passed
 
 
+READY = ev("ckpt_ready", 0, root="/ckpt", auxiliary=["metrics.prom", ".tmp-metrics-*.prom"])
+
+
+def test_no_false_ack_sets_declared_auxiliary_files_aside_but_judges_checkpoint_data():
+    metrics = {"fired": [{"action": "eio", "op": "rename", "path": "/ckpt/.tmp-metrics-77.prom", "step": 20,
+                          "attempt": 0}]}
+    result = no_false_ack(GOLD, record([[READY] + FIRST], outcomes=("ok",), io=metrics))
+    assert result.passed and result.evidence["auxiliary"][0]["step"] == 20, result.summary
+    # the same injury on a shard of the checkpoint is an injury of the save
+    shard = {"fired": [dict(metrics["fired"][0], path="/ckpt/.tmp-step-20-ab/shard-r00000.safetensors")]}
+    assert not no_false_ack(GOLD, record([[READY] + FIRST], outcomes=("ok",), io=shard)).passed
+    # undeclared, a metrics file is checkpoint data like any other
+    assert not no_false_ack(GOLD, record([FIRST], outcomes=("ok",), io=metrics)).passed
+
+
+def test_an_acknowledged_save_after_a_failed_fsync_fails_even_if_it_later_loads():
+    io = {"fired": [{"action": "fsync_fail", "op": "fsync", "path": "/ckpt/x", "step": 20, "attempt": 0}]}
+    loads_later = [FIRST, [ev("resume", 1, step=20, fingerprint=S20)]]
+    result = no_false_ack(GOLD, record(loads_later, io=io))
+    assert not result.passed and "fsync of its data failed" in result.summary
+    # an ENOSPC on a write that a retry healed is excused by the intact load
+    healed = {"fired": [dict(io["fired"][0], action="enospc", op="write")]}
+    assert no_false_ack(GOLD, record(loads_later, io=healed)).passed
+
+
 def test_checksum_detection_classifies_fallback_and_silent_corruption():
     fired = {0: [{"spec": "bitflip:step=23", "attempt": 0, "kind": "bitflip",
                   "detail": {"corruption": {"changed": True, "target": "x"}}}]}

@@ -54,6 +54,10 @@ def _remove_all(removers: list[Any]) -> None:
 class ReferenceCheckpointer:
     """Per-rank safetensors shards + JSON manifest, two-phase commit, verified load."""
 
+    # Written beside the checkpoints, read by no load: a failure writing them is logged and
+    # does not fail the save (see chaos.protocol.auxiliary_files).
+    auxiliary_files = ("metrics.prom", ".tmp-metrics-*.prom")
+
     def __init__(self, root: str, rank: int, world_size: int, **options: Any) -> None:
         self.options: Options = parse_options(**options)
         if not (isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size):

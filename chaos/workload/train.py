@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from chaos import phases, statehash
 from chaos.errors import ConfigError
-from chaos.protocol import load_checkpointer
+from chaos.protocol import auxiliary_files, load_checkpointer
 from chaos.workload import rng
 from chaos.workload.config import WorkloadConfig
 from chaos.workload.data import Loader
@@ -265,6 +265,8 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
     log.emit("trainer_ready")
     _install_interposer(spec, log)
     ckpt = _make_checkpointer(spec)
+    if ckpt is not None:
+        log.emit("ckpt_ready", root=os.path.realpath(spec.ckpt_root), auxiliary=auxiliary_files(ckpt))
     trigger = FaultTrigger(spec, conn, log)
 
     if spec.mode == "verify":

@@ -1,0 +1,19 @@
+"""The reference's metrics file is auxiliary: an error writing it neither fails the save nor the verdict.
+
+The schedule is the one the default campaign drew at seed 1 (generated schedule 17): an
+EIO on the third rename of the save at step 40 — the rename of ``.tmp-metrics-*.prom``
+after the checkpoint had committed.
+"""
+
+from chaos.runner import RunOptions, run_scenario
+from chaos.scenario import Scenario, parse_fault
+from chaos.workload.config import WorkloadConfig
+
+
+def test_an_eio_on_the_metrics_rename_after_the_commit_is_set_aside(tmp_path):
+    scenario = Scenario(checkpointer="reference", world_size=2, workload=WorkloadConfig(seed=1),
+                        faults=[parse_fault("eio:rank=0,step=40,op=rename,nth=3")])
+    result = run_scenario(scenario, RunOptions(cache_dir=tmp_path / "cache", scratch_base=str(tmp_path)))
+    assert result.verdict == "pass", (result.error, [(o.name, o.summary) for o in result.failing()])
+    aside = result.oracles["no_false_ack"].evidence["auxiliary"]
+    assert [a["step"] for a in aside] == [40] and ".tmp-metrics-" in aside[0]["what"]
