@@ -97,8 +97,33 @@ def _restarts(record: RunRecord) -> list[int]:
     return [a["attempt"] for a in record.attempts[1:] if isinstance(a["attempt"], int)]
 
 
-def _corrupted_before(record: RunRecord, attempt: int) -> bool:
-    return any(f.get("detail", {}).get("corruption") for f in record.fired_faults() if f.get("attempt") == attempt - 1)
+def _returned_everywhere(record: RunRecord, before_attempt: int) -> list[int]:
+    """Steps whose save() returned on every rank of its attempt, in attempts before ``before_attempt``."""
+    out = set()
+    for a in [x for x in sorted(record.events) if isinstance(x, int) and x < before_attempt]:
+        ranks = range(record.attempt_world_size(a))
+        per_rank = [{e["step"] for e in record.events[a].get(r, []) if e["ev"] == "save_return"} for r in ranks]
+        out |= set.intersection(*per_rank) if per_rank else set()
+    return sorted(out)
+
+
+def _destroyed_before(record: RunRecord, attempt: int) -> dict[int, str]:
+    """Checkpoints an at-rest corruption really changed before ``attempt``: step -> the fault.
+
+    The corruption acts on the newest checkpoint whose save returned on every rank before
+    the attempt it ended (the environment's choice of target), so that is the step it
+    destroyed; a corruption that changed no byte destroyed nothing.
+    """
+    out = {}
+    for f in record.fired_faults():
+        corruption = (f.get("detail") or {}).get("corruption")
+        if not corruption or not corruption.get("changed", True) or not isinstance(f.get("attempt"), int) \
+                or f["attempt"] >= attempt:
+            continue
+        returned = _returned_everywhere(record, f["attempt"] + 1)
+        if returned:
+            out[max(returned)] = f.get("spec", f.get("kind", "corruption"))
+    return out
 
 
 def _resumed_step(record: RunRecord, attempt: int) -> int | None:
@@ -120,33 +145,50 @@ def _step_time(record: RunRecord, attempt: int, step: int) -> float | None:
 
 
 def durability(golden: GoldenRun, record: RunRecord) -> OracleResult:
-    """After every crash the job resumes at or after the newest acknowledged save (RPO).
+    """After any fault the job resumes from the newest acknowledged checkpoint that is still intact.
 
-    The work lost is reported in steps and seconds next to the save interval. A restart
-    right after a deliberate at-rest corruption is exempt: falling back past a destroyed
-    checkpoint is the correct outcome there (the checksum oracle judges it).
+    The harness knows which one that is: it recorded every save, every acknowledgement
+    and every corruption. Resuming from an older one, or from scratch, fails with the
+    steps and seconds thrown away — after a corruption too: falling back past the
+    destroyed checkpoint is right, falling back further is lost work. A newer save that
+    returned on every rank (complete, for a synchronous checkpointer) but was never
+    acknowledged and was skipped is reported as lost work without failing the run.
     """
     name = "durability"
     restarts = []
     for attempt in _restarts(record):
-        acked = [s for a in range(attempt) for s in record.acked_steps(a)]
-        acked_before = max(acked) if acked else None
+        acked = {s for a in range(attempt) for s in record.acked_steps(a)}
+        destroyed = _destroyed_before(record, attempt)
+        intact = sorted(acked - set(destroyed))
+        expected = intact[-1] if intact else None
         resumed = _resumed_step(record, attempt)
         last, t_last = _last_step(record, attempt - 1)
         t_resumed = _step_time(record, attempt - 1, resumed + 1) if resumed is not None else None
-        entry = {"attempt": attempt, "acked_before": acked_before, "resumed": resumed, "last_step_before_crash": last,
+        entry = {"attempt": attempt, "acked_before": max(acked) if acked else None, "expected": expected,
+                 "resumed": resumed, "last_step_before_crash": last,
                  "lost_steps": None if resumed is None or last is None else max(0, last - resumed),
                  "lost_seconds": None if t_last is None or t_resumed is None else round(max(0.0, t_last - t_resumed), 3)}
-        if _corrupted_before(record, attempt):
-            entry["exempt"] = "the newest checkpoint was corrupted on purpose before this restart"
-        elif acked_before is not None and resumed is not None and resumed < acked_before:
-            restarts.append(entry)
-            return OracleResult(name, False, f"attempt {attempt} resumed from step {resumed}, older than the save at "
-                                f"step {acked_before} that had been acknowledged", {"restarts": restarts})
+        if destroyed:
+            entry["destroyed"] = {str(k): v for k, v in sorted(destroyed.items())}
+        if resumed is not None:
+            skipped = [s for s in _returned_everywhere(record, attempt)
+                       if s > resumed and s not in acked and s not in destroyed]
+            if skipped:
+                entry["unacknowledged_skipped"] = skipped
         restarts.append(entry)
+        if expected is not None and resumed is not None and resumed < expected:
+            why = (f"attempt {attempt} resumed from step {resumed}, older than the save at step {expected} that had "
+                   f"been acknowledged" + (" and was still intact" if destroyed else "")
+                   + f": {entry['lost_steps']} step(s)"
+                   + (f", {entry['lost_seconds']} s" if entry["lost_seconds"] is not None else "")
+                   + " of work thrown away")
+            return OracleResult(name, False, why, {"restarts": restarts})
     lost = [r["lost_steps"] for r in restarts if r["lost_steps"] is not None]
-    summary = (f"{len(restarts)} restart(s) resumed at or after the newest acknowledged save; "
+    unacked = sorted({s for r in restarts for s in r.get("unacknowledged_skipped", [])})
+    summary = (f"{len(restarts)} restart(s) resumed at or after the newest intact acknowledged save; "
                f"at most {max(lost)} step(s) of work lost" if lost else "no restart resumed (nothing to check)")
+    if unacked:
+        summary += f"; unacknowledged save(s) at step(s) {unacked} skipped (lost work, not a failure)"
     saves = sorted({e["step"] for e in record.rank_events(0, "save_call")})
     interval = min((b - a for a, b in zip(saves, saves[1:], strict=False)), default=None)
     return OracleResult(name, True, summary, {"restarts": restarts, "save_interval_steps": interval})

@@ -44,6 +44,30 @@ def test_durability_fails_a_resume_older_than_the_newest_ack():
     assert durability(GOLD, good).evidence["save_interval_steps"] == 10
 
 
+def _bitflip(changed=True):
+    return {0: [{"spec": "bitflip:step=23", "attempt": 0, "kind": "bitflip",
+                 "detail": {"corruption": {"changed": changed, "target": "step-20/shard"}}}]}
+
+
+def test_durability_after_a_corruption_wants_the_newest_intact_acknowledged_save():
+    fell_back = durability(GOLD, record([FIRST, [ev("resume", 1, step=10, fingerprint=S10)]], fired=_bitflip()))
+    assert fell_back.passed, fell_back.summary
+    assert fell_back.evidence["restarts"][0]["destroyed"] == {"20": "bitflip:step=23"}
+    scratch = durability(GOLD, record([FIRST, [ev("resume", 1, step=0, fingerprint=None)]], fired=_bitflip()))
+    assert not scratch.passed and "older than the save at step 10" in scratch.summary
+    assert "still intact" in scratch.summary and "23 step(s)" in scratch.summary
+    # a corruption that changed no byte destroyed nothing: falling back to step 10 threw work away
+    no_op = durability(GOLD, record([FIRST, [ev("resume", 1, step=10, fingerprint=S10)]], fired=_bitflip(False)))
+    assert not no_op.passed and "step 20" in no_op.summary
+
+
+def test_durability_reports_a_skipped_unacknowledged_save_as_lost_work_without_failing():
+    first = FIRST + [ev("save_call", 0, step=30, fingerprint={"model/w": "a30"}), ev("save_return", 0, step=30)]
+    result = durability(GOLD, record([first, [ev("resume", 1, step=20, fingerprint=S20)]]))
+    assert result.passed and result.evidence["restarts"][0]["unacknowledged_skipped"] == [30]
+    assert "skipped (lost work, not a failure)" in result.summary
+
+
 def test_committed_state_fails_a_load_that_is_not_what_was_saved():
     assert committed_state(GOLD, record([FIRST, [ev("resume", 1, step=20, fingerprint=S20)]])).passed
     mixed = committed_state(GOLD, record([FIRST, [ev("resume", 1, step=20, fingerprint={"model/w": "other"})]]))
