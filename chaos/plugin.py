@@ -35,7 +35,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("chaos", "chaos harness")
     group.addoption("--chaos-checkpointer", action="append", default=[],
                     help="checkpointer(s) the suites parametrize over (default: all built-ins)")
-    group.addoption("--chaos-backend", default="file", help="storage backend URL or name (default: file)")
     group.addoption("--chaos-world-size", type=int, default=2)
     group.addoption("--chaos-seed", type=int, default=0)
     group.addoption("--chaos-budget", type=float, default=0.0,

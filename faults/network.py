@@ -19,9 +19,10 @@ carrier and every packet to or from it is silently dropped, as with a pulled cab
 interface inside the namespace instead, which removes its route: sends then fail at
 once with ENETUNREACH. ``link_up`` restores either.
 
-There is no netem here, so delay and loss are not kernel features: :class:`TcpProxy`
-is the user-space alternative (pass, blackhole, reset) for traffic that can be
-pointed at a proxy (an object-store endpoint, a TCPStore).
+There is no netem here, so delay and loss are not kernel features:
+``faults.tcpproxy.FaultProxy`` is the user-space alternative (reset, blackhole,
+latency, bandwidth, slices) for traffic that can be pointed at a proxy (an
+object-store endpoint, a TCPStore).
 
 Teardown always runs (context manager, idempotent) and :func:`leftovers` lists any
 namespace, link or bridge of ours still present. A namespace whose name is deleted
@@ -30,16 +31,12 @@ lives on while a process is still inside it; reap the ranks first.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import os
 import re
 import secrets
-import select
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -258,108 +255,6 @@ class NetworkLab:
 
 
 # ---------------------------------------------------------------------- TCP proxy
-class TcpProxy:
-    """User-space TCP proxy with a switchable fault mode, the no-netem alternative.
-
-    ``pass``: forward both ways. ``blackhole``: keep connections open but drop every
-    byte both ways (peers hang until their own timeouts). ``reset``: abort every open
-    connection with RST and reset new ones at once. Point the client at ``address``.
-    """
-
-    MODES = ("pass", "blackhole", "reset")
-
-    def __init__(self, target: tuple[str, int], listen: tuple[str, int] = ("127.0.0.1", 0)) -> None:
-        self.target = target
-        self.mode = "pass"
-        self.log: list[dict[str, Any]] = []
-        self._lsock = socket.create_server(listen)
-        self.address: tuple[str, int] = self._lsock.getsockname()[:2]
-        self._conns: list[tuple[socket.socket, socket.socket]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._accept, daemon=True, name="tcpproxy")]
-        self._threads[0].start()
-
-    def set_mode(self, mode: str) -> dict[str, Any]:
-        if mode not in self.MODES:
-            raise FaultError(f"proxy mode must be one of {self.MODES}, got {mode!r}")
-        self.mode = mode
-        if mode == "reset":
-            with self._lock:
-                conns, self._conns = self._conns, []
-            for a, b in conns:
-                _rst(a)
-                _rst(b)
-        rec = {"action": f"proxy_{mode}", "listen": list(self.address),
-               "target": list(self.target), "ts": time.time()}
-        self.log.append(rec)
-        return rec
-
-    def _accept(self) -> None:
-        self._lsock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                c, _ = self._lsock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if self.mode == "reset":
-                _rst(c)
-                continue
-            try:
-                u = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                _rst(c)
-                continue
-            with self._lock:
-                self._conns.append((c, u))
-            t = threading.Thread(target=self._pump, args=(c, u), daemon=True)
-            t.start()
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        peers = {a: b, b: a}
-        try:
-            while not self._stop.is_set():
-                r, _, _ = select.select([a, b], [], [], 0.2)
-                for s in r:
-                    data = s.recv(65536)
-                    if not data:
-                        return
-                    if self.mode == "pass":
-                        peers[s].sendall(data)
-        except OSError:
-            return
-        finally:
-            for s in (a, b):
-                with contextlib.suppress(OSError):
-                    s.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._lsock.close()
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for a, b in conns:
-            for s in (a, b):
-                with contextlib.suppress(OSError):
-                    s.close()
-        self._threads[0].join(timeout=2)
-
-    def __enter__(self) -> TcpProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _rst(s: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-        s.close()
-
-
 def run_in_netns(target: str | int, fn: Callable[[], int]) -> int:
     """Fork a child that enters ``target`` and runs ``fn`` (its return is the exit
     status); returns the child's pid. For tests and small helpers."""
@@ -374,4 +269,4 @@ def run_in_netns(target: str | int, fn: Callable[[], int]) -> int:
     return pid
 
 
-__all__ = ["NetworkLab", "TcpProxy", "can_use_netns", "enter_netns", "leftovers", "run_in_netns"]
+__all__ = ["NetworkLab", "can_use_netns", "enter_netns", "leftovers", "run_in_netns"]

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from faults import network
-from faults.network import NetworkLab, TcpProxy, leftovers, run_in_netns
+from faults.network import NetworkLab, leftovers, run_in_netns
+from faults.tcpproxy import FaultProxy, ProxyRule
 
 OK, WHY = network.can_use_netns() if os.geteuid() == 0 else (False, "not root")
 needs_netns = pytest.mark.skipif(not OK, reason=f"no network namespaces here: {WHY}")
@@ -129,25 +130,30 @@ def test_tcp_proxy_pass_blackhole_reset() -> None:
         threading.Thread(target=run, daemon=True).start()
 
     echo_once()
-    with TcpProxy(("127.0.0.1", port)) as px:
+    with FaultProxy(("127.0.0.1", port)) as px:
         c = socket.create_connection(px.address, timeout=2)
         c.sendall(b"a")
         assert c.recv(1) == b"a"
-        assert px.set_mode("blackhole")["action"] == "proxy_blackhole"
-        c.settimeout(0.5)
-        c.sendall(b"b")
+        px.set_rules([ProxyRule("blackhole", once=False)])
+        c2 = socket.create_connection(px.address, timeout=2)
+        c2.settimeout(0.5)
+        c2.sendall(b"b")
         with pytest.raises(TimeoutError):
-            c.recv(1)
-        px.set_mode("reset")
+            c2.recv(1)
+        px.set_rules([ProxyRule("reset", once=False)])
+        c3 = socket.create_connection(px.address, timeout=2)
         with pytest.raises((ConnectionResetError, BrokenPipeError)):
             for _ in range(20):
-                if c.recv(1) == b"":
+                c3.sendall(b"c")
+                if c3.recv(1) == b"":
                     raise ConnectionResetError("closed")
-        px.set_mode("pass")
-        c2 = socket.create_connection(px.address, timeout=2)
-        c2.sendall(b"c")
-        assert c2.recv(1) == b"c"
-        c2.close()
+        assert {e["action"] for e in px.log} >= {"blackhole", "reset"}
+        px.set_rules([])
+        c4 = socket.create_connection(px.address, timeout=2)
+        c4.sendall(b"d")
+        assert c4.recv(1) == b"d"
+        for sock in (c, c2, c3, c4):
+            sock.close()
     srv.close()
 
 

@@ -7,8 +7,7 @@ the checkpoint root for a node-exporter textfile collector. Alert rules run on e
 event: a save-latency spike (slower than ``latency_alert_factor`` x the median of the
 previous saves), any checksum failure, and a disk nearing full (free space under the
 configured fraction, or under twice the last checkpoint). Alerts are events too
-(``kind="alert"``) and are logged at WARNING. ``PROMETHEUS_ALERT_RULES`` holds the same
-rules for a Prometheus server.
+(``kind="alert"``) and are logged at WARNING.
 """
 
 from __future__ import annotations
@@ -21,21 +20,6 @@ import time
 from typing import Any
 
 log = logging.getLogger("chaos.checkpoint")
-
-PROMETHEUS_ALERT_RULES = """\
-groups:
-- name: chaos-checkpoint
-  rules:
-  - alert: CheckpointSaveLatencySpike
-    expr: chaos_ckpt_last_save_seconds > 3 * (chaos_ckpt_save_seconds_sum / chaos_ckpt_save_seconds_count)
-    for: 0m
-  - alert: CheckpointChecksumFailure
-    expr: increase(chaos_ckpt_checksum_failures_total[1h]) > 0
-  - alert: CheckpointSaveFailed
-    expr: increase(chaos_ckpt_saves_total{outcome="failed"}[1h]) > 0
-  - alert: CheckpointDiskNearlyFull
-    expr: chaos_ckpt_disk_free_bytes < 2 * chaos_ckpt_last_checkpoint_bytes
-"""
 
 
 class Metrics:
