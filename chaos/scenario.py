@@ -68,14 +68,31 @@ PROCESS_SIGNALS = {"kill": "SIGKILL", "term": "SIGTERM", "stop": "SIGSTOP"}
 COMMON_KEYS = frozenset({"rank", "step", "attempt"})
 
 
+_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _parse_value(text: str) -> Any:
+    """``key=value`` text to a value: int, float (also ``1e-05``), bool, else the string.
+
+    ``format_value`` is its inverse, so a replay command rebuilds exactly the values it
+    was made from.
+    """
     if re.fullmatch(r"-?\d+", text):
         return int(text)
-    if re.fullmatch(r"-?\d+\.\d*(e-?\d+)?", text):
+    if _NUMBER.fullmatch(text):
         return float(text)
     if text in ("true", "false"):
         return text == "true"
     return text
+
+
+def format_value(value: Any) -> str:
+    """A value as ``_parse_value`` reads it back (``repr`` of a float round-trips exactly)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -103,7 +120,7 @@ class Fault:
             parts.append(f"step={self.step}")
         if self.attempt:
             parts.append(f"attempt={self.attempt}")
-        parts += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.params]
+        parts += [f"{k}={format_value(v)}" for k, v in self.params]
         return f"{self.kind}:{','.join(parts)}" if parts else self.kind
 
     def to_dict(self) -> dict[str, Any]:
@@ -210,11 +227,11 @@ class Scenario:
                 continue
             value = getattr(w, f.name)
             if value != getattr(default, f.name):
-                args += ["--workload", f"{f.name}={value}"]
+                args += ["--workload", f"{f.name}={format_value(value)}"]
         for key, value in sorted(self.ckpt_options.items()):
-            args += ["--ckpt-opt", f"{key}={value}"]
+            args += ["--ckpt-opt", f"{key}={format_value(value)}"]
         if self.loss_band is not None:
-            args += ["--loss-band", str(self.loss_band)]
+            args += ["--loss-band", format_value(self.loss_band)]
         for fault in self.faults:
             args += ["--fault", fault.spec()]
         return shlex.join(args)

@@ -1,8 +1,10 @@
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from chaos.cli import build_scenarios, make_parser
 from chaos.errors import ConfigError
-from chaos.scenario import Fault, Scenario, parse_fault
+from chaos.scenario import Fault, Scenario, _parse_value, format_value, parse_fault
 from chaos.workload.config import WorkloadConfig
 
 
@@ -51,6 +53,23 @@ def test_replay_command_rebuilds_the_same_scenario():
     (again,) = build_scenarios(make_parser().parse_args(replay[1:]))
     assert again.to_dict() == scenario.to_dict()
     assert Scenario.from_dict(scenario.to_dict()).to_dict() == scenario.to_dict()
+
+
+def test_replay_keeps_floats_in_exponent_form_and_booleans_as_values():
+    import shlex
+
+    scenario = Scenario(checkpointer="reference", workload=WorkloadConfig(nondeterminism=1e-05),
+                        faults=[parse_fault("kill:rank=1,step=9")], ckpt_options={"async_save": True},
+                        loss_band=2.5e-3)
+    (again,) = build_scenarios(make_parser().parse_args(shlex.split(scenario.replay_command())[1:]))
+    assert again.workload.nondeterminism == 1e-05 and isinstance(again.workload.nondeterminism, float)
+    assert again.ckpt_options == {"async_save": True} and again.loss_band == 2.5e-3
+
+
+@given(st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans()))
+def test_values_round_trip_through_their_text(value):
+    assert _parse_value(format_value(value)) == value
+    assert type(_parse_value(format_value(value))) is type(value)
 
 
 def test_default_campaign_covers_every_family_once():
