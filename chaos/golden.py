@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from chaos import cluster
+from chaos import cluster, statehash
 from chaos.errors import HarnessError
 from chaos.record import RunRecord
 from chaos.workload.config import WorkloadConfig
@@ -53,11 +53,16 @@ def default_cache_dir() -> Path:
     return Path(base) / "golden"
 
 
+def golden_sources() -> list[Path]:
+    """The code a golden run's result depends on: the workload, and the fingerprints it logs."""
+    return sorted(WORKLOAD_DIR.glob("*.py")) + [Path(statehash.__file__)]
+
+
 def golden_key(workload: WorkloadConfig, world_size: int, backend: str) -> str:
     h = hashlib.sha256()
     h.update(json.dumps({"workload": workload.to_dict(), "world_size": world_size, "backend": backend,
                          "torch": metadata.version("torch")}, sort_keys=True).encode())
-    for src in sorted(WORKLOAD_DIR.glob("*.py")):
+    for src in golden_sources():
         h.update(src.name.encode() + b"\0" + src.read_bytes())
     return h.hexdigest()[:24]
 
