@@ -16,29 +16,24 @@ a correct checkpointer must pass (or be skipped by) every probe.
 The workload is tiny (12 steps, a save every 4 at steps 4, 8 and 12, d_model 64), so a
 probe takes a few seconds with the fork server warm.
 
-Power loss: a ``powerloss:step=8`` scenario is run like any other; where the runner
-does not (yet) judge the crash states of that save, the probe records one save of the
-checkpointer and explores its crash states directly (:mod:`chaos.powerloss`), judged
-by the same classification (a state never committed, ranks on different steps, or an
-acknowledged save lost).
+The ``powerloss`` probe is an ordinary scenario too: the runner explores the crash states of
+the traced save and judges them (``atomic_commit``).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.errors import ChaosError, ConfigError
+from chaos.errors import ConfigError
 from chaos.protocol import validate_spec
 from chaos.runner import RunOptions, ScenarioResult, run_scenario
-from chaos.scenario import Scenario, parse_fault
+from chaos.scenario import Fault, Scenario, parse_fault
 from chaos.workload.config import WorkloadConfig
 
 # Saves at steps 4, 8 and 12; the model is small enough that a probe takes seconds.
@@ -186,11 +181,8 @@ class SelfCheckReport:
 class SelfCheckOptions:
     """``fail_fast``: stop probing a planted defect once a probe caught it (the score is
     the same, the run shorter). ``probes``: a subset of the battery by name.
-    ``powerloss_mode``: ``auto`` runs the ``powerloss`` probe as a scenario and uses the
-    runner's crash-state verdict (``atomic_commit``), exploring directly only where the
-    runner gives none; ``direct`` always records one save and explores
-    ``powerloss_states`` sampled crash states itself (seconds, where the runner's
-    exploration enumerates every state of a small save)."""
+    ``powerloss_states``: crash states the runner explores in each power-loss probe
+    (its fault's ``max_states``)."""
 
     run: RunOptions = field(default_factory=RunOptions)
     workload: WorkloadConfig = SELFCHECK_WORKLOAD
@@ -198,7 +190,6 @@ class SelfCheckOptions:
     probes: tuple[str, ...] | None = None
     fail_fast: bool = False
     powerloss_states: int = 40
-    powerloss_mode: str = "auto"  # auto: the runner's own exploration when it judges one, else direct | direct
     progress: Callable[[str, ProbeOutcome], None] | None = None
 
 
@@ -220,7 +211,7 @@ def discover(directory: str | Path) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------- running
-def _outcome(probe: Probe, result: ScenarioResult) -> ProbeOutcome:
+def _outcome(probe: Probe, faults: tuple[str, ...], result: ScenarioResult) -> ProbeOutcome:
     failing = [o for o in result.oracles.values() if not o.passed]
     if result.verdict == "fail":
         summary = "; ".join(f"{o.name}: {o.summary}" for o in failing)
@@ -233,72 +224,23 @@ def _outcome(probe: Probe, result: ScenarioResult) -> ProbeOutcome:
             if corruption is not None:
                 note = f"corrupted {corruption.get('target')}" if corruption.get("changed", True) else \
                     f"corruption changed nothing ({corruption.get('reason', 'no byte differs')})"
-    return ProbeOutcome(probe.name, probe.faults, result.verdict, [o.name for o in failing], summary[:600],
+    return ProbeOutcome(probe.name, faults, result.verdict, [o.name for o in failing], summary[:600],
                         round(result.seconds, 2), result.replay, note)
 
 
-def _powerloss_judged(result: ScenarioResult) -> bool:
-    """Did the runner itself explore the crash states of the save (not just run the job)?"""
-    if any("power" in n or "crash" in n or "atomic" in n for n in result.oracles):
-        return True
-    if result.record is None:
-        return False
-    for f in result.record.fired_faults():
-        if f.get("kind") == "powerloss" and {"counts", "checked", "violations", "report"} & set(f.get("detail", {})):
-            return True
-    return False
+def _with_options(fault: Fault, options: SelfCheckOptions) -> Fault:
+    """A power-loss fault explores ``options.powerloss_states`` crash states; every other fault is as written."""
+    if fault.kind != "powerloss":
+        return fault
+    params = {**dict(fault.params), "max_states": options.powerloss_states}
+    return dataclasses.replace(fault, params=tuple(params.items()))
 
 
-def _explore_powerloss(spec: str, probe: Probe, options: SelfCheckOptions) -> ProbeOutcome:
-    """Record one save of the checkpointer (saves at 1, 2, 3; the last traced) and judge its crash states."""
-    from chaos.powerloss import explore, record_save
-
-    t0 = time.time()
-    base = options.run.scratch_base
-    if base:
-        Path(base).mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="chaos-selfcheck-pl-", dir=base))
-    try:
-        inp = record_save(work / "ckpt", work / "rec", checkpointer=spec, world_size=options.world_size,
-                          saves=(1, 2, 3), max_states=options.powerloss_states,
-                          exhaustive_limit=options.powerloss_states)
-        report = explore(dataclasses.replace(inp, scratch=str(work / "states")))
-    except ChaosError as exc:
-        return ProbeOutcome(probe.name, probe.faults, "error", [], f"power-loss exploration failed: {exc}"[:600],
-                            round(time.time() - t0, 2), "", "explored directly (chaos.powerloss)")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    note = "explored directly (chaos.powerloss): " + report.summary()
-    if report.passed:
-        return ProbeOutcome(probe.name, probe.faults, "pass", [], "every crash state loaded a committed, "
-                            "acknowledged state", round(time.time() - t0, 2), "", note)
-    v = report.violations[0]
-    why = v.get("reason") or v.get("error") or v.get("class")
-    summary = (f"powerloss: {report.violation_count} of {report.checked} crash states violate "
-               f"{', '.join(sorted({x['class'] for x in report.violations}))}; first: {why}"
-               f"{' (after wait() returned)' if v.get('after_ack') else ''}")
-    return ProbeOutcome(probe.name, probe.faults, "fail", [f"powerloss_{v['class']}"], summary[:600],
-                        round(time.time() - t0, 2), "", note)
-
-
-class _Battery:
-    def __init__(self, options: SelfCheckOptions) -> None:
-        self.options = options
-        self.powerloss_integrated: bool | None = None  # learnt from the first powerloss run
-
-    def run_probe(self, spec: str, probe: Probe) -> ProbeOutcome:
-        o = self.options
-        is_powerloss = any(f.startswith("powerloss:") for f in probe.faults)
-        if is_powerloss and (o.powerloss_mode == "direct" or self.powerloss_integrated is False):
-            return _explore_powerloss(spec, probe, o)
-        scenario = Scenario(checkpointer=spec, world_size=o.world_size, workload=o.workload,
-                            faults=[parse_fault(f) for f in probe.faults])
-        result = run_scenario(scenario, o.run)
-        if is_powerloss and result.verdict in ("pass", "fail"):
-            self.powerloss_integrated = _powerloss_judged(result)
-            if not self.powerloss_integrated:
-                return _explore_powerloss(spec, probe, o)
-        return _outcome(probe, result)
+def run_probe(spec: str, probe: Probe, options: SelfCheckOptions) -> ProbeOutcome:
+    """Run one probe of the battery against one checkpointer as an ordinary scenario."""
+    faults = [_with_options(parse_fault(f), options) for f in probe.faults]
+    scenario = Scenario(checkpointer=spec, world_size=options.world_size, workload=options.workload, faults=faults)
+    return _outcome(probe, tuple(f.spec() for f in faults), run_scenario(scenario, options.run))
 
 
 def run_selfcheck(checkpointers: dict[str, str], options: SelfCheckOptions | None = None,
@@ -314,13 +256,12 @@ def run_selfcheck(checkpointers: dict[str, str], options: SelfCheckOptions | Non
     if unknown:
         raise ConfigError(f"unknown probe(s) {sorted(unknown)}; the battery has {', '.join(PROBES)}")
     good = set(correct) if correct is not None else {n for n in checkpointers if n.startswith("correct")}
-    battery = _Battery(options)
     started = time.time()
     reports = []
     for name, spec in checkpointers.items():
         rep = CheckpointerReport(name, validate_spec(spec), name in good)
         for probe in probes:
-            outcome = battery.run_probe(rep.spec, probe)
+            outcome = run_probe(rep.spec, probe, options)
             rep.outcomes.append(outcome)
             if options.progress is not None:
                 options.progress(name, outcome)
@@ -372,4 +313,5 @@ def render(report: SelfCheckReport, console: Any = None) -> None:
 
 
 __all__ = ["BATTERY", "PROBES", "SELFCHECK_WORKLOAD", "CheckpointerReport", "Probe", "ProbeOutcome",
-           "SelfCheckOptions", "SelfCheckReport", "discover", "render", "run_selfcheck"]
+           "SelfCheckOptions", "SelfCheckReport", "discover", "render", "run_probe",
+           "run_selfcheck"]

@@ -65,14 +65,13 @@ def test_cli_rejects_bad_input_with_status_2(capsys: pytest.CaptureFixture[str])
     assert cli.main(["selfcheck", "--corpus", str(CORPUS), "--probe", "no-such-probe"]) == 2
     assert cli.main(["selfcheck", "--corpus", str(CORPUS / "missing")]) == 2
     assert cli.main(["selfcheck", "--corpus", str(CORPUS), "--only", "nope"]) == 2
+    assert cli.main(["selfcheck", "--corpus", str(CORPUS), "--powerloss-states", "0"]) == 2
 
 
 @pytest.mark.chaos
 def test_selfcheck_catches_every_planted_defect_with_no_false_positive(chaos_session, capsys) -> None:
     corpus = discover(CORPUS)
-    report = run_selfcheck(corpus, SelfCheckOptions(run=chaos_session.options, fail_fast=True,
-                                                              powerloss_mode="direct"),
-                           correct={"correct"})
+    report = run_selfcheck(corpus, SelfCheckOptions(run=chaos_session.options, fail_fast=True), correct={"correct"})
     with capsys.disabled():
         print()
         render(report)

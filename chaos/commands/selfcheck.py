@@ -39,10 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-fast", action="store_true",
                         help="stop probing a planted defect once it is caught (same score, shorter run)")
     parser.add_argument("--powerloss-states", type=int, default=40, metavar="N",
-                        help="crash states sampled per power-loss probe (default 40)")
-    parser.add_argument("--powerloss", choices=("auto", "direct"), default="auto",
-                        help="auto: the runner's crash-state exploration of a powerloss scenario (direct where it "
-                             "has none); direct: record one save and sample --powerloss-states states (faster)")
+                        help="crash states the runner explores per power-loss probe (default 40)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     parser.add_argument("--scratch", metavar="DIR", help="parent directory of scenario scratch roots")
     parser.add_argument("--cache-dir", metavar="DIR", help="golden-run cache (default ~/.cache/chaos/golden)")
@@ -90,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in args.correct if n not in checkpointers]
     if unknown:
         raise ConfigError(f"--correct names no checkpointer being run: {', '.join(unknown)}")
+    if args.powerloss_states < 1:
+        raise ConfigError(f"--powerloss-states {args.powerloss_states}: must be at least 1")
     console = Console()
 
     def progress(name: str, outcome) -> None:  # noqa: ANN001 - ProbeOutcome
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     options = SelfCheckOptions(
         run=RunOptions(scratch_base=args.scratch, cache_dir=Path(args.cache_dir) if args.cache_dir else None),
         probes=tuple(args.probe) or None, fail_fast=args.fail_fast, powerloss_states=args.powerloss_states,
-        powerloss_mode=args.powerloss, progress=progress)
+        progress=progress)
     correct = set(args.correct) if args.correct else None
     report = run_selfcheck(checkpointers, options, correct=correct)
     render(report, console)
