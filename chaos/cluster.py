@@ -296,6 +296,17 @@ class _Attempt:
             self.codes[rank] = proc.exitcode
             _live.pop(proc.pid, None)
 
+    def _linger_s(self) -> float:
+        """How long the survivors of a failed rank run on before the job is torn down.
+
+        A real launcher notices a dead worker only at its next poll (torchrun's monitor
+        interval), and until then the others go on: finish their part of a save, or
+        block in a collective with the dead rank. A fault's ``linger=S`` gives them
+        that time, so a rank that commits without the others does so every run, not
+        when the teardown happens to be slow.
+        """
+        return max((float(self.plan.faults[f.index].param("linger", 0.0)) for f in self.fired), default=0.0)
+
     def _report(self, msg: tuple) -> None:
         """Rank 0's step and save reports, with the checkpoint root's growth as throughput."""
         assert self.plan.progress is not None
@@ -312,6 +323,7 @@ class _Attempt:
         deadline = time.monotonic() + self.plan.attempt_timeout_s
         last_progress = time.monotonic()
         outcome, detail = "ok", ""
+        linger_until: float | None = None  # once a rank failed: survivors run on until then
         try:
             while True:
                 sentinels = {p.sentinel: r for r, p in self.procs.items() if self.codes.get(r) is None}
@@ -341,7 +353,9 @@ class _Attempt:
                         if self.codes.get(rank) is None:
                             signal_rank(self.procs[rank].pid, signal.SIGKILL)
                 failed = {r: c for r, c in self.codes.items() if c not in (None, EXIT_OK)}
-                if failed:
+                if failed and linger_until is None:
+                    linger_until = now + self._linger_s()
+                if failed and (now >= linger_until or len(self.codes) == len(self.procs)):
                     outcome = "config_error" if EXIT_CONFIG in failed.values() else "rank_failed"
                     detail = ", ".join(f"rank {r} exit {c}" for r, c in sorted(failed.items()))
                     break

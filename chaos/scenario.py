@@ -37,13 +37,15 @@ class FaultKind:
 
 
 _IO_KEYS = frozenset({"op", "nth", "path", "byte", "phase", "keep", "times"})
-_REST_KEYS = frozenset({"file", "seed", "bits", "region", "fraction", "length"})
+_REST_KEYS = frozenset({"file", "seed", "bits", "region", "fraction", "length", "offset", "at"})
 FAULT_KINDS: dict[str, FaultKind] = {
-    "kill": FaultKind("process", frozenset({"phase", "lost"}), True, True,
+    "kill": FaultKind("process", frozenset({"phase", "lost", "linger"}), True, True,
                       "SIGKILL the rank at step N (or at phase P of the save at step N); lost=true: the rank "
-                      "never comes back and the job restarts on fewer ranks (elastic)"),
-    "term": FaultKind("process", frozenset({"phase", "grace"}), True, True, "SIGTERM, then SIGKILL after grace seconds"),
-    "stop": FaultKind("process", frozenset({"phase"}), True, True, "SIGSTOP: a hung rank"),
+                      "never comes back and the job restarts on fewer ranks (elastic); linger=S: the other "
+                      "ranks run on for up to S seconds (a launcher's monitor interval) before teardown"),
+    "term": FaultKind("process", frozenset({"phase", "grace", "linger"}), True, True,
+                      "SIGTERM, then SIGKILL after grace seconds"),
+    "stop": FaultKind("process", frozenset({"phase", "linger"}), True, True, "SIGSTOP: a hung rank"),
     "restart": FaultKind("process", frozenset({"phase", "timeout"}), True, True,
                          "--driver docker: the engine restarts the rank's container (stopped after `timeout` s); "
                          "the job has lost the rank and restarts from its checkpoint"),
@@ -59,6 +61,9 @@ FAULT_KINDS: dict[str, FaultKind] = {
     "delete": FaultKind("rest", _REST_KEYS, False, True, "delete a file of the newest checkpoint"),
     "stale": FaultKind("rest", _REST_KEYS, False, True, "replace a file with its copy from the previous checkpoint"),
     "swap": FaultKind("rest", _REST_KEYS, False, True, "swap two files of the newest checkpoint (e.g. rank shards)"),
+    "payload": FaultKind("rest", frozenset({"file", "seed", "format", "variant"}), False, True,
+                         "plant a payload in the checkpoint's own format (format=pickle|torchzip|safetensors-header) "
+                         "in a file of the newest checkpoint; loading must never run it"),
     "diskfull": FaultKind("disk", frozenset({"free"}), False, True, "the checkpoint file system fills up, leaving `free` bytes"),
     "netdrop": FaultKind("net", frozenset({"phase"}), True, True, "the rank's network link goes down"),
     "powerloss": FaultKind("powerloss", frozenset({"seed", "max_states"}), False, True,
@@ -151,9 +156,19 @@ def parse_fault(text: str) -> Fault:
         if key in values:
             raise ConfigError(f"fault {text!r}: {key!r} given twice")
         values[key] = _parse_value(raw)
-    for key in ("rank", "step", "attempt", "nth", "byte", "keep", "bits", "free", "length", "seed", "max_states"):
+    for key in ("rank", "step", "attempt", "nth", "byte", "keep", "bits", "free", "length", "seed", "max_states",
+                "offset"):
         if key in values and (not isinstance(values[key], int) or values[key] < 0):
             raise ConfigError(f"fault {text!r}: {key} must be a non-negative integer")
+    if "at" in values and not (isinstance(values["at"], int | float) and 0 <= values["at"] <= 1):
+        raise ConfigError(f"fault {text!r}: at must be a fraction of the file's length in [0, 1]")
+    if kind == "payload":
+        from faults.payload import FORMATS, HEADER_VARIANTS
+
+        if values.get("format", "pickle") not in FORMATS:
+            raise ConfigError(f"fault {text!r}: format must be one of {', '.join(FORMATS)}")
+        if values.get("variant", HEADER_VARIANTS[0]) not in HEADER_VARIANTS:
+            raise ConfigError(f"fault {text!r}: variant must be one of {', '.join(HEADER_VARIANTS)}")
     if spec.needs_step and "step" not in values:
         raise ConfigError(f"fault {text!r}: {kind} needs step=N (the step at which it fires)")
     if spec.needs_rank and "rank" not in values:
