@@ -2,28 +2,40 @@
 
 The battery knows nothing about the checkpointers it attacks: every probe is an
 ordinary scenario (a fault plan run through :func:`chaos.runner.run_scenario` and judged
-by the general oracles), chosen so that together they expose what a checkpointer can
-get wrong — lost or mixed state after a crash, a torn in-place write, an error that is
-swallowed and acknowledged, corruption loaded silently, no fallback, writes that a
-power loss takes back. A planted defect is *caught* when at least one probe fails it;
-a correct checkpointer must pass (or be skipped by) every probe.
+by the general oracles — the ``powerloss`` probe too, whose crash states the runner
+explores and judges as ``atomic_commit``), chosen so that together they expose what a
+checkpointer can get wrong — lost or mixed state after a crash, a torn in-place write,
+an error that is swallowed and acknowledged, corruption loaded silently, no fallback,
+writes that a power loss takes back. A correct checkpointer must pass (or be skipped
+by) every probe.
+
+A planted defect says which check is meant to catch it: its module declares
+``EXPECTED_CATCH``, a literal mapping of probe name to the oracle names any one of
+which must fail in that probe (read with :mod:`ast`, nothing imported)::
+
+    EXPECTED_CATCH = {"powerloss": ("atomic_commit",)}
+
+The defect is *caught* only when one of those oracles failed in one of those probes.
+A defect that failed other probes or other oracles instead is *caught by the wrong
+oracle* — a miss, reported with what did fail — so a harness bug that fails some
+oracle everywhere (liveness, say) cannot make the score look perfect.
 
     report = run_selfcheck({"correct": "tests/checkpointers/selfcheck/correct.py:CorrectCheckpointer",
                             "no_fsync": "tests/checkpointers/selfcheck/no_fsync.py:NoFsyncCheckpointer"},
                            SelfCheckOptions(run=RunOptions(scratch_base="/tmp/x")), correct={"correct"})
-    print(report.score_line())   # caught 1/1 planted defects (100%), 0 false positives
+    print(report.score_line())   # caught 1/1 planted defects by the intended oracle (100%), 0 false positives
 
 The workload is tiny (12 steps, a save every 4 at steps 4, 8 and 12, d_model 64), so a
-probe takes a few seconds with the fork server warm.
-
-The ``powerloss`` probe is an ordinary scenario too: the runner explores the crash states of
-the traced save and judges them (``atomic_commit``).
+probe takes a few seconds with the fork server warm. ``chaos selfcheck``
+(:mod:`chaos.commands.selfcheck`) and ``tests/test_selfcheck.py`` call
+:func:`run_selfcheck` and :func:`render`.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -31,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ConfigError
-from chaos.protocol import validate_spec
+from chaos.oracles import ORACLES
+from chaos.protocol import BUILTIN_CHECKPOINTERS, validate_spec
 from chaos.runner import RunOptions, ScenarioResult, run_scenario
 from chaos.scenario import Fault, Scenario, parse_fault
 from chaos.workload.config import WorkloadConfig
@@ -41,6 +54,11 @@ SELFCHECK_WORKLOAD = WorkloadConfig(
     steps=12, save_every=4, d_model=64, n_layers=1, n_heads=2, vocab=128, seq_len=16, batch_size=2,
     corpus_sequences=64, warmup_steps=2, collective_timeout_s=20.0,
 )
+
+# The module-level name a planted defect declares its intended catch under.
+EXPECTED_NAME = "EXPECTED_CATCH"
+# The runner adds the power-loss verdict under this name next to chaos.oracles.ORACLES.
+POWERLOSS_ORACLE = "atomic_commit"
 
 
 @dataclass(frozen=True)
@@ -85,6 +103,11 @@ BATTERY: tuple[Probe, ...] = (
 PROBES = {p.name: p for p in BATTERY}
 
 
+def known_oracles() -> list[str]:
+    """Every oracle name a probe's verdict can carry (an intended catch must name one of them)."""
+    return [*ORACLES, POWERLOSS_ORACLE]
+
+
 @dataclass
 class ProbeOutcome:
     """What one probe did to one checkpointer."""
@@ -97,33 +120,89 @@ class ProbeOutcome:
     seconds: float = 0.0
     replay: str = ""
     note: str = ""
+    oracle_summaries: dict[str, str] = field(default_factory=dict)  # failing oracle -> its summary
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+# What a checkpointer's record says, in the table and the JSON.
+CAUGHT, WRONG_ORACLE, MISSED, NOT_PROBED = "caught", "caught by the wrong oracle", "missed", "not probed"
+PASSES, FALSE_POSITIVE, INCONCLUSIVE = "passes", "false positive", "inconclusive"
+
+
 @dataclass
 class CheckpointerReport:
+    """One checkpointer's outcomes; ``expected`` is its intended catch (empty for a correct one)."""
+
     name: str
     spec: str
     correct: bool
     outcomes: list[ProbeOutcome] = field(default_factory=list)
+    expected: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
-    def caught(self) -> bool:
-        return any(o.verdict == "fail" for o in self.outcomes)
+    def failures(self) -> list[ProbeOutcome]:
+        """Every probe that failed, whichever oracle failed it."""
+        return [o for o in self.outcomes if o.verdict == "fail"]
+
+    def intended(self, outcome: ProbeOutcome) -> list[str]:
+        """The oracles that failed ``outcome`` and were meant to (empty: not the intended catch)."""
+        meant = self.expected.get(outcome.probe, ())
+        return [n for n in outcome.failing if n in meant] if outcome.verdict == "fail" else []
 
     @property
     def caught_by(self) -> list[ProbeOutcome]:
-        return [o for o in self.outcomes if o.verdict == "fail"]
+        """The probes whose failure is the intended catch: an intended oracle failed in an intended probe."""
+        return [o for o in self.failures if self.intended(o)]
+
+    @property
+    def caught(self) -> bool:
+        return not self.correct and bool(self.caught_by)
 
     @property
     def errors(self) -> list[ProbeOutcome]:
         return [o for o in self.outcomes if o.verdict == "error"]
 
+    @property
+    def result(self) -> str:
+        if self.correct:
+            return FALSE_POSITIVE if self.failures else INCONCLUSIVE if self.errors else PASSES
+        if self.caught_by:
+            return CAUGHT
+        if self.failures:
+            return WRONG_ORACLE
+        return MISSED if any(o.probe in self.expected for o in self.outcomes) else NOT_PROBED
+
+    def explain(self) -> str:
+        """One line: what caught it, what failed instead, or what the intended probe did."""
+        if self.correct:  # its harness errors are listed one by one by render
+            return "; ".join(f"{o.probe} failed {', '.join(o.failing)}: {o.summary}" for o in self.failures)
+        if self.caught_by:
+            o = self.caught_by[0]
+            return "; ".join(f"{o.probe}: {n}: {o.oracle_summaries.get(n, o.summary)}" for n in self.intended(o))
+        if self.failures:
+            return ("failed only checks not meant for it: " + "; ".join(f"{o.probe}: {', '.join(o.failing)}"
+                                                                        for o in self.failures)
+                    + f" (intended: {_format_expected(self.expected)}); first: {self.failures[0].summary}")
+        ran = [o for o in self.outcomes if o.probe in self.expected]
+        if not ran:
+            return f"the intended probe(s) were not run ({_format_expected(self.expected)})"
+        return "; ".join(f"{o.probe}: {o.verdict} ({o.summary})" for o in ran)
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "spec": self.spec, "correct": self.correct, "caught": self.caught,
+                "result": self.result,
+                "intended": [{"probe": p, "oracles": list(ns)} for p, ns in self.expected.items()],
+                "caught_by": [{"probe": o.probe, "oracles": self.intended(o)} for o in self.caught_by],
+                "failed": [{"probe": o.probe, "oracles": o.failing, "intended": self.intended(o),
+                            "summary": o.summary} for o in self.failures],
+                "explanation": self.explain(),
                 "outcomes": [o.to_dict() for o in self.outcomes]}
+
+
+def _format_expected(expected: dict[str, tuple[str, ...]]) -> str:
+    return "; ".join(f"{p}: {' or '.join(ns)}" for p, ns in expected.items()) or "-"
 
 
 @dataclass
@@ -137,15 +216,21 @@ class SelfCheckReport:
 
     @property
     def caught(self) -> list[CheckpointerReport]:
+        """Planted defects caught by the intended oracle in the intended probe."""
         return [c for c in self.planted if c.caught]
 
     @property
     def missed(self) -> list[CheckpointerReport]:
+        """Every planted defect not caught as intended, those caught by the wrong oracle included."""
         return [c for c in self.planted if not c.caught]
 
     @property
+    def wrong_oracle(self) -> list[CheckpointerReport]:
+        return [c for c in self.planted if c.result == WRONG_ORACLE]
+
+    @property
     def false_positives(self) -> list[tuple[str, ProbeOutcome]]:
-        return [(c.name, o) for c in self.checkpointers if c.correct for o in c.caught_by]
+        return [(c.name, o) for c in self.checkpointers if c.correct for o in c.failures]
 
     @property
     def correct_errors(self) -> list[tuple[str, ProbeOutcome]]:
@@ -162,8 +247,10 @@ class SelfCheckReport:
 
     def score_line(self) -> str:
         n, k = len(self.planted), len(self.caught)
-        line = (f"self-check: caught {k}/{n} planted defects ({100 * self.score:.0f}%), "
-                f"{len(self.false_positives)} false positive(s)")
+        line = f"self-check: caught {k}/{n} planted defects by the intended oracle ({100 * self.score:.0f}%)"
+        if self.wrong_oracle:
+            line += f", {len(self.wrong_oracle)} caught only by the wrong oracle"
+        line += f", {len(self.false_positives)} false positive(s)"
         if self.correct_errors:
             line += f", {len(self.correct_errors)} harness error(s) on correct checkpointers"
         return line + f" in {self.seconds:.0f} s"
@@ -172,15 +259,16 @@ class SelfCheckReport:
         return {"planted": len(self.planted), "caught": len(self.caught), "score": self.score,
                 "false_positives": [{"checkpointer": n, "probe": o.probe, "oracles": o.failing, "summary": o.summary}
                                     for n, o in self.false_positives],
-                "missed": [c.name for c in self.missed], "passed": self.passed, "seconds": round(self.seconds, 1),
+                "missed": [c.name for c in self.missed], "wrong_oracle": [c.name for c in self.wrong_oracle],
+                "passed": self.passed, "seconds": round(self.seconds, 1),
                 "battery": [dataclasses.asdict(p) for p in BATTERY],
                 "checkpointers": [c.to_dict() for c in self.checkpointers]}
 
 
 @dataclass
 class SelfCheckOptions:
-    """``fail_fast``: stop probing a planted defect once a probe caught it (the score is
-    the same, the run shorter). ``probes``: a subset of the battery by name.
+    """``fail_fast``: stop probing a planted defect once its intended catch happened (the
+    score is the same, the run shorter). ``probes``: a subset of the battery by name.
     ``powerloss_states``: crash states the runner explores in each power-loss probe
     (its fault's ``max_states``)."""
 
@@ -210,6 +298,61 @@ def discover(directory: str | Path) -> dict[str, str]:
     return out
 
 
+def _module_file(spec: str) -> Path:
+    """The source file of the module a (validated) spec names; a built-in name is its module."""
+    where = BUILTIN_CHECKPOINTERS.get(spec, spec).rpartition(":")[0]
+    if where.endswith(".py") or "/" in where:
+        return Path(where)
+    try:
+        found = importlib.util.find_spec(where)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        raise ConfigError(f"checkpointer {spec}: cannot find the source file of module {where!r} "
+                          f"to read its {EXPECTED_NAME}")
+    return Path(found.origin)
+
+
+def expected_catch(spec: str) -> dict[str, tuple[str, ...]]:
+    """The intended catch a planted defect's module declares: ``{probe: (oracle, ...)}``.
+
+    Read from the source with :func:`ast.literal_eval` (nothing is imported), checked
+    against the battery and the oracles; a missing or malformed declaration is a
+    ConfigError naming the file, since a defect without one cannot be judged.
+    """
+    path = _module_file(validate_spec(spec))
+    where = f"{path}: {EXPECTED_NAME}"
+    form = f"expected {EXPECTED_NAME} = {{probe: (oracle, ...)}}, e.g. {{'powerloss': ('{POWERLOSS_ORACLE}',)}}"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    nodes = [n.value for n in tree.body if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == EXPECTED_NAME for t in n.targets)]
+    nodes += [n.value for n in tree.body if isinstance(n, ast.AnnAssign) and n.value is not None
+              and isinstance(n.target, ast.Name) and n.target.id == EXPECTED_NAME]
+    if not nodes:
+        raise ConfigError(f"{path}: a planted defect must declare the probe(s) and oracle(s) meant to catch it "
+                          f"({form})")
+    try:
+        raw = ast.literal_eval(nodes[-1])
+    except ValueError:
+        raise ConfigError(f"{where} is not a literal ({form})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{where} must be a non-empty dict ({form})")
+    out: dict[str, tuple[str, ...]] = {}
+    oracles = known_oracles()
+    for probe, names in raw.items():
+        if probe not in PROBES:
+            raise ConfigError(f"{where}: unknown probe {probe!r}; the battery has {', '.join(PROBES)}")
+        names = (names,) if isinstance(names, str) else names
+        if not isinstance(names, (tuple, list)) or not names or not all(isinstance(n, str) for n in names):
+            raise ConfigError(f"{where}[{probe!r}] must be a non-empty tuple of oracle names ({form})")
+        unknown = [n for n in names if n not in oracles]
+        if unknown:
+            raise ConfigError(f"{where}[{probe!r}]: unknown oracle(s) {', '.join(unknown)}; "
+                              f"known: {', '.join(oracles)}")
+        out[probe] = tuple(names)
+    return out
+
+
 # ---------------------------------------------------------------------- running
 def _outcome(probe: Probe, faults: tuple[str, ...], result: ScenarioResult) -> ProbeOutcome:
     failing = [o for o in result.oracles.values() if not o.passed]
@@ -225,7 +368,7 @@ def _outcome(probe: Probe, faults: tuple[str, ...], result: ScenarioResult) -> P
                 note = f"corrupted {corruption.get('target')}" if corruption.get("changed", True) else \
                     f"corruption changed nothing ({corruption.get('reason', 'no byte differs')})"
     return ProbeOutcome(probe.name, faults, result.verdict, [o.name for o in failing], summary[:600],
-                        round(result.seconds, 2), result.replay, note)
+                        round(result.seconds, 2), result.replay, note, {o.name: o.summary[:400] for o in failing})
 
 
 def _with_options(fault: Fault, options: SelfCheckOptions) -> Fault:
@@ -248,39 +391,45 @@ def run_selfcheck(checkpointers: dict[str, str], options: SelfCheckOptions | Non
     """Run every probe of the battery against every checkpointer.
 
     ``correct``: the names that are expected to pass (default: names starting with
-    ``correct``); every other one carries a planted defect that must be caught.
+    ``correct``); every other one carries a planted defect whose module declares its
+    intended catch (``EXPECTED_CATCH``), read before anything runs.
     """
     options = options or SelfCheckOptions()
-    probes = BATTERY if options.probes is None else tuple(PROBES[p] for p in options.probes)
     unknown = set(options.probes or ()) - set(PROBES)
     if unknown:
         raise ConfigError(f"unknown probe(s) {sorted(unknown)}; the battery has {', '.join(PROBES)}")
+    probes = BATTERY if options.probes is None else tuple(PROBES[p] for p in options.probes)
     good = set(correct) if correct is not None else {n for n in checkpointers if n.startswith("correct")}
-    started = time.time()
     reports = []
     for name, spec in checkpointers.items():
-        rep = CheckpointerReport(name, validate_spec(spec), name in good)
+        spec = validate_spec(spec)
+        reports.append(CheckpointerReport(name, spec, name in good,
+                                          expected={} if name in good else expected_catch(spec)))
+    started = time.time()
+    for rep in reports:
         for probe in probes:
             outcome = run_probe(rep.spec, probe, options)
             rep.outcomes.append(outcome)
             if options.progress is not None:
-                options.progress(name, outcome)
-            if options.fail_fast and not rep.correct and rep.caught:
+                options.progress(rep.name, outcome)
+            if options.fail_fast and rep.caught:
                 break
-        reports.append(rep)
     return SelfCheckReport(reports, time.time() - started)
 
 
 # ---------------------------------------------------------------------- rendering
 MARKS = {"pass": ".", "fail": "X", "skipped": "s", "error": "E"}
+STYLES = {CAUGHT: "green", PASSES: "green", INCONCLUSIVE: "yellow"}
 
 
 def render(report: SelfCheckReport, console: Any = None) -> None:
-    """A rich table (one row per checkpointer), what caught each defect, and the score line.
+    """A rich table (one row per checkpointer), what caught or failed each one, and the score line.
 
     The ``probes`` column has one mark per probe of the battery, in order: ``.`` pass,
     ``X`` fail, ``s`` skipped (the fault could not apply), ``E`` harness error, ``-`` not
-    run (fail-fast stopped after the catch).
+    run (fail-fast stopped after the intended catch). ``intended`` is the defect's
+    declared catch; ``failed`` lists every failing probe with its oracles, the intended
+    ones marked ``*``.
     """
     from rich.console import Console
     from rich.markup import escape
@@ -289,29 +438,28 @@ def render(report: SelfCheckReport, console: Any = None) -> None:
     console = console or Console()
     order = [p.name for p in BATTERY if any(o.probe == p.name for c in report.checkpointers for o in c.outcomes)]
     table = Table(title="chaos self-check", caption="probes: " + " ".join(f"{i + 1}={n}" for i, n in enumerate(order)))
-    for col in ("checkpointer", "expect", "probes", "caught by (probe: oracles)", "result"):
+    for col in ("checkpointer", "expect", "probes", "intended (probe: oracle)", "failed (probe: oracles)", "result"):
         table.add_column(col, overflow="fold")
     for c in report.checkpointers:
         by = {o.probe: o for o in c.outcomes}
         marks = "".join(MARKS.get(by[n].verdict, "?") if n in by else "-" for n in order)
-        hits = "; ".join(f"{o.probe}: {','.join(o.failing)}" for o in c.caught_by) or "-"
-        if c.correct:
-            result = ("[red]FALSE POSITIVE[/]" if c.caught_by else "[yellow]inconclusive[/]" if c.errors
-                      else "[green]passes[/]")
-        else:
-            result = "[green]caught[/]" if c.caught else "[red]MISSED[/]"
-        table.add_row(c.name, "correct" if c.correct else "defect", marks, escape(hits), result)
+        failed = "; ".join(f"{o.probe}: {','.join(n + '*' if n in c.intended(o) else n for n in o.failing)}"
+                           for o in c.failures) or "-"
+        style = STYLES.get(c.result, "red")
+        table.add_row(escape(c.name), "correct" if c.correct else "defect", marks,
+                      escape(_format_expected(c.expected)) if not c.correct else "-", escape(failed),
+                      f"[{style}]{escape(c.result.upper() if style == 'red' else c.result)}[/]")
     console.print(table)
     for c in report.checkpointers:
-        first = c.caught_by[:1]
-        for o in first:
-            who = "FALSE POSITIVE" if c.correct else "caught"
-            console.print(f"  {c.name}: {who} by {o.probe}: {o.summary[:300]}", highlight=False, markup=False)
-        for o in c.errors:
+        why = c.explain()
+        if why:
+            console.print(f"  {c.name}: {c.result}: {why[:400]}", highlight=False, markup=False)
+        for o in c.errors if c.correct else ():
             console.print(f"  {c.name}: harness error in {o.probe}: {o.summary[:300]}", highlight=False, markup=False)
-    console.print(report.score_line(), style="bold green" if report.passed else "bold red", highlight=False)
+    console.print(report.score_line(), style="bold green" if report.passed else "bold red", highlight=False,
+                  markup=False)
 
 
-__all__ = ["BATTERY", "PROBES", "SELFCHECK_WORKLOAD", "CheckpointerReport", "Probe", "ProbeOutcome",
-           "SelfCheckOptions", "SelfCheckReport", "discover", "render", "run_probe",
-           "run_selfcheck"]
+__all__ = ["BATTERY", "EXPECTED_NAME", "PROBES", "SELFCHECK_WORKLOAD", "CheckpointerReport", "Probe", "ProbeOutcome",
+           "SelfCheckOptions", "SelfCheckReport", "discover", "expected_catch", "known_oracles", "render",
+           "run_probe", "run_selfcheck"]

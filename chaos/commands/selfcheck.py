@@ -7,10 +7,13 @@
 
 Every module of the corpus directory defining a ``*Checkpointer`` class is one
 checkpointer, named by its file; those named ``correct*`` (or given with ``--correct``)
-must pass every probe, every other one carries a defect that some probe must catch.
-Prints a table, what caught each defect, and the score line. Exit status 0 only when
-every planted defect is caught and no correct checkpointer fails a probe; 1 otherwise;
-2 on bad input.
+must pass every probe, every other one carries a defect and declares the probe(s) and
+oracle(s) meant to catch it (``EXPECTED_CATCH = {probe: (oracle, ...)}`` in its module;
+see :mod:`chaos.selfcheck`). Prints a table, what caught or failed each one, and the
+score line. Exit status 0 only when every planted defect is caught by its intended
+oracle in its intended probe and no correct checkpointer fails a probe; 1 otherwise (a
+defect that only other oracles failed is a miss); 2 on bad input, a missing or
+malformed ``EXPECTED_CATCH`` included.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe", action="append", default=[], metavar="NAME",
                         help="run only these probes of the battery (repeatable; default: all)")
     parser.add_argument("--fail-fast", action="store_true",
-                        help="stop probing a planted defect once it is caught (same score, shorter run)")
+                        help="stop probing a planted defect once its intended oracle failed (same score, shorter run)")
     parser.add_argument("--powerloss-states", type=int, default=40, metavar="N",
                         help="crash states the runner explores per power-loss probe (default 40)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")

@@ -16,6 +16,12 @@ from chaos.protocol import load_checkpointer
 Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCheckpointer")
 
 
+# The self-check counts this defect as caught only when one of these oracles fails in one of these
+# probes (chaos.selfcheck): some crash state loses the rename that committed the acknowledged
+# checkpoint.
+EXPECTED_CATCH = {"powerloss": ("atomic_commit",)}
+
+
 class NoDirFsyncCheckpointer(Correct):
     def _fsync_dir(self, path: str) -> None:
         pass  # the defect: fsync(file) is believed to persist its name too

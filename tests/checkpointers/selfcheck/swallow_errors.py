@@ -20,6 +20,11 @@ from chaos.protocol import load_checkpointer
 Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCheckpointer")
 
 
+# The self-check counts this defect as caught only when one of these oracles fails in one of these
+# probes (chaos.selfcheck): the failed write (or fsync) is swallowed and the save acknowledged.
+EXPECTED_CATCH = {"enospc-write": ("no_false_ack",), "fsync-fails": ("no_false_ack",)}
+
+
 class SwallowErrorsCheckpointer(Correct):
     def _write_shard(self, path: str, payload: Any) -> dict[str, Any]:
         try:
