@@ -187,6 +187,20 @@ def test_cli_json_carries_intended_oracle_probe_result_and_failures(
     assert json.loads(out.read_text())["passed"] is True
 
 
+def test_cli_writes_the_json_before_rendering(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # A crash while rendering (foreign text that rich chokes on, say) must not lose the results.
+    _fake_runs(monkeypatch, {("in_place", "crash-mid-write"): ("durability",)})
+
+    def broken(report: SelfCheckReport, console: object = None) -> None:
+        raise RuntimeError("rendering broke")
+
+    monkeypatch.setattr(selfcheck, "render", broken)
+    out = tmp_path / "selfcheck.json"
+    assert cli.main(["selfcheck", "--corpus", str(CORPUS), "--only", "in_place", "--probe", "crash-mid-write",
+                     "--json", str(out)]) == 2
+    assert json.loads(out.read_text())["checkpointers"][0]["result"] == "caught"
+
+
 def test_cli_rejects_bad_input_with_status_2(tmp_path: Path) -> None:
     assert cli.main(["selfcheck", "--corpus", str(CORPUS), "--probe", "no-such-probe"]) == 2
     assert cli.main(["selfcheck", "--corpus", str(CORPUS / "missing")]) == 2

@@ -106,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
         progress=progress)
     correct = set(args.correct) if args.correct else None
     report = run_selfcheck(checkpointers, options, correct=correct)
+    if args.json:  # the results first: nothing the rendering does can lose them
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2))
     render(report, console)
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2))
-        console.print(f"report written to {args.json}", highlight=False)
+        console.print(f"report written to {args.json}", highlight=False, markup=False)
     return 0 if report.passed else 1
