@@ -2,7 +2,8 @@
 
 Network namespaces for link drops, a size-limited tmpfs under the checkpoint root for
 a real ENOSPC, and the supervisor-side actions (fill the disk, cut a link, corrupt a
-committed checkpoint at rest, freeze the tree for power-loss exploration). Teardown
+committed checkpoint at rest (files, or the objects of an ``s3://`` store), plant
+payloads and check their markers, freeze the tree for power-loss exploration). Teardown
 runs whatever happened; a fault that cannot be had on this machine raises
 ``faults.Unsupported`` up front, which the runner reports as a skipped scenario with
 the reason.
@@ -25,9 +26,12 @@ TMPFS_BYTES = 1 << 30  # room for several checkpoints; tmpfs only uses what is w
 
 class Environment:
     def __init__(self, faults: list[Fault], world_size: int, ckpt_root: str | None, log_dir: str,
-                 save_every: int) -> None:
+                 save_every: int, storage: str | None = None) -> None:
         self.faults, self.world_size, self.log_dir = faults, world_size, log_dir
         self.ckpt_root = os.path.realpath(ckpt_root) if ckpt_root else None
+        self.storage = storage  # the checkpointer's storage URL (ckpt option), None: files under ckpt_root
+        self.scratch = os.path.dirname(os.path.realpath(log_dir))  # the scenario's scratch root
+        self.planted: list[dict[str, Any]] = []  # payload records whose markers are checked
         self.save_every = save_every
         self.families = {f.family for f in faults}
         self.lab: Any = None
@@ -65,6 +69,8 @@ class Environment:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.planted:
+            self.check_markers("verification")  # the last loads: verification and teardown
         if self._tmpfs is not None:
             tmpfs, self._tmpfs = self._tmpfs, None
             tmpfs.__exit__(None, None, None)
@@ -134,7 +140,11 @@ class Environment:
         return {"files": len(snap.files), "bytes": sum(len(b) for b in snap.files.values()), "trace_marks": marks}
 
     def after_attempt(self, attempt: int, pending_rest: list[Fault], log_paths: list[str]) -> list[dict[str, Any]]:
-        """Between attempts: corrupt what was planned, give the disk and network back."""
+        """Between attempts: see whether planted payloads ran, corrupt what was planned, give
+        the disk and network back."""
+        if self.planted:
+            self.check_markers(f"attempt {attempt}")
+        # A shallow copy: a payload's nested ``marker`` dict stays the one check_markers updates.
         done = [{"kind": f.kind, "spec": f.spec(), "attempt": attempt, **self.corrupt(f, log_paths)}
                 for f in pending_rest]
         if self._tmpfs is not None:
@@ -169,39 +179,237 @@ class Environment:
         return min(calls[max(complete)]) if complete else None
 
     def corrupt(self, fault: Fault, log_paths: list[str]) -> dict[str, Any]:
-        from faults import FaultError
-        from faults.corrupt import apply, checkpoint_files, plan_corruption
+        """Corrupt (or, for ``payload``, plant in) one file of the newest checkpoint.
+
+        The result always says ``changed``; when it is False the fault did nothing and
+        ``idle`` says why (``no target``: nothing matched; ``same bytes``: the edit was a
+        no-op) with a one-line ``reason``, which :func:`idle_faults` turns into a
+        skipped scenario. ``offsets`` lists where bytes changed.
+        """
+        scheme = self._storage_scheme()
+        if scheme == "s3":
+            return self._corrupt_s3(fault)
+        if scheme not in ("file", None):
+            return _idle("no target", f"at-rest corruption of {scheme}:// storage is not supported "
+                                      f"({self.storage}); only file:// and s3:// are")
+        root = self._local_root()
+        if not root or not os.path.isdir(root):
+            return _idle("no target", f"no checkpoint root {root!r} exists (the job never saved?)")
+        return self._corrupt_tree(fault, root, self._newest_files(fault, root, log_paths))
+
+    def _storage_scheme(self) -> str | None:
+        if not self.storage:
+            return None
+        from chaos.storage.base import parse_url
+
+        return parse_url(self.storage).scheme
+
+    def _local_root(self) -> str | None:
+        if self.storage:
+            from chaos.storage.base import parse_url
+
+            return os.path.realpath(parse_url(self.storage).location)
+        return self.ckpt_root
+
+    def _newest_files(self, fault: Fault, root: str, log_paths: list[str]) -> list[str] | str:
+        """Files of the newest checkpoint matching ``file=``; a string says why there are none."""
+        from faults.corrupt import checkpoint_files
         from faults.disk import FILLER_PREFIX
 
-        if not self.ckpt_root or not os.path.isdir(self.ckpt_root):
-            return {"changed": False, "reason": "no checkpoint root"}
-        since = self._last_save_window(log_paths)
-        files = [f for f in checkpoint_files(self.ckpt_root, fault.param("file"))
-                 if not os.path.basename(f).startswith(FILLER_PREFIX)]
-        if since is not None:
-            newest = [f for f in files if os.stat(f).st_mtime >= since - 0.01]
-            files = newest or files
+        pattern = fault.param("file")
+        files = [f for f in checkpoint_files(root, pattern) if not os.path.basename(f).startswith(FILLER_PREFIX)]
         if not files:
-            return {"changed": False, "reason": "no checkpoint file to corrupt"}
+            return f"no file under the checkpoint root matches file={pattern!r}"
+        since = self._last_save_window(log_paths)
+        if since is None:
+            return files
+        newest = [f for f in files if os.stat(f).st_mtime >= since - 0.01]
+        if not newest:
+            return (f"no file of the newest checkpoint matches file={pattern!r} ({len(files)} older file(s) do, "
+                    f"e.g. {os.path.relpath(files[0], root)})")
+        return newest
+
+    def _corrupt_tree(self, fault: Fault, root: str, files: list[str] | str,
+                      older_of: Any = None) -> dict[str, Any]:
+        """Carry out ``fault`` on one of ``files`` (all under ``root``), chosen with its seed."""
+        from faults import FaultError
+        from faults.corrupt import apply, plan_corruption, why_unchanged
+
+        if isinstance(files, str):
+            return _idle("no target", files)
         seed = int(fault.param("seed", 0))
         target = random.Random(f"{seed}:{fault.kind}:target").choice(files)
+        rel = os.path.relpath(target, root)
+        if fault.kind == "payload":
+            return self._plant(fault, root, target, seed)
         ckpt_dir = os.path.dirname(target)
         older = None
         if fault.kind == "stale":
-            parent = os.path.dirname(ckpt_dir)
-            siblings = sorted((d for d in glob.glob(os.path.join(glob.escape(parent), "*"))
-                               if os.path.isdir(d) and d != ckpt_dir), key=os.path.getmtime)
-            if ckpt_dir == self.ckpt_root or not siblings:
-                return {"changed": False, "reason": "no older checkpoint directory to take a stale copy from"}
-            older = siblings[-1]
+            older = (older_of or self._older_sibling)(target, root)
+            if older is None:
+                return _idle("no target", "no older checkpoint directory to take a stale copy from", target=rel)
         try:
             plan = plan_corruption(
-                ckpt_dir, fault.kind, seed, scratch_root=self.ckpt_root,
+                ckpt_dir, fault.kind, seed, scratch_root=root,
                 pattern=glob.escape(os.path.basename(target)), region=fault.param("region", "any"),
                 n_bits=int(fault.param("bits", 1)), fraction=fault.param("fraction"),
-                zero_len=int(fault.param("length", 64)), older_dir=older)
-            record = apply(plan).to_dict()
+                zero_len=int(fault.param("length", 64)), older_dir=older,
+                offset=fault.param("offset"), at=fault.param("at"))
+            rec = apply(plan)
         except FaultError as exc:
-            return {"changed": False, "reason": str(exc), "target": os.path.relpath(target, self.ckpt_root)}
-        record["target"] = os.path.relpath(target, self.ckpt_root)
+            return _idle("no target", str(exc), target=rel)
+        record = rec.to_dict()
+        record.update(target=rel, offsets=[c["start"] for c in rec.changes])
+        if not rec.changed:
+            record.update(idle="same bytes", reason=f"{rel}: {why_unchanged(rec)}")
         return record
+
+    @staticmethod
+    def _older_sibling(target: str, root: str) -> str | None:
+        ckpt_dir = os.path.dirname(target)
+        parent = os.path.dirname(ckpt_dir)
+        siblings = sorted((d for d in glob.glob(os.path.join(glob.escape(parent), "*"))
+                           if os.path.isdir(d) and d != ckpt_dir), key=os.path.getmtime)
+        return None if ckpt_dir == root or not siblings else siblings[-1]
+
+    # -- payloads: loading must never execute code from the checkpoint -------------------
+    def _plant(self, fault: Fault, root: str, target: str, seed: int) -> dict[str, Any]:
+        """Plant the payload; its marker is checked after every later attempt (``check_markers``)."""
+        import uuid
+
+        from faults import FaultError
+        from faults.payload import plant
+
+        marker_dir = os.path.join(self.scratch, "payload-markers")
+        os.makedirs(marker_dir, exist_ok=True)
+        marker = os.path.join(marker_dir, f"{len(self.planted)}-{uuid.uuid4().hex[:8]}")
+        rel = os.path.relpath(target, root)
+        try:
+            rec = plant(target, str(fault.param("format", "pickle")), marker, seed=seed,
+                        scratch_root=root, marker_root=self.scratch, variant=fault.param("variant"))
+        except FaultError as exc:
+            return _idle("no target", str(exc), target=rel)
+        record = rec.to_dict()
+        record.update(target=rel, offsets=[c["start"] for c in rec.changes],
+                      marker={"path": marker, "exists": False, "checks": [], "first_seen": None})
+        if not rec.changed:
+            record.update(idle="same bytes", reason=f"{rel}: the payload is byte for byte what was there")
+        self.planted.append(record)
+        return record
+
+    def check_markers(self, when: str) -> None:
+        """Whether each planted payload has run so far: written into its (already handed
+        over) fired-fault record, which is the same dict object the cluster stored."""
+        for record in self.planted:
+            m = record["marker"]
+            exists = os.path.exists(m["path"])
+            m["checks"].append({"after": when, "exists": exists})
+            if exists and not m["exists"]:
+                m["first_seen"] = when
+            m["exists"] = m["exists"] or exists
+
+    # -- object stores ---------------------------------------------------------------
+    def _corrupt_s3(self, fault: Fault) -> dict[str, Any]:
+        """The objects of the newest committed checkpoint, corrupted with the same seeded functions.
+
+        They are read into a mirror under the scenario's scratch root (keys as relative
+        paths: ``data/step-N-<nonce>/...``, ``commits/step-N.json``, ``latest``), the
+        fault acts on the mirror exactly as on a POSIX tree, and every object whose bytes
+        changed is put back (a deleted file deletes its object).
+        """
+        import shutil
+        import uuid
+
+        from chaos.storage.base import parse_url
+        from chaos.storage.s3 import COMMIT_KEY, make_client
+
+        u = parse_url(self.storage)
+        client, bucket, prefix = make_client(u), u.location, u.prefix
+        keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                for o in page.get("Contents", [])]
+        commits = sorted((int(m.group(1)), k) for k in keys if (m := COMMIT_KEY.match(k[len(prefix):])))
+        if not commits:
+            return _idle("no target", f"no committed checkpoint under s3://{bucket}/{prefix}")
+
+        def data_of(commit_key: str) -> str | None:
+            """The data prefix a commit object names (None: it is damaged, e.g. by an earlier fault)."""
+            try:
+                data = json.loads(client.get_object(Bucket=bucket, Key=commit_key)["Body"].read())["data"]
+            except (ValueError, KeyError, TypeError):
+                return None
+            return prefix + data if isinstance(data, str) and data.endswith("/") else None
+
+        step, newest_commit = commits[-1]
+        new_data = data_of(newest_commit)
+        old_data = data_of(commits[-2][1]) if len(commits) > 1 else None
+        newest = [newest_commit] + [k for k in keys if new_data and k.startswith(new_data)]
+        newest += [k for k in keys if k == prefix + "latest"]
+        older = [k for k in keys if old_data and k.startswith(old_data)]
+        mirror = os.path.join(self.scratch, f"s3-rest-{uuid.uuid4().hex[:8]}")
+        original: dict[str, bytes] = {}
+        try:
+            for key in older + newest:
+                path = os.path.join(mirror, key[len(prefix):])
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                original[key] = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+                with open(path, "wb") as f:
+                    f.write(original[key])
+            import fnmatch
+
+            pattern = fault.param("file")
+            files = [os.path.join(mirror, k[len(prefix):]) for k in newest
+                     if pattern is None or fnmatch.fnmatchcase(k[len(prefix):], pattern)
+                     or fnmatch.fnmatchcase(k.rsplit("/", 1)[-1], pattern)]
+            if not files:
+                return _idle("no target", f"no object of the newest checkpoint (step {step}) under "
+                                          f"s3://{bucket}/{prefix} matches file={pattern!r}")
+            older_dir = os.path.join(mirror, old_data[len(prefix):]) if older and old_data else None
+
+            def older_of(target: str, root: str) -> str | None:  # shards and manifests have older copies
+                return older_dir if older_dir and os.path.relpath(target, root).startswith("data" + os.sep) else None
+
+            record = self._corrupt_tree(fault, mirror, files, older_of)
+            written, deleted = [], []
+            for key in newest:
+                path = os.path.join(mirror, key[len(prefix):])
+                if not os.path.exists(path):
+                    client.delete_object(Bucket=bucket, Key=key)
+                    deleted.append(key)
+                    continue
+                with open(path, "rb") as f:
+                    now = f.read()
+                if now != original[key]:
+                    client.put_object(Bucket=bucket, Key=key, Body=now)
+                    written.append(key)
+            record.update(store=f"s3://{bucket}/{prefix}", step=step, objects_written=written,
+                          objects_deleted=deleted)
+            if "target" in record:
+                record["target_object"] = f"s3://{bucket}/{prefix}{record['target']}"
+            for key in ("path",):  # the mirror is gone after this: name the object instead
+                if key in record:
+                    record[key] = record.get("target_object", record[key])
+            return record
+        finally:
+            shutil.rmtree(mirror, ignore_errors=True)
+
+
+def _idle(why: str, reason: str, **extra: Any) -> dict[str, Any]:
+    """The record of a fault that did nothing: ``idle`` is ``no target`` or ``same bytes``."""
+    return {"changed": False, "idle": why, "reason": reason, **extra}
+
+
+def idle_faults(fired: Any) -> str | None:
+    """Why the scenario tested nothing: an at-rest fault fired but changed nothing.
+
+    The runner calls this beside ``_unfired_faults`` with ``outcome.fired()`` (objects
+    or dicts with a ``detail``); a corruption that matched no file, or whose edit left
+    every byte as it was, makes a green run *skipped* with this reason.
+    """
+    for f in fired:
+        detail = f.get("detail", {}) if isinstance(f, dict) else f.detail
+        c = (detail or {}).get("corruption")
+        if c is not None and not c.get("changed", False):
+            spec = f.get("spec") if isinstance(f, dict) else f.spec
+            return (f"skipped: fault {spec} did nothing ({c.get('idle', 'no change')}): "
+                    f"{c.get('reason', 'no byte changed')}; the run passed but tested nothing")
+    return None

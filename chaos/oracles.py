@@ -318,8 +318,11 @@ def checksum_detection(golden: GoldenRun, record: RunRecord) -> OracleResult:
     """Classify each at-rest corruption by what the next load did.
 
     detected (a clear error), fell back (an older committed state loaded), no effect (the
-    same step loaded intact: the bytes changed nothing that loads), or silent corruption
-    (a state never saved loaded) — only the last fails.
+    same step loaded intact although bytes really changed: they change nothing that
+    loads), or silent corruption (a state never saved loaded) — only the last fails. A
+    corruption that changed no byte is "did nothing" with the environment's reason (the
+    runner makes such a scenario skipped). Each case names the byte offsets that changed
+    and the file's size, so a checksum covering only part of a file shows where it ends.
     """
     name = "checksum_detection"
     cases = []
@@ -328,7 +331,9 @@ def checksum_detection(golden: GoldenRun, record: RunRecord) -> OracleResult:
         if not corruption:
             continue
         nxt = f["attempt"] + 1
-        case = {"fault": f["spec"], "target": corruption.get("target"), "changed": corruption.get("changed", True)}
+        case = {"fault": f["spec"], "target": corruption.get("target"), "changed": bool(corruption.get("changed")),
+                "offsets": corruption.get("offsets", [c.get("start") for c in corruption.get("changes", [])]),
+                "size": corruption.get("size_before")}
         resumes = {r: e for r in range(record.world_size) for e in record.events.get(nxt, {}).get(r, [])
                    if e["ev"] == "resume"}
         errors = [e for r in range(record.world_size) for e in record.events.get(nxt, {}).get(r, []) if e["ev"] == "error"]
@@ -338,7 +343,8 @@ def checksum_detection(golden: GoldenRun, record: RunRecord) -> OracleResult:
                                 for x in record.rank_events(r, "save_return")) for r in range(record.world_size))]
         newest = max(returned) if returned else None
         if not case["changed"]:
-            case["class"] = "no change"
+            case["class"] = "did nothing"
+            case["reason"] = corruption.get("reason", "the record names no changed byte")
         elif len(resumes) < record.world_size:
             case["class"] = "detected" if errors else "no restart"
             case["error"] = errors[0]["message"][:300] if errors else None
@@ -356,6 +362,42 @@ def checksum_detection(golden: GoldenRun, record: RunRecord) -> OracleResult:
     summary = "; ".join(f"{c['fault']}: {c['class']}" for c in cases)
     return OracleResult(name, not silent, summary, {"cases": cases})
 
+
+
+def no_code_execution(golden: GoldenRun, record: RunRecord) -> OracleResult:
+    """Loading never executes code from the checkpoint.
+
+    A ``payload`` fault plants, in the checkpoint's own format, data whose loading would
+    run code that creates a marker file in the scenario's scratch root; the environment
+    looks for the marker after every attempt and after verification and writes what it
+    saw into the fault's record. The marker existing fails (some rank ran the payload);
+    absent, the load refused the file or fell back. A planted payload whose marker was
+    never looked at fails too: the record must carry the fact.
+    """
+    name = "no_code_execution"
+    cases = []
+    for f in record.fired_faults():
+        c = (f.get("detail") or {}).get("corruption") or {}
+        if c.get("kind") != "payload":
+            continue
+        marker = c.get("marker") or {}
+        case = {"fault": f["spec"], "target": c.get("target"), "format": (c.get("params") or {}).get("format"),
+                "variant": (c.get("params") or {}).get("variant"), "marker": marker.get("path"),
+                "first_seen_after": marker.get("first_seen"), "checks": marker.get("checks", [])}
+        if not c.get("changed"):
+            case["class"] = "did nothing"
+            case["reason"] = c.get("reason")
+        elif not marker.get("checks"):
+            case["class"] = "unchecked"
+        else:
+            case["class"] = "code ran" if marker.get("exists") else "refused or fell back"
+        cases.append(case)
+    if not cases:
+        return OracleResult(name, True, "not applicable: no payload planted", {})
+    bad = [c for c in cases if c["class"] in ("code ran", "unchecked")]
+    summary = "; ".join(f"{c['fault']}: {c['class']}" + (f" (marker seen after {c['first_seen_after']})"
+                                                          if c["class"] == "code ran" else "") for c in cases)
+    return OracleResult(name, not bad, summary, {"cases": cases})
 
 # Relative band around the golden loss. Measured on the default workload (2 ranks, 24
 # steps): 1 % gradient noise per step (workload nondeterminism=0.01) moves the loss by at
@@ -541,6 +583,7 @@ ORACLES: dict[str, Callable[[GoldenRun, RunRecord], OracleResult]] = {
     "no_false_ack": no_false_ack,
     "final_durability": final_durability,
     "checksum_detection": checksum_detection,
+    "no_code_execution": no_code_execution,
     "loss_continuity": loss_continuity,
     "hygiene": hygiene,
 }

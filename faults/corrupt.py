@@ -13,8 +13,12 @@ plus JSON) is 120 bytes:
 - ``truncate fraction=0.25``  keeps floor(0.25 * 1000) = 250 bytes.
 - ``bitflip n=2 region=data`` two distinct bits at seeded offsets in [120, 1000)
   inverted, e.g. ranges [[517, 518], [903, 904]], old ``"3f"`` new ``"bf"``.
+- ``bitflip`` (``region=any``, the default) draws uniformly over the whole length, so
+  most flips in a large shard land deep inside tensor data, far from any header.
+- ``bitflip offset=700`` / ``at=0.7``   a seeded bit of byte 700 = floor(0.7 * 1000):
+  placed exactly (``offset`` is absolute, ``at`` a fraction of the file's length).
 - ``zero start=200 end=264``  bytes [200, 264) set to 0x00 (already-zero bytes are
-  reported as unchanged).
+  reported as unchanged); with ``offset=``/``at=`` the range starts there.
 - ``delete``                  the file is unlinked; the record keeps its size and hash.
 - ``stale source=P``          the file's contents are replaced by P's (a file of an
   older step): a misdirected or lost write that a per-file checksum misses when the
@@ -194,10 +198,39 @@ def flip_bits(path: str | os.PathLike[str], *, bits: Sequence[Sequence[int]] | N
                    before, after, [[o, o + 1] for o in offs], changes)
 
 
+def placed_offset(size: int, *, offset: int | None = None, at: float | None = None) -> int | None:
+    """The byte a placed corruption starts at: ``offset`` as given, or ``floor(at * size)``
+    (``at`` in [0, 1], clamped to the last byte); None when neither is given.
+
+    Why both: ``offset`` replays an exact byte from a record; ``at`` says "the middle of
+    whatever shard this is" without knowing its size, e.g. deep inside the tensors.
+    """
+    if offset is not None and at is not None:
+        raise ConfigError("give offset= or at=, not both")
+    if at is not None:
+        if not 0.0 <= float(at) <= 1.0:
+            raise ConfigError(f"at= must be a fraction in [0, 1], got {at}")
+        return max(0, min(int(float(at) * size), size - 1))
+    if offset is not None:
+        if int(offset) < 0:
+            raise ConfigError(f"offset= must be >= 0, got {offset}")
+        return int(offset)
+    return None
+
+
 def choose_bits(data: bytes, *, n: int, seed: int, region: str = "any",
-                header_bytes: int | None = None) -> list[list[int]]:
-    """``n`` distinct ``[offset, bit]`` pairs in ``region``, the same for the same seed."""
-    lo, hi = region_range(data, region, header_bytes)
+                header_bytes: int | None = None, start: int | None = None) -> list[list[int]]:
+    """``n`` distinct ``[offset, bit]`` pairs in ``region``, the same for the same seed.
+
+    With ``start`` the bits lie in the ``ceil(n / 8)`` bytes from ``start`` on (a placed
+    flip), whatever the region.
+    """
+    if start is not None:
+        if not 0 <= start < len(data):
+            raise FaultError(f"offset {start} is past the end of a {len(data)}-byte file; nothing to flip")
+        lo, hi = start, min(len(data), start + max(1, -(-n // 8)))
+    else:
+        lo, hi = region_range(data, region, header_bytes)
     space = (hi - lo) * 8
     if space <= 0:
         raise FaultError(f"region {region} of the file is empty; nothing to flip")
@@ -286,11 +319,13 @@ def plan_corruption(ckpt_dir: str | os.PathLike[str], kind: str, seed: int, *,
                     scratch_root: str | os.PathLike[str], pattern: str | None = None,
                     region: str = "any", n_bits: int = 1, fraction: float | None = None,
                     zero_len: int = 64, older_dir: str | os.PathLike[str] | None = None,
-                    header_bytes: int | None = None) -> CorruptionPlan:
+                    header_bytes: int | None = None, offset: int | None = None,
+                    at: float | None = None) -> CorruptionPlan:
     """Pick a target in ``ckpt_dir`` and the exact bytes, deterministically from ``seed``.
 
     ``pattern`` narrows the files (fnmatch on relative path or name); bitflip and zero
-    consider only files whose ``region`` is non-empty. ``stale`` takes
+    consider only files whose ``region`` is non-empty. ``offset``/``at`` place a bitflip
+    or zero exactly (see :func:`placed_offset`), overriding the region. ``stale`` takes
     the file of the same relative path in ``older_dir``; ``swap`` picks a second file
     of the same size if there is one (shards of two ranks), else any other file.
     """
@@ -300,13 +335,19 @@ def plan_corruption(ckpt_dir: str | os.PathLike[str], kind: str, seed: int, *,
     files = checkpoint_files(root, pattern)
     if not files:
         raise FaultError(f"no files to corrupt in {root} (pattern {pattern!r})")
-    if kind in ("bitflip", "zero"):  # only files where the asked-for region has bytes
+    placed = offset is not None or at is not None
+    if kind in ("bitflip", "zero"):  # only files where the asked-for region (or byte) exists
         def has_region(f: str) -> bool:
-            lo, hi = region_range(_read(f), region, header_bytes)
+            data = _read(f)
+            if placed:
+                p = placed_offset(len(data), offset=offset, at=at)
+                return p is not None and p < len(data)
+            lo, hi = region_range(data, region, header_bytes)
             return hi > lo
         files = [f for f in files if has_region(f)]
         if not files:
-            raise FaultError(f"no file in {root} has a non-empty {region} region")
+            where = f"byte {offset}" if offset is not None else f"at={at}" if placed else f"a non-empty {region} region"
+            raise FaultError(f"no file in {root} (pattern {pattern!r}) has {where}")
     rng = random.Random(f"{seed}:{kind}")
     target = rng.choice(files)
     params: dict[str, Any] = {}
@@ -316,18 +357,26 @@ def plan_corruption(ckpt_dir: str | os.PathLike[str], kind: str, seed: int, *,
             rng.randrange(size) if size else 0)
     elif kind == "bitflip":
         data = _read(target)
+        at_byte = placed_offset(len(data), offset=offset, at=at)
         params["bits"] = choose_bits(data, n=n_bits, seed=rng.randrange(2**32), region=region,
-                                     header_bytes=header_bytes)
-        params["region"] = region
+                                     header_bytes=header_bytes, start=at_byte)
+        params["region"] = "any" if placed else region
         params["header_bytes"] = header_bytes
+        if placed:
+            params["placed"] = {"offset": offset, "at": at, "byte": at_byte}
     elif kind == "zero":
         data = _read(target)
-        lo, hi = region_range(data, region, header_bytes)
-        if hi <= lo:
-            raise FaultError(f"region {region} of {target} is empty")
-        length = min(zero_len, hi - lo)
-        start = lo + rng.randrange(hi - lo - length + 1)
-        params.update(start=start, end=start + length, region=region)
+        at_byte = placed_offset(len(data), offset=offset, at=at)
+        if at_byte is not None:
+            start, length = at_byte, min(zero_len, len(data) - at_byte)
+            params["placed"] = {"offset": offset, "at": at, "byte": at_byte}
+        else:
+            lo, hi = region_range(data, region, header_bytes)
+            if hi <= lo:
+                raise FaultError(f"region {region} of {target} is empty")
+            length = min(zero_len, hi - lo)
+            start = lo + rng.randrange(hi - lo - length + 1)
+        params.update(start=start, end=start + length, region="any" if placed else region)
     elif kind == "stale":
         if older_dir is None:
             raise ConfigError("stale corruption needs older_dir (a checkpoint of an earlier step)")
@@ -344,6 +393,20 @@ def plan_corruption(ckpt_dir: str | os.PathLike[str], kind: str, seed: int, *,
         same = [f for f in others if os.path.getsize(f) == size]
         params["other"] = rng.choice(same or others)
     return CorruptionPlan(kind, target, params, seed, os.path.realpath(os.fspath(scratch_root)))
+
+
+def why_unchanged(rec: CorruptionRecord) -> str:
+    """Why an applied edit left every byte as it was (a fault that did nothing tests nothing)."""
+    p = rec.params
+    if rec.kind == "truncate":
+        return f"truncating to {p.get('size')} bytes cut nothing from a {rec.size_before}-byte file"
+    if rec.kind == "zero":
+        return f"bytes [{p.get('start')}, {p.get('end')}) were already zero"
+    if rec.kind == "stale":
+        return f"the older copy {p.get('source')} is byte for byte the same file"
+    if rec.kind == "swap":
+        return f"the two files are identical ({p.get('other')})"
+    return f"the {rec.kind} left every byte as it was"
 
 
 def apply(plan: CorruptionPlan) -> CorruptionRecord:
@@ -370,6 +433,6 @@ def apply(plan: CorruptionPlan) -> CorruptionRecord:
 
 __all__ = [
     "KINDS", "REGIONS", "CorruptionPlan", "CorruptionRecord", "apply", "checkpoint_files",
-    "choose_bits", "delete", "flip_bits", "header_length", "plan_corruption", "region_range",
-    "stale_copy", "swap", "truncate", "zero_range",
+    "choose_bits", "delete", "flip_bits", "header_length", "placed_offset", "plan_corruption", "region_range",
+    "stale_copy", "swap", "truncate", "why_unchanged", "zero_range",
 ]
