@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
+from chaos.checkpoint import ReferenceCheckpointer
 from chaos.checkpoint.options import parse_options
 from chaos.ckptformat.errors import CheckpointConfigError
 from chaos.storage import StorageConfigError, open_storage, parse_url, wrap_storage
@@ -62,3 +67,64 @@ def test_fsspec_urls_keep_their_authority_part():
     assert parse_url("local:///tmp/x/y").location == "local:///tmp/x/y"
     assert parse_url("memory://bucket/p?k=v").location == "memory://bucket/p"
     assert parse_url(parse_url("local:///tmp/x").location + "/sub").scheme == "local"
+
+
+MALFORMED = [
+    ("local:/x", "'local:' without '//'"),
+    ("file:relative", "'file:' without '//'"),
+    ("file:/abs", "'file:' without '//'"),
+    ("s3:b/x", "'s3:' without '//'"),
+    ("memory:/x", "'memory:' without '//'"),
+    ("a:b/c", "'a:' without '//'"),
+    ("local://tmp/x", "needs an absolute path"),
+    ("local:tmp/x", "'local:' without '//'"),
+    ("file:///tmp/x?mode=fast", "take no parameters"),
+    ("file:///tmp/x#frag", "fragment"),
+    ("s3://bucket/x#frag", "fragment"),
+    ("./x://y", "not right after a scheme"),
+]
+
+
+@pytest.mark.parametrize("url, words", MALFORMED)
+def test_malformed_urls_are_refused_and_create_nothing(url, words, tmp_path, monkeypatch):
+    """Hole 1: no scheme-like string without // silently becomes a directory under the cwd."""
+    monkeypatch.chdir(tmp_path)
+    for attempt in (lambda: parse_url(url), lambda: open_storage(url), lambda: parse_options(storage=url),
+                    lambda: ReferenceCheckpointer(url, 0, 1, metrics=False)):
+        with pytest.raises(StorageConfigError) as exc:
+            attempt()
+        msg = str(exc.value)
+        assert words in msg and url in msg and "accepted:" in msg and "\n" not in msg
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_path_with_a_colon_is_written_with_a_dot(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert parse_url("./a:b/c").location == str(tmp_path / "a:b" / "c")
+    assert parse_url("rel/dir").location == str(tmp_path / "rel" / "dir")
+    assert parse_url("file://localhost/tmp/x").location == "/tmp/x"
+
+
+def _cli(args: list[str], tmp_path) -> tuple[subprocess.CompletedProcess, object]:
+    """Run the CLI in an empty cwd with its own HOME and TMPDIR (golden cache, fork server)."""
+    cwd, home, tmp = (tmp_path / n for n in ("cwd", "home", "tmp"))
+    for d in (cwd, home, tmp):
+        d.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "CHAOS_CACHE_DIR")}
+    env |= {"OMP_NUM_THREADS": "1", "HOME": str(home), "TMPDIR": str(tmp)}
+    r = subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=300)
+    return r, cwd
+
+
+@pytest.mark.parametrize("args", [
+    ["certify", "--backend", "local:/x"],
+    ["certify", "--backend", "local://tmp/x"],
+    ["run", "--ckpt-opt", "storage=local:/x", "--fault", "kill:rank=1,step=5", "--steps", "6"],
+], ids=["certify-local:/", "certify-local://rel", "run-storage=local:/"])
+def test_cli_refuses_a_malformed_url_with_one_line_and_an_empty_cwd(args, tmp_path):
+    r, cwd = _cli(args, tmp_path)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert "accepted:" in r.stderr and "local:" in r.stderr
+    assert list(cwd.iterdir()) == [], "nothing may be created in the current directory"

@@ -15,6 +15,7 @@ vote, rank 0 alone calls :meth:`Storage.publish`; loaders call ``list_steps``,
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.parse
 from dataclasses import dataclass, field
@@ -48,27 +49,54 @@ class StorageURL:
     raw: str = ""
 
 
-def parse_url(url: str) -> StorageURL:
-    """Parse a storage URL; bad input raises :class:`StorageConfigError` naming the URL."""
-    if not isinstance(url, str) or not url.strip():
-        raise StorageConfigError(f"storage URL {url!r}: empty or not a string")
-    url = url.strip()
-    if "://" not in url:
-        import os
+ACCEPTED = ("accepted: a plain path (/abs/dir or ./rel/dir), file:///abs/dir, s3://bucket/prefix?endpoint_url=..., "
+            "or an fsspec URL <protocol>://... (local:///abs/dir, memory://name/dir)")
+# What looks like a URL scheme at the start of a string (RFC 3986: ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )).
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+# fsspec protocols whose paths are local file paths: a relative one would be resolved against the cwd.
+LOCAL_FSSPEC = ("local",)
 
+
+def _refuse(url: str, problem: str) -> StorageConfigError:
+    return StorageConfigError(f"storage URL {url!r}: {problem}; {ACCEPTED}")
+
+
+def parse_url(url: str) -> StorageURL:
+    """Parse a storage URL; bad input raises :class:`StorageConfigError` naming the URL.
+
+    Strict on purpose: every ``scheme:`` form without ``//`` (``local:/x``, ``file:rel``,
+    ``s3:b/x``, ``memory:/x``) is refused rather than read as a relative path, which is
+    how such a URL once became a directory under the current one. So is a string that
+    merely starts like one (``a:b/c``): write ``./a:b/c`` for a relative path with a colon.
+    ``file:`` URLs need an absolute path and take no query; no URL may carry a
+    ``#fragment`` (percent-encode ``#`` as ``%23``); ``local://`` needs an absolute path.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise StorageConfigError(f"storage URL {url!r}: empty or not a string; {ACCEPTED}")
+    url = url.strip()
+    scheme_like = _SCHEME.match(url)
+    if "://" not in url:
+        if scheme_like:
+            raise _refuse(url, f"'{scheme_like.group(1)}:' without '//' is not a storage URL (nor a plain path)")
         return StorageURL("file", os.path.abspath(url), raw=url)
+    if not scheme_like or not url.startswith(scheme_like.group(0) + "//"):
+        raise _refuse(url, "'://' is not right after a scheme")
     parts = urllib.parse.urlsplit(url)
     scheme = parts.scheme.lower()
+    if parts.fragment or url.endswith("#"):
+        raise _refuse(url, f"a '#' fragment ({parts.fragment!r}) is not part of any storage location (write '#' in paths as %23)")
     try:
         params = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
     except ValueError:
-        raise StorageConfigError(f"storage URL {url!r}: malformed query string {parts.query!r}") from None
+        raise _refuse(url, f"malformed query string {parts.query!r}") from None
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
-            raise StorageConfigError(f"storage URL {url!r}: file URLs need an absolute path (file:///path), got host {parts.netloc!r}")
+            raise _refuse(url, f"file URLs need an absolute path (file:///path), got host {parts.netloc!r}")
         if not parts.path.startswith("/"):
-            raise StorageConfigError(f"storage URL {url!r}: file URLs need an absolute path")
-        return StorageURL("file", urllib.parse.unquote(parts.path), params=params, raw=url)
+            raise _refuse(url, "file URLs need an absolute path (file:///path)")
+        if parts.query or url.endswith("?"):
+            raise _refuse(url, f"file URLs take no parameters, got ?{parts.query}")
+        return StorageURL("file", urllib.parse.unquote(parts.path), raw=url)
     if scheme == "s3":
         bucket = parts.netloc
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket or ""):
@@ -79,10 +107,13 @@ def parse_url(url: str) -> StorageURL:
         if unknown:
             raise StorageConfigError(f"storage URL {url!r}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return StorageURL("s3", bucket, prefix + "/" if prefix else "", params, raw=url)
-    if scheme in ("memory", "fsspec") or scheme.isidentifier():
+    if scheme in LOCAL_FSSPEC and (parts.netloc or not parts.path.startswith("/")):
+        raise _refuse(url, f"{scheme}:// needs an absolute path ({scheme}:///abs/dir); "
+                           f"{scheme}://{parts.netloc}{parts.path} would be resolved against the current directory")
+    if scheme.isidentifier():
         base = f"{parts.scheme}://{parts.netloc}{parts.path}"  # urlunsplit drops "//" for unknown schemes
         return StorageURL(scheme, base, params=params, raw=url)
-    raise StorageConfigError(f"storage URL {url!r}: unsupported scheme {scheme!r}")
+    raise _refuse(url, f"unsupported scheme {scheme!r}")
 
 
 @runtime_checkable
