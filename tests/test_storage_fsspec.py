@@ -6,6 +6,8 @@ In-process on ``memory://`` (one rank) and across real rank processes on ``local
 
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
 
 import pytest
@@ -15,7 +17,7 @@ from ckpt_dist import check_all_ok, run_ranks
 from chaos.checkpoint import ReferenceCheckpointer
 from chaos.ckptformat.errors import CommitError
 from chaos.statehash import fingerprint
-from chaos.storage import CommitConflict, open_storage
+from chaos.storage import CommitConflict, StorageConfigError, open_storage
 from chaos.storage.fsspec_store import FsspecStorage
 
 
@@ -47,7 +49,7 @@ def test_memory_roundtrip_fallback_and_stated_protocol(tmp_path, mem_url):
     assert step == 10 and fingerprint(got) == fingerprint(state(10))
     # Corrupt the newest shard in the store: detected, the older step loads.
     fs, data = store.fs, store
-    rec = fs.cat_file(data.commit_path(10))
+    rec = fs.cat_file(data.commit_key(10))
     import json
 
     shard = f"{store.base}/{json.loads(rec)['data']}/shard-r00000.safetensors"
@@ -93,7 +95,7 @@ def test_a_step_without_its_commit_object_was_never_committed(tmp_path, mem_url)
     assert ck.load_latest(state(0)) is None
     ck.save(5, state(5))
     ck.save(7, state(7))
-    ck.store.fs.rm_file(ck.store.commit_path(7))  # data, manifest and latest remain; the commit point does not
+    ck.store.fs.rm_file(ck.store.commit_key(7))  # data, manifest and latest remain; the commit point does not
     step, got = ck.load_latest(state(0))
     assert step == 5 and fingerprint(got) == fingerprint(state(5))
     ck.close()
@@ -111,3 +113,47 @@ def _save_load_local(rank: int, world: int, url: str) -> tuple:
 def test_two_rank_processes_on_local_fsspec(tmp_path):
     results = check_all_ok(run_ranks(_save_load_local, 2, f"local://{tmp_path}/ckpt"))
     assert results == [(6, True), (6, True)]
+
+
+def _temp_dir_here(tmp_path, monkeypatch):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # what a rank process has: its scenario's scratch
+    return tmp
+
+
+def test_no_temp_dir_outlives_a_store_that_is_never_closed(tmp_path, mem_url, monkeypatch):
+    """Hole 8: opening a backend creates nothing (no chaos-fsspec-* dir to leak on error or SIGKILL);
+    a shard download lives in a temp dir only while it is read."""
+    tmp = _temp_dir_here(tmp_path, monkeypatch)
+    ck = ReferenceCheckpointer(str(tmp_path / "local"), 0, 1, storage=mem_url, metrics=False)
+    ck.save(3, state(3))
+    ck.close()
+    reader = open_storage(mem_url)  # never closed, as after an error or a SIGKILL
+    m, _ = reader.read_manifest(3, 1 << 20)
+    for name, spec in m["shards"].items():
+        assert reader.read_shard(3, name, spec, m["hash"], True).path.startswith("memory://")
+    assert list(tmp.iterdir()) == []
+
+
+def test_a_failed_construction_removes_the_checkpointers_own_temp_dir(tmp_path, mem_url, monkeypatch):
+    """A URL root gets a private local dir (chaos-ckpt-*): removed on close() and when __init__ fails."""
+    tmp = _temp_dir_here(tmp_path, monkeypatch)
+    with pytest.raises(StorageConfigError, match="nothere.py"):
+        ReferenceCheckpointer(mem_url, 0, 1, metrics=False, storage_wrapper=f"{tmp_path}/nothere.py:W")
+    assert list(tmp.iterdir()) == []
+    ck = ReferenceCheckpointer(mem_url, 0, 1, metrics=False)
+    assert os.path.dirname(ck.root) == str(tmp)
+    ck.save(1, state(1))
+    assert ck.load_latest(state(0))[0] == 1
+    ck.close()
+    assert list(tmp.iterdir()) == []
+
+
+def test_every_reader_is_a_fresh_filesystem_instance_without_a_listing_cache(mem_url):
+    """Hole 5: fsspec's instance cache would hand a reader the writer's instance (and its listings)."""
+    a, b = open_storage(mem_url), open_storage(mem_url)
+    assert a.fs is not b.fs
+    assert not a.fs.dircache.use_listings_cache
+    with pytest.raises(StorageConfigError, match="use_listings_cache cannot be set"):
+        open_storage(mem_url + "?use_listings_cache=1")

@@ -131,3 +131,21 @@ def test_replication_s3_to_file(s3, tmp_path):
         assert step == 5 and fingerprint(got) == fingerprint(st)
     finally:
         r.close()
+
+
+def test_no_temp_dir_outlives_an_s3_store_that_is_never_closed(s3, tmp_path, monkeypatch):
+    """Hole 8: opening the backend creates nothing (no chaos-s3-* dir to leak); downloads are temporary."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    url = s3.url()
+    c = _ckpt(tmp_path, url)
+    c.save(1, make_state(1, 1 << 16))
+    c.close()
+    reader = open_storage(url)  # never closed
+    m, _ = reader.read_manifest(1, 1 << 20)
+    for name, spec in m["shards"].items():
+        assert reader.read_shard(1, name, spec, m["hash"], True).path.startswith("s3://")
+    assert list(tmp.iterdir()) == []

@@ -64,32 +64,40 @@ class ReferenceCheckpointer:
             raise CheckpointError(f"bad rank/world_size {rank!r}/{world_size!r}")
         # Storage: ``storage=URL`` option, else ``root`` itself (a path or URL). ``self.root``
         # stays a local directory (metrics.prom, download scratch): the backend's own for
-        # file URLs, ``root`` when a storage URL is given, else a private temp dir.
+        # file URLs, ``root`` when a storage URL is given, else a private temp dir. That one
+        # is made in the temp dir, which in rank processes is inside the scenario's scratch
+        # root (so a SIGKILLed rank's is removed with it), and removed by close() and by a
+        # construction that fails.
         from chaos.storage import open_storage, parse_url, wrap_storage
 
         url = self.options.storage or root
-        u = parse_url(url)
+        u = parse_url(url)  # a malformed URL fails here, before anything is created
         self._own_local = u.scheme != "file" and not self.options.storage
         local = u.location if u.scheme == "file" else (tempfile.mkdtemp(prefix="chaos-ckpt-") if self._own_local else root)
         self.root = os.path.abspath(local)
         self.rank = rank
         self.world_size = world_size
-        os.makedirs(self.root, exist_ok=True)
-        self.store = wrap_storage(open_storage(url, local_dir=self.root), self.options.storage_wrapper)
-        self._replica = open_storage(self.options.replicate_to, local_dir=self.root) if self.options.replicate_to and rank == 0 else None
-        self.comm = Comm(rank, world_size, self.options.timeout_s)
-        self.metrics = Metrics(
-            self.root, rank, self.options.latency_alert_factor, self.options.disk_alert_free_fraction, self.options.metrics
-        )
-        self.events = self.metrics.events
-        self.cadence = policy.Cadence()
-        self._staging = Staging()
-        self._background = BackgroundCommit()
-        self._janitor = BackgroundCommit()
-        self._replicator = BackgroundCommit()  # at most one replication in flight (back-pressure)
-        self._skip: frozenset[str] = frozenset()  # async: replicated tensors other ranks write
-        if rank == 0:
-            self.store.clean_stale()  # leftovers of crashed saves; no save of ours runs yet
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            self.store = wrap_storage(open_storage(url, local_dir=self.root), self.options.storage_wrapper)
+            self._replica = open_storage(self.options.replicate_to, local_dir=self.root) if self.options.replicate_to and rank == 0 else None
+            self.comm = Comm(rank, world_size, self.options.timeout_s)
+            self.metrics = Metrics(
+                self.root, rank, self.options.latency_alert_factor, self.options.disk_alert_free_fraction, self.options.metrics
+            )
+            self.events = self.metrics.events
+            self.cadence = policy.Cadence()
+            self._staging = Staging()
+            self._background = BackgroundCommit()
+            self._janitor = BackgroundCommit()
+            self._replicator = BackgroundCommit()  # at most one replication in flight (back-pressure)
+            self._skip: frozenset[str] = frozenset()  # async: replicated tensors other ranks write
+            if rank == 0:
+                self.store.clean_stale()  # leftovers of crashed saves; no save of ours runs yet
+        except BaseException:
+            if self._own_local:
+                shutil.rmtree(self.root, ignore_errors=True)
+            raise
         self._closed = False
 
     # -- save -------------------------------------------------------------------

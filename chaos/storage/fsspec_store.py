@@ -24,23 +24,23 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 import uuid
 from typing import Any
 
 from chaos.ckptformat import commit, manifest
-from chaos.ckptformat.errors import CorruptCheckpointError, ManifestError
-from chaos.ckptformat.shard import LoadedShard, read_shard
 from chaos.phases import phase
 from chaos.storage.base import (
-    STEP_PREFIX,
     CommitConflict,
     StorageConfigError,
     StorageError,
     StorageURL,
-    restore_latest,
 )
+from chaos.storage.objects import CommitObjectStore
+
+# Always a fresh filesystem instance without a listing cache: a checkpoint store that read
+# through fsspec's instance cache would see what this process wrote, not what the
+# backend holds, and a lagging backend could pass read-after-write (issue 12, hole 5).
+FRESH = {"skip_instance_cache": True, "use_listings_cache": False}
 
 COMMIT_NAME = re.compile(r"^step-(\d{1,19})\.json$")
 
@@ -86,7 +86,21 @@ class FsspecShardWriter:
         self.close()
 
 
-class FsspecStorage:
+def fsspec_class(u: StorageURL) -> Any:
+    """The fsspec filesystem class for ``u``'s protocol (registered in-process too), or a one-line error."""
+    try:
+        import fsspec
+    except ImportError:  # pragma: no cover - fsspec is a dependency
+        raise StorageConfigError(f"storage URL {u.raw!r}: needs the 'fsspec' package") from None
+    try:
+        return fsspec.get_filesystem_class(u.scheme)
+    except ValueError:
+        raise StorageConfigError(f"storage URL {u.raw!r}: fsspec knows no protocol {u.scheme!r}") from None
+    except ImportError as exc:
+        raise StorageConfigError(f"storage URL {u.raw!r}: protocol {u.scheme!r} needs a package that is missing: {exc}") from None
+
+
+class FsspecStorage(CommitObjectStore):
     """A directory on an fsspec filesystem; see the module docstring for the protocol."""
 
     kind = "fsspec"
@@ -99,47 +113,64 @@ class FsspecStorage:
     )
 
     def __init__(self, u: StorageURL, local_dir: str | None = None) -> None:
+        """Open (and create) the directory; ``local_dir``: parent of shard download temp dirs."""
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
+        cls = fsspec_class(u)
+        fixed = sorted(set(u.params) & set(FRESH))
+        if fixed:
+            raise StorageConfigError(f"storage URL {u.raw!r}: {', '.join(fixed)} cannot be set: a checkpoint store "
+                                     "always opens a fresh filesystem instance without a listing cache")
         try:
-            import fsspec
-        except ImportError:  # pragma: no cover - fsspec is a dependency
-            raise StorageConfigError(f"storage URL {u.raw!r}: needs the 'fsspec' package") from None
-        if u.scheme not in fsspec.available_protocols():
-            raise StorageConfigError(f"storage URL {u.raw!r}: fsspec knows no protocol {u.scheme!r}")
-        try:
-            self.fs, path = fsspec.core.url_to_fs(u.location, **u.params)
+            self.fs, path = fsspec.core.url_to_fs(u.location, **FRESH, **u.params)
         except (ImportError, ValueError, TypeError) as exc:
             raise StorageConfigError(f"storage URL {u.raw!r}: {type(exc).__name__}: {exc}") from None
+        if issubclass(cls, LocalFileSystem) and not u.location.split("://", 1)[1].startswith("/"):
+            # fsspec would resolve it against the cwd (parse_url refuses local:// forms already).
+            raise StorageConfigError(f"storage URL {u.raw!r}: a local filesystem URL needs an absolute path, "
+                                     f"not one resolved against the current directory ({path})")
+        super().__init__(local_dir)
         self.url = u.raw
         self.scheme = u.scheme
         self.base = path.rstrip("/")
-        self._own_local = local_dir is None
-        self.local_dir = local_dir or tempfile.mkdtemp(prefix="chaos-fsspec-")
-        self._published: tuple[int, str] | None = None
-        self._data: dict[int, str] = {}
+        self.latest_key = f"{self.base}/{commit.LATEST}"
         self._seen: set[int] = set()  # steps this instance listed or committed
         self.fs.makedirs(self.base, exist_ok=True)
 
     def url_of(self, path: str) -> str:
         return f"{self.scheme}://{path.lstrip('/')}" if self.scheme != "local" else f"local://{path}"
 
-    def _data_dir(self, tmp_name: str) -> str:
-        m = STEP_PREFIX.match(tmp_name)
-        if not m:
-            raise StorageError(f"{self.url}: temp name {tmp_name!r} is not .tmp-step-N-<nonce>")
-        return f"{self.base}/data/step-{int(m.group(1)):010d}-{m.group(2)}"
+    def _data_for_tmp(self, step: int, nonce: str) -> str:
+        return f"{self.base}/data/step-{step:010d}-{nonce}"
 
-    def commit_path(self, step: int) -> str:
+    def _data_location(self, relative: str) -> str:
+        return f"{self.base}/{relative}"
+
+    def commit_key(self, step: int) -> str:
         return f"{self.base}/commits/step-{step:010d}.json"
 
-    def _cat(self, path: str) -> bytes | None:
+    def _read(self, path: str) -> bytes | None:
         try:
             return self.fs.cat_file(path)
         except FileNotFoundError:
             return None
 
+    def _download(self, path: str, local: str) -> None:
+        self.fs.get_file(path, local)
+
+    def _delete_commit(self, step: int, key: str) -> None:
+        try:
+            self.fs.rm_file(key)
+        except FileNotFoundError:
+            pass
+
+    def _unpublish(self, published: Any) -> None:
+        self.fs.rm_file(published[1])
+
     # -- save ---------------------------------------------------------------------
     def create_shard(self, tmp_name: str, name: str) -> FsspecShardWriter:
-        d = self._data_dir(tmp_name)
+        d = self._tmp_data(tmp_name)
         self.fs.makedirs(d, exist_ok=True)
         return FsspecShardWriter(self, f"{d}/{name}")
 
@@ -147,11 +178,11 @@ class FsspecStorage:
         f.finish()
 
     def publish(self, tmp_name: str, step: int, manifest_bytes: bytes) -> None:
-        data = self._data_dir(tmp_name)
+        data = self._tmp_data(tmp_name)
         phase("write_manifest", step=step)
         self.fs.pipe_file(f"{data}/{manifest.MANIFEST_NAME}", manifest_bytes)
         phase("commit", step=step)
-        key = self.commit_path(step)
+        key = self.commit_key(step)
         record = {"format": "chaos-commit", "step": step, "data": os.path.relpath(data, self.base),
                   "manifest_size": len(manifest_bytes), "manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest()}
         if self.fs.exists(key) and step not in self._seen:
@@ -165,23 +196,12 @@ class FsspecStorage:
         phase("update_latest", step=step)
         self.set_latest(step)
 
-    def roll_back(self, step: int, tmp_name: str, previous: int | None) -> None:
-        """After a failed publish: drop our commit object, restore ``latest``, remove the data."""
-        try:
-            if self._published and self._published[0] == step:
-                self.fs.rm_file(self._published[1])
-                self._published = None
-                restore_latest(self, step, previous)
-            self._remove(self._data_dir(tmp_name))
-        except Exception:  # noqa: BLE001 - the failed save is reported by the caller; orphans go later
-            pass
-
-    def _remove(self, path: str) -> None:
+    def _remove_data(self, path: str) -> None:
         if self.fs.exists(path):
             self.fs.rm(path, recursive=True)
 
     def set_latest(self, step: int) -> None:
-        self._put_whole(f"{self.base}/{commit.LATEST}", (commit.step_dirname(step) + "\n").encode())
+        self._put_whole(self.latest_key, (commit.step_dirname(step) + "\n").encode())
 
     def _put_whole(self, path: str, data: bytes) -> None:
         """Make ``path`` appear with all of ``data`` or not at all: write a temp name, then move.
@@ -198,10 +218,9 @@ class FsspecStorage:
     def _referenced(self) -> set[str]:
         out = set()
         for step in self._commit_steps():
-            try:
-                out.add(json.loads(self._cat(self.commit_path(step)) or b"")["data"])
-            except (ValueError, KeyError, TypeError):
-                pass
+            data = self._data_named_by(self._read(self.commit_key(step)))
+            if data is not None:
+                out.add(os.path.relpath(data, self.base))
         return out
 
     def _data_dirs(self) -> list[tuple[str, str]]:
@@ -221,7 +240,7 @@ class FsspecStorage:
         referenced, removed = self._referenced(), []
         for path, rel in self._data_dirs():
             if rel not in referenced:
-                self._remove(path)
+                self._remove_data(path)
                 removed.append(rel)
         for d in (self.base, f"{self.base}/commits"):
             try:
@@ -230,7 +249,7 @@ class FsspecStorage:
                 continue
             for p in names:
                 if os.path.basename(p.rstrip("/")).startswith(".tmp-"):
-                    self._remove(p)
+                    self._remove_data(p)
                     removed.append(os.path.basename(p.rstrip("/")))
         return removed
 
@@ -246,75 +265,3 @@ class FsspecStorage:
         steps = sorted(self._commit_steps(), reverse=True)
         self._seen.update(steps)
         return steps
-
-    def read_latest(self) -> int | None:
-        data = self._cat(f"{self.base}/{commit.LATEST}")
-        if data is None:
-            return None
-        m = commit.STEP_DIR.match(data[:256].decode("utf-8", "replace").strip())
-        if len(data) > 256 or not m:
-            raise ManifestError(self.url_of(f"{self.base}/{commit.LATEST}"), f"latest pointer {data[:60]!r} does not name a step")
-        return int(m.group(1))
-
-    def read_manifest(self, step: int, max_bytes: int) -> tuple[dict[str, Any], str]:
-        key = self.commit_path(step)
-        got = self._cat(key)
-        if got is None:
-            raise ManifestError(self.url_of(key), "missing (the save never committed)")
-        rec = manifest.safe_json_loads(got, self.url_of(key))
-        if not isinstance(rec, dict) or rec.get("step") != step or not isinstance(rec.get("data"), str) or ".." in rec["data"].split("/"):
-            raise ManifestError(self.url_of(key), "commit object is malformed")
-        data = f"{self.base}/{rec['data']}"
-        path = f"{data}/{manifest.MANIFEST_NAME}"
-        label = self.url_of(path)
-        size = rec.get("manifest_size")
-        if isinstance(size, int) and size > max_bytes:
-            raise ManifestError(label, f"manifest of {size} bytes exceeds the {max_bytes}-byte limit")
-        body = self._cat(path)
-        if body is None:
-            raise CorruptCheckpointError(label, "manifest is missing")
-        if hashlib.sha256(body).hexdigest() != rec.get("manifest_sha256"):
-            raise CorruptCheckpointError(label, "manifest does not match the SHA-256 in its commit object")
-        self._data[step] = data
-        return manifest.validate(manifest.safe_json_loads(body, label), label, step), label
-
-    def read_shard(self, step: int, name: str, spec: Any, algorithm: str, verify: bool, targets: Any = None) -> LoadedShard:
-        """Copy to a private local file, then the same verified read as POSIX."""
-        if step not in self._data:
-            self.read_manifest(step, 1 << 62)
-        remote = f"{self._data[step]}/{name}"
-        tmp_dir = os.path.join(self.local_dir, f".tmp-dl-{uuid.uuid4().hex[:12]}")
-        os.makedirs(tmp_dir, exist_ok=True)
-        try:
-            local = os.path.join(tmp_dir, name)
-            try:
-                self.fs.get_file(remote, local)
-            except FileNotFoundError:
-                raise CorruptCheckpointError(self.url_of(remote), "shard is missing") from None
-            extra = (targets,) if targets is not None else ()
-            try:
-                loaded = read_shard(local, spec, algorithm, verify, step, *extra)
-            except CorruptCheckpointError as exc:
-                raise CorruptCheckpointError(self.url_of(remote), exc.problem) from None
-            loaded.path = self.url_of(remote)
-            return loaded
-        finally:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-
-    def hide_step(self, step: int) -> Any:
-        """Delete the commit object (invisible at once); return the data removal for later."""
-        key = self.commit_path(step)
-        got = self._cat(key)
-        data = None
-        try:
-            data = f"{self.base}/{json.loads(got or b'')['data']}"
-        except (ValueError, KeyError, TypeError):
-            pass
-        if got is not None:
-            self.fs.rm_file(key)
-        self._data.pop(step, None)
-        return lambda: self._remove(data) if data else None
-
-    def close(self) -> None:
-        if self._own_local:
-            shutil.rmtree(self.local_dir, ignore_errors=True)

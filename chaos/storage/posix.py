@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 from chaos.ckptformat import commit, manifest
 from chaos.ckptformat.shard import LoadedShard, read_shard
+from chaos.storage.base import restore_latest
 
 
 class PosixStorage:
@@ -46,6 +47,10 @@ class PosixStorage:
     def read_latest(self) -> int | None:
         return commit.read_latest(self.root)
 
+    def set_latest(self, step: int) -> None:
+        """Point ``latest`` at ``step`` (temp file, fsync, atomic replace)."""
+        commit.update_latest(self.root, step)
+
     def roll_back(self, step: int, tmp_name: str, previous: int | None) -> None:
         """After a failed publish: undo a rename that happened, restore ``latest``, drop temps."""
         root, tmp_dir = self.root, os.path.join(self.root, tmp_name)
@@ -53,12 +58,7 @@ class PosixStorage:
             renamed = not os.path.isdir(tmp_dir) and os.path.isdir(os.path.join(root, commit.step_dirname(step)))
             if renamed:
                 commit.unpublish(root, step)
-                try:
-                    current = commit.read_latest(root)
-                except Exception:  # noqa: BLE001 - a malformed pointer is simply replaced
-                    current = None
-                if current == step and previous is not None and previous != step:
-                    commit.update_latest(root, previous)
+                restore_latest(self, step, previous)
             commit.clean_stale(root)
         except OSError:
             pass

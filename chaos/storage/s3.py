@@ -34,23 +34,17 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
-import uuid
 from typing import Any
 
 from chaos.ckptformat import commit, manifest
-from chaos.ckptformat.errors import CorruptCheckpointError, ManifestError
-from chaos.ckptformat.shard import LoadedShard, read_shard
 from chaos.phases import phase
 from chaos.storage.base import (
-    STEP_PREFIX,
     CommitConflict,
     StorageConfigError,
     StorageError,
     StorageURL,
-    restore_latest,
 )
+from chaos.storage.objects import CommitObjectStore
 
 MIN_PART = 5 * 1024 * 1024
 COMMIT_KEY = re.compile(r"^commits/step-(\d{1,19})\.json$")
@@ -172,7 +166,7 @@ class S3ShardWriter:
             self.abort()
 
 
-class S3Storage:
+class S3Storage(CommitObjectStore):
     """``s3://bucket/prefix?endpoint_url=...``: see the module docstring for the protocol."""
 
     kind = "s3"
@@ -184,7 +178,12 @@ class S3Storage:
         "latest updated by compare-and-swap (If-Match ETag); orphaned data and multipart uploads removed by clean_stale"
     )
 
+    shard_missing = "shard object is missing"
+    manifest_missing = "manifest object is missing"
+
     def __init__(self, u: StorageURL, local_dir: str | None = None, client: Any = None) -> None:
+        """``local_dir``: parent of shard download temp dirs (None: tempfile.gettempdir())."""
+        super().__init__(local_dir)
         self.u = u
         self.url = u.raw
         self.bucket, self.prefix = u.location, u.prefix
@@ -195,10 +194,7 @@ class S3Storage:
         if self.part_size < MIN_PART:
             raise StorageConfigError(f"storage URL {u.raw!r}: part_size must be >= {MIN_PART} (S3's minimum part size)")
         self.client = client or make_client(u)
-        self._own_local = local_dir is None
-        self.local_dir = local_dir or tempfile.mkdtemp(prefix="chaos-s3-")
-        self._published: tuple[int, str, str] | None = None
-        self._data: dict[int, str] = {}
+        self.latest_key = self.prefix + commit.LATEST
         self._seen: dict[int, str] = {}  # step -> ETag of commit objects this instance listed
         if u.params.get("create_bucket", "").lower() in ("1", "true", "yes"):
             self.ensure_bucket()
@@ -227,6 +223,18 @@ class S3Storage:
                 return out
             token = r["NextContinuationToken"]
 
+    def _read(self, key: str) -> bytes | None:
+        got = self._get(key)
+        return None if got is None else got[0]
+
+    def _download(self, key: str, path: str) -> None:
+        try:
+            self.client.download_file(self.bucket, key, path)
+        except Exception as exc:  # noqa: BLE001
+            if _code(exc) in ("NoSuchKey", "404"):
+                raise FileNotFoundError(key) from None
+            raise
+
     def _get(self, key: str) -> tuple[bytes, str] | None:
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=key)
@@ -242,11 +250,11 @@ class S3Storage:
             if chunk:
                 self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
 
-    def _data_prefix(self, tmp_name: str) -> str:
-        m = STEP_PREFIX.match(tmp_name)
-        if not m:
-            raise StorageError(f"{self.url}: temp name {tmp_name!r} is not .tmp-step-N-<nonce>")
-        return f"{self.prefix}data/step-{int(m.group(1)):010d}-{m.group(2)}/"
+    def _data_for_tmp(self, step: int, nonce: str) -> str:
+        return f"{self.prefix}data/step-{step:010d}-{nonce}/"
+
+    def _data_location(self, relative: str) -> str:
+        return self.prefix + relative
 
     def _commits(self) -> dict[int, str]:
         """Committed steps -> commit key; remembers each ETag (see ``publish``)."""
@@ -260,7 +268,7 @@ class S3Storage:
 
     # -- save ---------------------------------------------------------------------
     def create_shard(self, tmp_name: str, name: str) -> S3ShardWriter:
-        return S3ShardWriter(self, self._data_prefix(tmp_name) + name)
+        return S3ShardWriter(self, self._tmp_data(tmp_name) + name)
 
     def durable(self, f: Any) -> None:
         f.finish()
@@ -270,7 +278,7 @@ class S3Storage:
 
     def publish(self, tmp_name: str, step: int, manifest_bytes: bytes) -> None:
         """Rank 0 after the vote: manifest, then the conditional commit object, then ``latest``."""
-        data = self._data_prefix(tmp_name)
+        data = self._tmp_data(tmp_name)
         phase("write_manifest", step=step)
         self.client.put_object(Bucket=self.bucket, Key=data + manifest.MANIFEST_NAME, Body=manifest_bytes,
                                ChecksumSHA256=_b64sha256(manifest_bytes))
@@ -299,7 +307,7 @@ class S3Storage:
 
     def set_latest(self, step: int, attempts: int = 5) -> None:
         """Compare-and-swap the ``latest`` pointer; a lost race is retried on the fresh ETag."""
-        key = self.prefix + commit.LATEST
+        key = self.latest_key
         body = (commit.step_dirname(step) + "\n").encode()
         for _ in range(attempts):
             cur = self._get(key)
@@ -312,31 +320,16 @@ class S3Storage:
                     raise
         raise StorageError(f"{self.url_of(key)}: latest pointer kept changing under us ({attempts} attempts)")
 
-    def read_latest(self) -> int | None:
-        key = self.prefix + commit.LATEST
-        got = self._get(key)
-        if got is None:
-            return None
-        data = got[0]
-        m = commit.STEP_DIR.match(data[:256].decode("utf-8", "replace").strip())
-        if len(data) > 256 or not m:
-            raise ManifestError(self.url_of(key), f"latest pointer {data[:60]!r} does not name a step")
-        return int(m.group(1))
-
-    def roll_back(self, step: int, tmp_name: str, previous: int | None) -> None:
-        """After a failed publish: delete our commit object (If-Match), restore latest, drop the data."""
+    def _unpublish(self, published: Any) -> None:
+        _, key, etag = published
         try:
-            if self._published and self._published[0] == step:
-                _, key, etag = self._published
-                try:
-                    self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=etag)
-                except Exception:  # noqa: BLE001 - not ours any more, or already gone
-                    pass
-                self._published = None
-                restore_latest(self, step, previous)
-            self._remove_data(self._data_prefix(tmp_name))
-        except Exception:  # noqa: BLE001 - the failed save is reported by the caller; orphans go later
+            self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=etag)
+        except Exception:  # noqa: BLE001 - not ours any more, or already gone
             pass
+
+    def _delete_commit(self, step: int, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+        self._seen.pop(step, None)
 
     def _remove_data(self, data: str) -> None:
         self._abort_uploads(data)
@@ -360,97 +353,31 @@ class S3Storage:
         at start-up and after a failed vote).
         """
         removed = self._abort_uploads(self.prefix + "data/")
-        referenced = set()
-        for key in self._commits().values():
-            got = self._get(key)
-            if got is not None:
-                try:
-                    referenced.add(self.prefix + json.loads(got[0])["data"])
-                except (ValueError, KeyError, TypeError):
-                    pass
+        for d, keys in self._unreferenced().items():
+            self._delete_keys(keys)
+            removed.append(d)
+        return removed
+
+    def _unreferenced(self) -> dict[str, list[str]]:
+        """Data prefixes no commit object names -> their keys."""
+        referenced = {self._data_named_by(self._read(key)) for key in self._commits().values()}
         doomed: dict[str, list[str]] = {}
         for o in self._list(self.prefix + "data/"):
             rest = o["Key"][len(self.prefix) + len("data/"):]
             d = self.prefix + "data/" + rest.split("/", 1)[0] + "/"
             if d not in referenced:
                 doomed.setdefault(d, []).append(o["Key"])
-        for d, keys in doomed.items():
-            self._delete_keys(keys)
-            removed.append(d)
-        return removed
+        return doomed
+
+    def unreferenced_data(self) -> list[str]:
+        """Data prefixes no commit names: orphans of crashed or failed saves."""
+        return sorted(self._unreferenced())
+
+    def uncompleted_uploads(self) -> list[str]:
+        """Keys of multipart uploads under the prefix that were never completed."""
+        r = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix)
+        return sorted(u["Key"] for u in r.get("Uploads", []) or [])
 
     # -- load ---------------------------------------------------------------------
     def list_steps(self) -> list[int]:
         return sorted(self._commits(), reverse=True)
-
-    def _commit_record(self, step: int) -> tuple[dict[str, Any], str]:
-        key = self.commit_key(step)
-        got = self._get(key)
-        if got is None:
-            raise ManifestError(self.url_of(key), "missing (the save never committed)")
-        rec = manifest.safe_json_loads(got[0], self.url_of(key))
-        if not isinstance(rec, dict) or rec.get("step") != step or not isinstance(rec.get("data"), str):
-            raise ManifestError(self.url_of(key), "commit object is malformed")
-        return rec, key
-
-    def read_manifest(self, step: int, max_bytes: int) -> tuple[dict[str, Any], str]:
-        rec, _ = self._commit_record(step)
-        data = self.prefix + rec["data"]
-        key = data + manifest.MANIFEST_NAME
-        label = self.url_of(key)
-        size = rec.get("manifest_size")
-        if isinstance(size, int) and size > max_bytes:
-            raise ManifestError(label, f"manifest of {size} bytes exceeds the {max_bytes}-byte limit")
-        got = self._get(key)
-        if got is None:
-            raise CorruptCheckpointError(label, "manifest object is missing")
-        body = got[0]
-        if hashlib.sha256(body).hexdigest() != rec.get("manifest_sha256"):
-            raise CorruptCheckpointError(label, "manifest does not match the SHA-256 in its commit object")
-        self._data[step] = data
-        return manifest.validate(manifest.safe_json_loads(body, label), label, step), label
-
-    def read_shard(self, step: int, name: str, spec: Any, algorithm: str, verify: bool, targets: Any = None) -> LoadedShard:
-        """Download to a private temp file in the local dir, then the same verified read as POSIX."""
-        if step not in self._data:
-            self.read_manifest(step, 1 << 62)
-        key = self._data[step] + name
-        tmp_dir = os.path.join(self.local_dir, f".tmp-dl-{uuid.uuid4().hex[:12]}")
-        os.makedirs(tmp_dir, exist_ok=True)
-        try:
-            path = os.path.join(tmp_dir, name)
-            try:
-                self.client.download_file(self.bucket, key, path)
-            except Exception as exc:  # noqa: BLE001
-                if _code(exc) in ("NoSuchKey", "404"):
-                    raise CorruptCheckpointError(self.url_of(key), "shard object is missing") from None
-                raise
-            extra = (targets,) if targets is not None else ()
-            loaded = read_shard(path, spec, algorithm, verify, step, *extra)
-            loaded.path = self.url_of(key)
-            return loaded
-        except CorruptCheckpointError as exc:
-            if exc.file == self.url_of(key):
-                raise
-            raise CorruptCheckpointError(self.url_of(key), exc.problem) from None
-        finally:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-
-    def hide_step(self, step: int) -> Any:
-        """Delete the commit objects (invisible at once); return the data removal for later."""
-        key = self.commit_key(step)
-        datas = []
-        got = self._get(key)
-        if got is not None:
-            try:
-                datas.append(self.prefix + json.loads(got[0])["data"])
-            except (ValueError, KeyError, TypeError):
-                pass
-        self.client.delete_object(Bucket=self.bucket, Key=key)
-        self._seen.pop(step, None)
-        self._data.pop(step, None)
-        return lambda: [self._remove_data(d) for d in datas]
-
-    def close(self) -> None:
-        if self._own_local:
-            shutil.rmtree(self.local_dir, ignore_errors=True)
