@@ -8,8 +8,10 @@ storage does; the matching property must fail for it and pass for the unbroken b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,37 @@ def test_lagging_list_is_not_certified(file_backend):
     assert not report["certified"] and report["failing"] == ["read_after_write"]
     assert "list-after-write" in next(p["summary"] for p in report["properties"])
     assert _status(_run(file_backend, None, "read_after_write"), "read_after_write") == "pass"
+
+
+def test_lagging_list_is_not_certified_on_fsspec_either(tmp_path):
+    """The same wrapper through an fsspec URL: judged by its listing, not by a missing POSIX helper."""
+    d = tmp_path / "backend"
+    d.mkdir()
+    report = _run(f"local://{d}", f"{BROKEN}:LaggingList", "read_after_write")
+    assert report["backend_kind"] == "fsspec"
+    assert not report["certified"] and report["failing"] == ["read_after_write"]
+    assert "list-after-write" in report["properties"][0]["summary"]
+
+
+@pytest.fixture()
+def lagmem():
+    from backends import lagfs
+
+    lagfs.register()
+    yield f"{lagfs.PROTOCOL}://certify-{uuid.uuid4().hex[:8]}/ckpt"
+    lagfs.clear()
+
+
+def test_a_listing_that_lags_for_other_clients_is_not_certified_through_fsspec(lagmem):
+    """Hole 5: the reader must be a fresh fsspec instance (no instance or listing cache).
+
+    ``lagmem://`` lists a file at once only to the client (instance) that wrote it; with
+    fsspec's instance cache the "fresh" reader was the writer's own instance and passed.
+    """
+    report = _run(lagmem, None, "read_after_write")
+    assert report["backend_kind"] == "fsspec"
+    assert not report["certified"] and report["failing"] == ["read_after_write"]
+    assert "list-after-write" in report["properties"][0]["summary"]
 
 
 def test_ack_before_stored_is_not_certified():
@@ -133,3 +166,46 @@ def test_fsspec_backend_commit_point_survives_every_crash_and_races_are_never_pa
     p = next(p for p in race["properties"] if p["name"] == "concurrent_writers")
     assert p["status"] == "n/a" and "check-then-put" in p["summary"] and "never a mixture" in p["summary"]
     assert not any(d.iterdir()), "certify left files behind on the backend"
+
+
+def _clean_env(home: Path, tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "CHAOS_CACHE_DIR", "TMP", "TEMP")}
+    return env | {"HOME": str(home), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+
+
+def _git_status() -> str:
+    repo = Path(__file__).resolve().parent.parent
+    return subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_certify_writes_nothing_outside_its_scratch_root(tmp_path):
+    """Hole 8: the whole certification of local:// (battery, kill campaign with its golden
+    run, throughput) leaves nothing in HOME (no ~/.cache golden runs), in TMPDIR (no
+    chaos-fsspec-* / chaos-ckpt-* dirs), in the cwd, on the backend or in the repo (about 25 s)."""
+    home, tmp, cwd, backend = (tmp_path / n for n in ("home", "tmp", "cwd", "backend"))
+    for d in (home, tmp, cwd):
+        d.mkdir()
+    git_before = _git_status()
+    out = tmp_path / "cert.json"
+    r = subprocess.run([sys.executable, "-m", "chaos.cli", "certify", "--backend", f"local://{backend}",
+                        "--throughput-mib", "4", "--json", str(out)],
+                       cwd=cwd, env=_clean_env(home, tmp), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert json.loads(out.read_text())["certified"] and "CERTIFIED in" in r.stdout
+    left = {d.name: sorted(str(p.relative_to(d)) for p in d.rglob("*")) for d in (home, tmp, cwd, backend)}
+    assert left == {"home": [], "tmp": [], "cwd": [], "backend": []}
+    assert _git_status() == git_before
+
+
+def test_quick_is_a_partial_run_never_certified(tmp_path):
+    """Hole 5: --quick skips the bit-flip and power-loss scenarios, so even with every
+    property and the one scenario passing it exits 1 with the reason (about 30 s)."""
+    (tmp_path / "backend").mkdir()
+    r = subprocess.run([sys.executable, "-m", "chaos.cli", "certify", "--backend", f"file://{tmp_path / 'backend'}",
+                        "--quick", "--throughput-mib", "0", "--json", str(tmp_path / "c.json")],
+                       capture_output=True, text=True, timeout=300, env=_clean_env(tmp_path, tmp_path))
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not report["certified"] and not report["failing"], report["failing"]
+    assert "--quick" in report["partial"] and "NOT CERTIFIED (partial run (--quick" in r.stdout
+    assert [s["faults"] for s in report["campaign"]] == [["kill:rank=1,phase=write_shards,step=15"]]

@@ -10,17 +10,28 @@ Three parts, each with a verdict and its evidence:
    runner (:func:`chaos.runner.run_scenario`);
 3. measured save and load throughput on the backend.
 
-The backend is *certified* only when no property fails (``n/a`` needs a reason) and
-every campaign scenario passes. The report is JSON (and HTML via ``reports.html``).
+The backend is *certified* only when no property fails (``n/a`` needs a reason), every
+campaign scenario passes and the run was whole: ``--only``, ``--no-campaign`` and
+``--quick`` (which skips the bit-flip and power-loss scenarios) are partial runs, never
+certified (exit 1, with the reason). The report is JSON (and HTML via ``reports.html``).
+
+Where it writes: only under the backend's own ``certify-<id>`` location and one private
+scratch directory (``--scratch`` or the system temp dir), both removed at the end. The
+golden runs the campaign compares against are cached inside that scratch directory too
+(so nothing lands in ``~/.cache``) unless a cache directory is given explicitly, and
+while certify runs, :mod:`tempfile` hands out temp dirs inside the scratch directory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -39,8 +50,11 @@ def campaign_scenarios(target: Any, quick: bool = False) -> list[tuple[str, list
 
 
 def run_campaign(target: Any, scratch: str, seed: int = 0, quick: bool = False, steps: int = 20,
-                 progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Each scenario through the normal runner, with the checkpoint root on the backend."""
+                 progress: Callable[[str], None] | None = None, cache_dir: str | None = None) -> list[dict[str, Any]]:
+    """Each scenario through the normal runner, with the checkpoint root on the backend.
+
+    Golden runs are cached in ``cache_dir``, by default inside ``scratch`` (removed with it).
+    """
     from chaos.runner import RunOptions, run_scenario
     from chaos.scenario import Scenario, parse_fault
     from chaos.workload.config import WorkloadConfig
@@ -56,10 +70,10 @@ def run_campaign(target: Any, scratch: str, seed: int = 0, quick: bool = False, 
             # The scenario's whole scratch root (and so its checkpoint root) lives on the
             # file system under test: at-rest corruption and power loss act on it directly.
             base = target.url(f"campaign-{i}")[len("file://"):]
-            run_opts = RunOptions(scratch_base=base)
         else:
             opts["storage"] = target.url(f"campaign-{i}")
-            run_opts = RunOptions(scratch_base=tempfile.mkdtemp(prefix="campaign-", dir=scratch))
+            base = tempfile.mkdtemp(prefix="campaign-", dir=scratch)
+        run_opts = RunOptions(scratch_base=base, cache_dir=Path(cache_dir or os.path.join(scratch, "golden")))
         sc = Scenario("reference", world_size=2, workload=WorkloadConfig(steps=steps, save_every=5, seed=seed),
                       faults=[parse_fault(f) for f in faults], ckpt_options=opts, backend=target.kind)
         t = time.perf_counter()
@@ -99,13 +113,20 @@ def measure_throughput(target: Any, scratch: str, mib: int = 64, repeats: int = 
             "note": "best of the repeats; load includes checksum verification"}
 
 
+PARTIAL_FLAGS = (("only", "--only"), ("no_campaign", "--no-campaign"), ("quick", "--quick: no bit-flip or power-loss scenarios"))
+
+
 def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool = True, quick: bool = False,
             throughput_mib: int = 64, only: list[str] | None = None, scratch_base: str | None = None,
-            progress: Callable[[str], None] | None = None, dcp: bool = False) -> dict[str, Any]:
+            progress: Callable[[str], None] | None = None, dcp: bool = False,
+            cache_dir: str | None = None) -> dict[str, Any]:
     """Run the whole certification; returns the report dict (see module docstring).
 
     Everything is written under the backend's own ``certify-<id>`` location and a private
-    scratch dir, both removed at the end; an embedded S3 server is stopped even on error.
+    scratch dir (under ``scratch_base``, else the system temp dir), both removed at the
+    end; golden runs are cached in that scratch dir unless ``cache_dir`` is given; an
+    embedded S3 server is stopped even on error. A partial run (``only``, no campaign,
+    ``quick``) is never certified.
     """
     import torch
 
@@ -115,37 +136,37 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
     torch.set_num_threads(1)  # the battery forks; keep OpenMP out of the parent
     started = time.time()
     target = resolve(spec, wrapper)  # bad input fails here, before anything is created
-    scratch = tempfile.mkdtemp(prefix="chaos-certify-", dir=scratch_base)
     note = progress or (lambda msg: None)
+    cleanup_error = None
     try:
-        from chaos.storage import open_storage, wrap_storage
+        with _scratch_dir(scratch_base) as scratch:
+            try:
+                from chaos.storage import open_storage, wrap_storage
 
-        probe = wrap_storage(open_storage(target.url("probe"), local_dir=scratch), wrapper)
-        protocol = probe.commit_protocol
-        probe.close()
-        props = run_battery(target, scratch, seed, only, progress=lambda n: note(f"property: {n}"))
-        scenarios = run_campaign(target, scratch, seed, quick, progress=note) if campaign else []
-        note("throughput")
-        throughput = measure_throughput(target, scratch, throughput_mib) if throughput_mib else None
-        dcp_report = None
-        if dcp:
-            note("DCP FsspecWriter")
-            from chaos.certify.dcp_fsspec import certify_dcp
+                probe = wrap_storage(open_storage(target.url("probe"), local_dir=scratch), wrapper)
+                protocol = probe.commit_protocol
+                probe.close()
+                props = run_battery(target, scratch, seed, only, progress=lambda n: note(f"property: {n}"))
+                scenarios = run_campaign(target, scratch, seed, quick, progress=note, cache_dir=cache_dir) if campaign else []
+                note("throughput")
+                throughput = measure_throughput(target, scratch, throughput_mib) if throughput_mib else None
+                dcp_report = None
+                if dcp:
+                    note("DCP FsspecWriter")
+                    from chaos.certify.dcp_fsspec import certify_dcp
 
-            dcp_report = certify_dcp(target, scratch)
+                    dcp_report = certify_dcp(target, scratch)
+            finally:
+                cleanup_error = _remove_run(target)
     finally:
-        if target.kind == "posix":
-            shutil.rmtree(target.url("x")[len("file://"):].rsplit("/", 1)[0], ignore_errors=True)
-        elif target.kind == "fsspec":
-            _remove_fsspec_run(target)
-        else:
-            _remove_s3_run(target)
         if target.local_s3 is not None:
             target.local_s3.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
     failing = [p.name for p in props if p.status == "fail"]
     failing += [f"campaign: {s['name']}" for s in scenarios if s["verdict"] not in ("pass",)]
-    partial = not campaign or bool(only)
+    if cleanup_error:
+        failing.append("cleanup")
+    given = {"only": bool(only), "no_campaign": not campaign, "quick": bool(quick and campaign)}
+    partial = [flag for key, flag in PARTIAL_FLAGS if given[key]]
     certified = not failing and not partial
     return {
         "schema_version": SCHEMA_VERSION,
@@ -157,7 +178,8 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
         "checkpointer": "reference",
         "certified": certified,
         "failing": failing,
-        "partial": "partial run (--only or --no-campaign): never certified" if partial else None,
+        "partial": f"partial run ({'; '.join(partial)}): never certified" if partial else None,
+        "cleanup_error": cleanup_error,
         "properties": [p.to_dict() for p in props],
         "campaign": scenarios,
         "campaign_run": campaign,
@@ -169,32 +191,40 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
     }
 
 
-def _remove_fsspec_run(target: Any) -> None:
-    """Delete this run's directory on the fsspec filesystem (best effort)."""
-    from chaos.storage import open_storage
+@contextlib.contextmanager
+def _scratch_dir(parent: str | None) -> Iterator[str]:
+    """certify's one private scratch directory, and this process's temp dir while it runs.
 
+    Local checkpointer roots, campaign scratch roots and the golden cache are put there
+    explicitly; ``TMPDIR`` and :data:`tempfile.tempdir` point at ``<scratch>/tmp`` so
+    whatever else asks for a temp dir meanwhile — the fork server this starts (torch's
+    ``torchinductor_<user>`` dir at its import), libraries — lands inside too. The
+    ``pymp-*`` dir of :mod:`multiprocessing` is made first, where it was, because it
+    lives until this process exits (multiprocessing removes it then).
+    """
+    import multiprocessing.util
+
+    multiprocessing.util.get_temp_dir()
+    scratch = tempfile.mkdtemp(prefix="chaos-certify-", dir=parent)
+    saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    tmp = os.path.join(scratch, "tmp")
     try:
-        st = open_storage(target.url(""))
-        run_dir = st.base.rstrip("/")
-        if st.fs.exists(run_dir):
-            st.fs.rm(run_dir, recursive=True)
-        st.close()
-    except Exception:  # noqa: BLE001 - best effort
-        return
-
-
-def _remove_s3_run(target: Any) -> None:
-    """Delete every object and abort every upload under this run's prefix (a real endpoint keeps nothing)."""
-    from chaos.storage import open_storage
-
-    try:
-        st = open_storage(target.url(""))
-    except Exception:  # noqa: BLE001 - best effort
-        return
-    try:
-        st._abort_uploads(st.prefix)
-        st._delete_keys([o["Key"] for o in st._list(st.prefix)])
-    except Exception:  # noqa: BLE001 - best effort; the embedded server is discarded anyway
-        pass
+        os.mkdir(tmp)
+        os.environ["TMPDIR"] = tempfile.tempdir = tmp
+        yield scratch
     finally:
-        st.close()
+        tempfile.tempdir = saved_dir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _remove_run(target: Any) -> str | None:
+    """Delete this run's location on the backend; the error, when that failed (never silent)."""
+    try:
+        target.remove_run()
+    except Exception as exc:  # noqa: BLE001 - reported in the report and the verdict, never swallowed
+        return f"could not remove {target.url('')}: {type(exc).__name__}: {str(exc)[:300]}"
+    return None

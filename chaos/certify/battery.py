@@ -4,8 +4,10 @@ Why these properties: a checkpoint is only as safe as the weakest storage guaran
 commit protocol leans on. Each check drives the *real* reference checkpointer (one
 rank, ``storage=`` the backend under test, optionally wrapped) or the backend's own
 operations, against real files or a real S3 endpoint, and returns ``pass``, ``fail`` or
-``n/a`` with the reason — never a guess. Readers are always fresh instances (new
-client, no cache), so a backend cannot pass by remembering what it wrote.
+``n/a`` with the reason — never a guess. Readers are always fresh instances (a new
+checkpointer, a new boto3 client, a new fsspec filesystem instance with no listing
+cache: see ``chaos.storage.fsspec_store.FRESH``), so a backend cannot pass by this
+process remembering what it wrote.
 """
 
 from __future__ import annotations
@@ -184,12 +186,7 @@ def _reset_to_one(b: Bench, sub: str) -> None:
     try:
         if 2 in c.store.list_steps():
             c.store.hide_step(2)()
-        if c.store.kind == "posix":
-            from chaos.ckptformat import commit
-
-            commit.update_latest(c.store.root, 1)
-        elif hasattr(c.store, "set_latest"):
-            c.store.set_latest(1)
+        c.store.set_latest(1)  # every backend has one
     finally:
         c.close()
 
@@ -273,12 +270,12 @@ def partial_invisible(b: Bench) -> Verdict:
     try:
         if b.target.kind == "s3":
             st = r.store
-            ups = st.client.list_multipart_uploads(Bucket=st.bucket, Prefix=st.prefix).get("Uploads", []) or []
-            evidence["uncompleted_uploads"] = [u["Key"] for u in ups]
-            for u in ups:
+            ups = st.uncompleted_uploads()
+            evidence["uncompleted_uploads"] = ups
+            for key in ups:
                 try:
-                    st.client.head_object(Bucket=st.bucket, Key=u["Key"])
-                    bad.append(f"the uncompleted multipart object {u['Key']} is readable")
+                    st.client.head_object(Bucket=st.bucket, Key=key)
+                    bad.append(f"the uncompleted multipart object {key} is readable")
                 except Exception:  # noqa: BLE001 - 404 is the expected answer
                     pass
         got = r.load_latest(make_state(0, b.small, b.seed))

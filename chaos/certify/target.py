@@ -8,7 +8,7 @@ proxy, and a way to list leftovers — independent of the checkpointer under tes
 from __future__ import annotations
 
 import os
-import tempfile
+import shutil
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
@@ -49,31 +49,45 @@ class Target:
             raise StorageConfigError(f"backend {self.spec!r}: the fault proxy needs an explicit endpoint_url host:port")
         return ep.hostname, ep.port
 
+    def _object_store(self, sub: str) -> Any:
+        """The typed backend for ``sub`` (S3Storage or FsspecStorage), so its helpers always exist."""
+        if self.kind == "s3":
+            from chaos.storage.s3 import S3Storage
+
+            return S3Storage(parse_url(self.url(sub)))
+        from chaos.storage.fsspec_store import FsspecStorage
+
+        return FsspecStorage(parse_url(self.url(sub)))
+
     def leftovers(self, sub: str) -> dict[str, list[str]]:
         """Temp dirs / uncommitted data / uncompleted uploads under ``sub`` (for orphan_cleanup)."""
-        from chaos.storage import open_storage
-
         if self.kind == "posix":
             root = parse_url(self.url(sub)).location
             names = os.listdir(root) if os.path.isdir(root) else []
             return {"temp_entries": sorted(n for n in names if n.startswith((".tmp-", ".old-", ".del-")))}
-        st = open_storage(self.url(sub), local_dir=tempfile.gettempdir())
-        if self.kind == "fsspec":
-            try:
-                return {"unreferenced_data": st.unreferenced_data()}
-            finally:
-                st.close()
+        st = self._object_store(sub)
         try:
-            ups = st.client.list_multipart_uploads(Bucket=st.bucket, Prefix=st.prefix).get("Uploads", []) or []
-            referenced = set()
-            import json
+            out = {"unreferenced_data": st.unreferenced_data()}
+            if self.kind == "s3":
+                out["uncompleted_uploads"] = st.uncompleted_uploads()
+            return out
+        finally:
+            st.close()
 
-            for key in st._commits().values():
-                got = st._get(key)
-                if got:
-                    referenced.add(st.prefix + json.loads(got[0])["data"])
-            data = {o["Key"].rsplit("/", 1)[0] + "/" for o in st._list(st.prefix + "data/")}
-            return {"uncompleted_uploads": sorted(u["Key"] for u in ups), "unreferenced_data": sorted(data - referenced)}
+    def remove_run(self) -> None:
+        """Delete everything this certification run wrote on the backend (raises on failure)."""
+        if self.kind == "posix":
+            run_dir = os.path.join(self.base, f"certify-{self.run_id}")
+            if os.path.isdir(run_dir):
+                shutil.rmtree(run_dir)
+            return
+        st = self._object_store("")
+        try:
+            if self.kind == "s3":
+                st._abort_uploads(st.prefix)
+                st._delete_keys([o["Key"] for o in st._list(st.prefix)])
+            elif st.fs.exists(st.base):
+                st.fs.rm(st.base, recursive=True)
         finally:
             st.close()
 
@@ -95,9 +109,11 @@ def resolve(spec: str, wrapper: str | None = None, scratch: str | None = None) -
         params = dict(u.params)
         params.setdefault("part_size", str(5 << 20))
         return Target(spec, "s3", f"s3://{u.location}/{u.prefix}".rstrip("/"), params, wrapper)
-    import fsspec
+    from chaos.storage.fsspec_store import fsspec_class
 
-    if u.scheme in fsspec.available_protocols():
-        return Target(spec, "fsspec", u.location, dict(u.params), wrapper)
-    raise StorageConfigError(f"backend {spec!r}: certify supports file://, plain paths, s3://, s3-local "
-                             "and URLs of filesystems fsspec knows")
+    try:
+        fsspec_class(u)
+    except StorageConfigError as exc:
+        raise StorageConfigError(f"{exc}; certify supports file://, plain paths, s3://, s3-local "
+                                 "and URLs of filesystems fsspec knows") from None
+    return Target(spec, "fsspec", u.location, dict(u.params), wrapper)

@@ -3,7 +3,9 @@
 Runs the conformance battery, a chaos campaign with the reference checkpointer on the
 backend and a throughput measurement, prints a verdict per property and writes the
 report as JSON (``--json``) and HTML (``--html``). Exit 0 only when certified, 1 when
-not, 2 on bad input::
+not — including every partial run (``--only``, ``--no-campaign``, ``--quick``), which is
+never certified, so a CI gate cannot pass on one — and 2 on bad input (one line, nothing
+created)::
 
     chaos certify --backend s3-local --json cert.json --html cert.html
     chaos certify --backend file:///mnt/lustre/ckpt-test
@@ -24,17 +26,20 @@ HELP = "certify a storage backend (file://, s3://, s3-local): conformance batter
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", required=True, help="file:///dir, a directory, s3://bucket/prefix?endpoint_url=..., or s3-local")
+    parser.add_argument("--backend", required=True,
+                        help="file:///dir, a directory, s3://bucket/prefix?endpoint_url=..., s3-local, or an fsspec URL (local:///dir)")
     parser.add_argument("--wrapper", default=None, help="module:Class or file.py:Class wrapping the backend (certify a variant)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
     parser.add_argument("--html", default=None, metavar="PATH", help="write the report as a self-contained HTML page")
     parser.add_argument("--only", default=None, help="comma-separated properties (a partial run is never certified)")
     parser.add_argument("--no-campaign", action="store_true", help="skip the chaos campaign (never certified)")
-    parser.add_argument("--quick", action="store_true", help="campaign: only the kill mid-save scenario")
+    parser.add_argument("--quick", action="store_true", help="campaign: only the kill mid-save scenario (partial: never certified)")
     parser.add_argument("--throughput-mib", type=int, default=64, help="state size for the throughput measurement (0: skip)")
     parser.add_argument("--dcp", action="store_true", help="also certify PyTorch DCP's FsspecWriter on the backend (s3 only)")
-    parser.add_argument("--scratch", default=None, help="parent directory for local scratch")
+    parser.add_argument("--scratch", default=None, help="parent directory for local scratch (default: the system temp dir)")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help="keep the campaign's golden runs here (default: inside the scratch dir, removed at the end)")
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -54,8 +59,12 @@ def _print(report: dict[str, Any]) -> None:
                 highlight=False, markup=False)
     for d in report.get("dcp") or []:
         c.print(f"  DCP FsspecWriter {d['name']:<22} {d['status'].upper():<5} {d['summary'][:150]}", highlight=False, markup=False)
+    if report.get("cleanup_error"):
+        c.print(f"  cleanup FAIL {report['cleanup_error']}", highlight=False, markup=False)
     verdict = "CERTIFIED" if report["certified"] else "NOT CERTIFIED"
-    why = f" (failing: {', '.join(report['failing'])})" if report["failing"] else (f" ({report['partial']})" if report.get("partial") else "")
+    reasons = ([f"failing: {', '.join(report['failing'])}"] if report["failing"] else []) + (
+        [report["partial"]] if report.get("partial") else [])
+    why = f" ({'; '.join(reasons)})" if reasons else ""
     c.print(f"{verdict}{why} in {report['seconds']}s", highlight=False, markup=False)
 
 
@@ -74,12 +83,15 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.json, args.html):
         if path and not Path(path).resolve().parent.is_dir():
             raise ConfigError(f"output {path}: its directory does not exist")
+    for flag, path in (("--scratch", args.scratch), ("--cache-dir", args.cache_dir)):
+        if path and not Path(path).is_dir():
+            raise ConfigError(f"{flag} {path}: not an existing directory")
     if args.throughput_mib < 0:
         raise ConfigError(f"--throughput-mib must be >= 0, got {args.throughput_mib}")
     try:
         report = certify(args.backend, args.wrapper, args.seed, campaign=not args.no_campaign, quick=args.quick,
                          throughput_mib=args.throughput_mib, only=only, scratch_base=args.scratch,
-                         progress=lambda msg: print(f".. {msg}", flush=True), dcp=args.dcp)
+                         progress=lambda msg: print(f".. {msg}", flush=True), dcp=args.dcp, cache_dir=args.cache_dir)
     except StorageConfigError as exc:
         raise ConfigError(str(exc)) from None
     _print(report)

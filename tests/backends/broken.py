@@ -6,8 +6,9 @@ exactly one guarantee the way real systems do:
 - :class:`CopyThenDeleteRename` (POSIX): "rename" of the temp directory done as copy
   then delete (object-store-backed and some FUSE file systems): a crash mid-copy leaves a
   listed, incomplete checkpoint. Expected: ``commit_atomicity`` fails.
-- :class:`LaggingList` (POSIX): listings trail writes by seconds (eventually consistent
-  listing). Expected: ``read_after_write`` fails (list-after-write).
+- :class:`LaggingList` (any backend): listings trail writes by seconds (eventually
+  consistent listing). Expected: ``read_after_write`` fails (list-after-write).
+  ``lagfs.py`` has the fsspec filesystem whose listing lags only for other clients.
 - :class:`AckBeforeStored` (S3): the shard upload is acknowledged before the data is
   stored (write-back cache). Expected: ``read_after_write`` fails.
 - :class:`IgnoresIfNoneMatch` (S3): the store ignores ``If-None-Match``/``If-Match``
@@ -53,7 +54,18 @@ class LaggingList(_Wrapper):
 
     def list_steps(self) -> list[int]:
         now = time.time()
-        return [s for s in self.inner.list_steps() if now - os.stat(self.inner.step_location(s)).st_mtime > self.LAG_S]
+        return [s for s in self.inner.list_steps() if now - self._committed_at(s) > self.LAG_S]
+
+    def _committed_at(self, step: int) -> float:
+        """When the step's commit point was written, on any of the three backend kinds."""
+        inner = self.inner
+        if inner.kind == "posix":
+            return os.stat(inner.step_location(step)).st_mtime
+        if inner.kind == "fsspec":
+            info = inner.fs.info(inner.commit_key(step))
+            return float(info.get("mtime") or info["created"])
+        head = inner.client.head_object(Bucket=inner.bucket, Key=inner.commit_key(step))
+        return head["LastModified"].timestamp()
 
 
 class AckBeforeStored(_Wrapper):
