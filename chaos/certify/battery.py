@@ -82,6 +82,14 @@ class Bench:
     def reader(self, sub: str) -> Any:
         return self.ckpt(sub)
 
+    def save_once(self, sub: str, step: int, state: Any) -> None:
+        """Save ``state`` at ``step`` with a checkpointer of its own, closed after (the set-up of most checks)."""
+        w = self.ckpt(sub)
+        try:
+            w.save(step, state)
+        finally:
+            w.close()
+
 
 def _guard(name: str, fn: Callable[[], Verdict]) -> Verdict:
     t = time.perf_counter()
@@ -132,11 +140,7 @@ def checksums_round_trip(b: Bench) -> Verdict:
     """Every byte written comes back: per-tensor SHA-256 equal after a verified load of a multipart-size shard."""
     sub = "checksum"
     st = make_state(7, b.large, b.seed)
-    w = b.ckpt(sub)
-    try:
-        w.save(7, st)
-    finally:
-        w.close()
+    b.save_once(sub, 7, st)
     r = b.reader(sub)
     try:
         got = r.load_latest(make_state(0, b.large, b.seed))
@@ -196,11 +200,7 @@ def commit_atomicity(b: Bench, max_points: int = 40) -> Verdict:
     sub = "atomic"
     size = 6 << 20 if b.target.kind == "s3" else b.large  # two parts on S3: multipart points, fewer slow uploads
     base = make_state(1, size, b.seed)
-    w = b.ckpt(sub)
-    try:
-        w.save(1, base)
-    finally:
-        w.close()
+    b.save_once(sub, 1, base)
     nxt = make_state(2, size, b.seed)
 
     def save_two() -> None:
@@ -239,11 +239,7 @@ def _one_committed_then_count_shard_writes(b: Bench, sub: str) -> tuple[Any, Cal
     backend is back to "only step 1 committed and latest".
     """
     base = make_state(1, b.small, b.seed)
-    w = b.ckpt(sub)
-    try:
-        w.save(1, base)
-    finally:
-        w.close()
+    b.save_once(sub, 1, base)
     big = make_state(2, b.large, b.seed)
 
     def save_two() -> None:
@@ -360,11 +356,7 @@ def dropped_connection(b: Bench, seed: int = 0) -> Verdict:
     rng = random.Random(seed)
     sub = "dropped"
     base = make_state(1, b.small, b.seed)
-    w = b.ckpt(sub)
-    try:
-        w.save(1, base)
-    finally:
-        w.close()
+    b.save_once(sub, 1, base)
     host, port = b.target.endpoint_hostport()
     cases = [ProxyRule("reset", after_bytes=rng.randrange(1000, 3 << 20), once=False),
              ProxyRule("reset", after_bytes=rng.randrange(6 << 20, 11 << 20), once=False),

@@ -104,11 +104,14 @@ def install(counter: Counter) -> Callable[[], None]:
     return undo
 
 
-def run_crashing(fn: Callable[[], None], crash_at: int | None, timeout_s: float = 60.0) -> tuple[str, list[str]]:
+def run_crashing(fn: Callable[[], None], crash_at: int | None, timeout_s: float = 60.0,
+                 patch: Callable[[Counter], object] | None = None) -> tuple[str, list[str]]:
     """Run ``fn`` in a forked child that dies before mutating op ``crash_at``.
 
-    Returns (outcome, ops) with outcome ``crashed`` | ``completed`` | ``failed`` | ``hung``;
-    ``ops`` (the ops done before the end) only when counting (``crash_at`` None).
+    ``patch`` makes the child's operations tick the counter (default :func:`install`:
+    os, builtins and botocore; ``dcp_fsspec`` passes its s3fs one). Returns (outcome,
+    ops) with outcome ``crashed`` | ``completed`` | ``failed`` | ``hung``; ``ops`` (the
+    ops done before the end) only when counting (``crash_at`` None).
     """
     try:  # imported here, once, not in every child (half a second each)
         import botocore.client  # noqa: F401
@@ -121,7 +124,7 @@ def run_crashing(fn: Callable[[], None], crash_at: int | None, timeout_s: float 
         rc = 0
         counter = Counter(crash_at)
         try:
-            install(counter)
+            (patch or install)(counter)
             fn()
         except BaseException:  # noqa: BLE001 - the parent only needs the outcome
             rc = 3

@@ -11,14 +11,12 @@ stated with its evidence; nothing here changes DCP.
 
 from __future__ import annotations
 
-import os
-import time
 from typing import Any
 
 import torch
 
 from chaos.certify.battery import Verdict, fingerprint
-from chaos.certify.crash import CRASH_RC, Counter
+from chaos.certify.crash import Counter, run_crashing
 
 try:
     from torch.distributed.checkpoint.api import CheckpointException as _CheckpointException
@@ -55,53 +53,26 @@ def _load(path: str, template: dict[str, Any], so: dict[str, Any]) -> dict[str, 
     return out
 
 
-def _crash_run(fn: Any, crash_at: int | None, timeout_s: float = 60.0) -> tuple[str, list[str]]:
+def _patch_s3fs(counter: Counter) -> None:
+    """In the forked child: count s3fs's mutating requests (``_call_s3``) on ``counter``."""
+    import fsspec.asyn
+    import s3fs.core
+
+    fsspec.asyn.reset_lock()  # the parent's event-loop thread does not exist here
+    orig = s3fs.core.S3FileSystem._call_s3
+
+    async def call(self: Any, method: str, *a: Any, **k: Any) -> Any:
+        if method in MUTATING:
+            counter.tick(f"{method} {str(k.get('Key', ''))[-50:]}")
+        return await orig(self, method, *a, **k)
+
+    s3fs.core.S3FileSystem._call_s3 = call
+    s3fs.core.S3FileSystem.call_s3 = fsspec.asyn.sync_wrapper(call)  # S3File uploads go through this one
+
+
+def _crash_run(fn: Any, crash_at: int | None) -> tuple[str, list[str]]:
     """Fork; in the child count s3fs's mutating requests and die before number ``crash_at``."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        rc = 0
-        counter = Counter(crash_at)
-        try:
-            import fsspec.asyn
-            import s3fs.core
-
-            fsspec.asyn.reset_lock()  # the parent's event-loop thread does not exist here
-            orig = s3fs.core.S3FileSystem._call_s3
-
-            async def call(self: Any, method: str, *a: Any, **k: Any) -> Any:
-                if method in MUTATING:
-                    counter.tick(f"{method} {str(k.get('Key', ''))[-50:]}")
-                return await orig(self, method, *a, **k)
-
-            s3fs.core.S3FileSystem._call_s3 = call
-            s3fs.core.S3FileSystem.call_s3 = fsspec.asyn.sync_wrapper(call)  # S3File uploads go through this one
-            fn()
-        except BaseException:  # noqa: BLE001
-            rc = 3
-        try:
-            os.write(w, "\n".join(counter.ops).encode()[:60000])
-        finally:
-            os._exit(rc)
-    os.close(w)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            os.close(r)
-            return "hung", []
-        time.sleep(0.01)
-    data = b""
-    while chunk := os.read(r, 65536):
-        data += chunk
-    os.close(r)
-    code = os.waitstatus_to_exitcode(status)
-    return {CRASH_RC: "crashed", 0: "completed"}.get(code, "failed"), [x for x in data.decode().split("\n") if x]
+    return run_crashing(fn, crash_at, patch=_patch_s3fs)
 
 
 def _exists(path: str, so: dict[str, Any]) -> bool:
