@@ -5,8 +5,13 @@ POSIX commit protocol, unchanged). ``s3://bucket/prefix?endpoint_url=...``:
 :class:`~chaos.storage.s3.S3Storage` (conditional commit object). ``s3-local`` is not a
 URL but a harness feature: :mod:`chaos.storage.local_s3` starts a moto server and hands
 out ``s3://`` URLs pointing at it. Any other scheme fsspec knows (``memory://``,
-``local://``, ``gcs://`` ...): :class:`~chaos.storage.fsspec_store.FsspecStorage`
+``local:///abs``, ``gcs://`` ...): :class:`~chaos.storage.fsspec_store.FsspecStorage`
 (commit object written last; not exclusive). Every backend states its ``commit_protocol``.
+S3 and fsspec share their read side (:mod:`chaos.storage.objects`).
+
+URLs are parsed strictly (:func:`~chaos.storage.base.parse_url`): a ``scheme:`` without
+``//`` is refused, never read as a relative path. This package sits below
+``chaos.checkpoint`` and never imports it; the format both use is :mod:`chaos.ckptformat`.
 """
 
 from __future__ import annotations
