@@ -1,61 +1,135 @@
-"""The default campaign's second half: hypothesis-generated fault schedules until the budget is spent.
+"""The campaign's optional second half: generated fault schedules until ``--budget`` is spent.
 
-``chaos run`` without ``--fault`` first runs one scenario per fault family (always,
-whatever the budget), then spends what is left of ``--budget SECONDS`` on schedules
-drawn from ``chaos.strategies.fault_schedules``: seeded by ``--seed`` (the same seed
-draws the same schedules), each printed with its replay command, and none started
-once the time left is less than a scenario has taken on average so far — a campaign
-stops before its budget runs out rather than after.
+A bare ``chaos run`` runs one scenario per fault family and nothing else (about a
+minute on two cores), and needs nothing beyond the runtime dependencies.
+``--budget SECONDS`` then adds, within that many more seconds, schedules drawn from
+``chaos.strategies.fault_schedules`` (hypothesis, a development dependency):
+
+1. a fault-free run of the same configuration is traced, once (cached beside the golden
+   runs), and its I/O operations and phase announcements become the fault points
+   (``chaos.points``) — a drawn fault is one the job really reaches;
+2. schedules are drawn seeded by ``--seed`` (the same seed draws the same schedules),
+   each printed with its replay command, and none started once the time left is less
+   than a scenario has taken on average so far — a campaign stops before its budget
+   runs out rather than after;
+3. the campaign reports which distinct (rank, operation, file role, phase) points its
+   fired I/O faults tried, of those the trace showed (``Campaign.to_dict()``, the
+   results document's ``campaign`` entry).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chaos.errors import ConfigError
 
 if TYPE_CHECKING:
+    from chaos.points import Coverage, TracePoints
     from chaos.runner import ScenarioResult
     from chaos.workload.config import WorkloadConfig
 
-DEFAULT_BUDGET_S = 300.0
+DEFAULT_BUDGET_S: float | None = None  # bare `chaos run`: the family scenarios only, no generated schedules
 
 
 class _BudgetSpent(Exception):
     """Raised inside the generator loop to end it: hypothesis has no 'stop now' of its own."""
 
 
-def fill_budget(cfg: WorkloadConfig, world_size: int, checkpointer: str, deadline: float,
+def require_hypothesis() -> None:
+    """``--budget`` draws schedules with hypothesis, a development dependency: say so, up front."""
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError:
+        raise ConfigError("--budget draws generated schedules with hypothesis, which is not installed "
+                          "(a development dependency: pip install 'chaos-ckpt[dev]'); "
+                          "without --budget, chaos run needs no hypothesis") from None
+
+
+@dataclass
+class Campaign:
+    """What the generated half of a campaign ran, and what it covered.
+
+    Iterating gives the generated results (``results += campaign`` works), ``to_dict``
+    the ``campaign`` entry of the results document.
+    """
+
+    results: list[ScenarioResult] = field(default_factory=list)
+    coverage: Coverage | None = None
+    budget_s: float | None = None
+    seed: int | None = None
+    family_scenarios: int = 0
+
+    def __iter__(self) -> Iterator[ScenarioResult]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    @property
+    def skipped(self) -> list[ScenarioResult]:
+        return [r for r in self.results if r.verdict == "skipped"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family_scenarios": self.family_scenarios, "budget_s": self.budget_s, "seed": self.seed,
+            "generated": len(self.results), "generated_skipped": len(self.skipped),
+            "skipped": [{"id": r.scenario.id, "faults": [f.spec() for f in r.scenario.faults], "reason": r.error}
+                        for r in self.skipped],
+            "coverage": self.coverage.to_dict() if self.coverage is not None else None,
+        }
+
+    def summary(self) -> str:
+        if self.budget_s is None:
+            return (f"campaign: {self.family_scenarios} family scenario(s); "
+                    f"--budget SECONDS adds generated schedules")
+        text = (f"campaign: {self.family_scenarios} family scenario(s), {len(self.results)} generated "
+                f"schedule(s) (seed {self.seed}), {len(self.skipped)} skipped")
+        if self.coverage is not None:
+            text += f"\n{self.coverage.summary()}"
+        return text
+
+
+def fill_budget(cfg: WorkloadConfig, world_size: int, points: TracePoints, deadline: float,
                 run_one: Callable[[list[str]], ScenarioResult], estimate_s: Callable[[], float],
-                max_schedules: int = 1000) -> list[ScenarioResult]:
+                max_schedules: int = 1000, max_faults: int = 2) -> Campaign:
     """Run generated schedules while ``estimate_s()`` seconds still fit before ``deadline`` (monotonic).
 
     Draws are seeded by ``cfg.seed`` and never shrunk (a failure is kept and reported,
-    the campaign goes on); the reference's own save phases are targeted when it is the
-    checkpointer under test, the harness's ``save`` phase otherwise.
+    the campaign goes on); their I/O and phase faults come from ``points``. Every
+    result is counted into the campaign's coverage.
     """
-    results: list[ScenarioResult] = []
+    from chaos.points import Coverage
+
+    campaign = Campaign(coverage=Coverage(points), seed=cfg.seed)
     if deadline - time.monotonic() < estimate_s():
-        return results
-    # Imported here: `chaos` starts without hypothesis unless a campaign has time for it.
+        return campaign
+    require_hypothesis()
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
-    from chaos.strategies import REFERENCE_PHASES, fault_schedules
+    from chaos.strategies import fault_schedules
 
-    phases = REFERENCE_PHASES if checkpointer == "reference" else ("save",)
+    ran: set[tuple[str, ...]] = set()
 
     @hypothesis_seed(cfg.seed)
     @settings(max_examples=max_schedules, phases=[Phase.generate], database=None, deadline=None,
               derandomize=False, suppress_health_check=list(HealthCheck), print_blob=False)
-    @given(schedule=fault_schedules(cfg, world_size, phases=phases))
+    @given(schedule=fault_schedules(cfg, world_size, points, max_faults=max_faults))
     def explore(schedule: list[str]) -> None:
+        if tuple(schedule) in ran:
+            return  # hypothesis may draw one schedule from two different choice sequences
         if deadline - time.monotonic() < estimate_s():
             raise _BudgetSpent
-        results.append(run_one(schedule))
+        ran.add(tuple(schedule))
+        result = run_one(schedule)
+        campaign.results.append(result)
+        campaign.coverage.add(result)
 
     try:
         explore()
     except _BudgetSpent:
         pass
-    return results
+    return campaign

@@ -63,13 +63,23 @@ def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:
 
 
 def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
-    """``--fault`` given: one scenario with those faults. None: the default campaign."""
+    """``--fault`` given: one scenario with those faults. None: the default campaign.
+
+    ``--budget`` (generated schedules) needs hypothesis: checked here, so a missing
+    development dependency is one error line before anything runs.
+    """
     overrides = _key_values(args.workload, "--workload")
     known = {f.name for f in dataclasses.fields(WorkloadConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ConfigError(f"unknown --workload key(s) {', '.join(unknown)}: known are {', '.join(sorted(known))}")
     cfg = WorkloadConfig(**{**overrides, "seed": args.seed, "steps": args.steps, "save_every": args.save_every})
+    if args.budget is not None and args.budget < 0:
+        raise ConfigError(f"--budget must be a non-negative number of seconds, got {args.budget:g}")
+    if args.budget and not args.fault:
+        from chaos.campaign import require_hypothesis
+
+        require_hypothesis()  # before the family scenarios, not a minute later
     plans = [args.fault] if args.fault else default_campaign(cfg, args.world_size)
     options = _key_values(args.ckpt_opt, "--ckpt-opt")
     scenarios = []
@@ -118,9 +128,10 @@ def make_parser() -> argparse.ArgumentParser:
                           "image with the host's Python bind-mounted read-only)")
     run.add_argument("--workload", action="append", default=[], metavar="KEY=VALUE",
                      help="override a workload setting, e.g. d_model=128 (repeatable)")
-    run.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                     help="without --fault: after one scenario per fault family, run hypothesis-generated "
-                          f"schedules until this many seconds have passed (default {DEFAULT_BUDGET_S:.0f})")
+    run.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                     help="without --fault: after the one scenario per fault family, spend this many more "
+                          "seconds on generated schedules whose faults are drawn from a traced fault-free run "
+                          "(needs hypothesis, a dev dependency; default: none)")
     run.add_argument("--loss-band", type=float, default=None, metavar="REL",
                      help="loss_continuity: relative band around the golden loss (default 0.005); "
                           "with --workload nondeterminism=X>0, bit_exact is not judged (tolerance mode)")
@@ -215,12 +226,33 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
 
 
 def _generated(args: argparse.Namespace, template: Scenario, options: Any, console: Any, started: float,
-               done: list[Any]) -> list[Any]:
-    """The campaign's second half: hypothesis-generated schedules in the time left of ``--budget``."""
-    from chaos.campaign import fill_budget
+               done: list[Any]) -> Any:
+    """The campaign's optional second half: generated schedules within ``--budget`` seconds.
+
+    Called by ``_run`` after the family scenarios (``started`` is kept for its call; the
+    budget is counted from here). Returns a ``chaos.campaign.Campaign``: iterating it
+    gives the generated results, ``.to_dict()`` the results document's ``campaign`` entry
+    (budget, seed, skipped generated scenarios, fault-point coverage), ``.summary()``
+    the closing lines. Without ``--budget`` it runs nothing and needs no hypothesis.
+    """
+    from chaos.campaign import Campaign, fill_budget
     from chaos.runner import run_scenario
     from reports.console import LiveProgress, scenario_line
 
+    budget = args.budget if args.budget is not None else DEFAULT_BUDGET_S
+    if not budget:
+        campaign = Campaign(family_scenarios=len(done), seed=template.workload.seed)
+        console.print(campaign.summary(), markup=False, highlight=False)
+        return campaign
+    from chaos.points import reference_points
+
+    begun = time.monotonic()
+    deadline = begun + budget
+    console.print(f"tracing a fault-free run of {template.checkpointer} to find its fault points", markup=False,
+                  highlight=False)
+    points = reference_points(template, options)
+    if points.error:
+        console.print(f"no I/O fault points: {points.error}", markup=False, highlight=False)
     timed = list(done)
 
     def estimate() -> float:  # a scenario's mean cost so far: none starts unless one more fits
@@ -238,13 +270,12 @@ def _generated(args: argparse.Namespace, template: Scenario, options: Any, conso
                       markup=False, highlight=False, soft_wrap=True)  # one line: copy-paste replays it
         return result
 
-    budget = args.budget if args.budget is not None else DEFAULT_BUDGET_S
-    out = fill_budget(template.workload, template.world_size, template.checkpointer, started + budget, run_one,
-                      estimate)
-    left = started + budget - time.monotonic()
-    console.print(f"campaign: {len(done)} family scenario(s), {len(out)} generated schedule(s) "
-                  f"(seed {template.workload.seed}); {max(0.0, left):.0f} s of the {budget:.0f} s budget left")
-    return out
+    campaign = fill_budget(template.workload, template.world_size, points, deadline, run_one, estimate)
+    campaign.family_scenarios, campaign.budget_s = len(done), budget
+    left = deadline - time.monotonic()
+    console.print(f"{campaign.summary()}\n{max(0.0, left):.0f} s of the {budget:g} s budget left", markup=False,
+                  highlight=False)
+    return campaign
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,14 +2,22 @@
 
 A schedule is a list of fault specs (the same strings ``--fault`` takes), so a failing
 example prints as a ready replay command and shrinks towards fewer, earlier, simpler
-faults. The second fault of a schedule fires in the restart the first one caused
-(``attempt=1``): restarts during restarts.
+faults. I/O faults and kills at a save phase are drawn from the points a traced
+fault-free run of the same configuration really reached (``chaos.points``), never
+guessed: a drawn point is one the job passes. A second fault fires in the restart the
+first one caused (``attempt=1``), and is drawn only after a first fault that causes a
+restart, at a step past it: restarts during restarts.
+
+``Tally`` counts a property's examples by verdict, so a property whose every example was
+skipped fails instead of passing on nothing.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from hypothesis import note
 from hypothesis import strategies as st
@@ -19,34 +27,141 @@ from chaos.scenario import Scenario, parse_fault
 from chaos.workload.config import WorkloadConfig
 
 if TYPE_CHECKING:
+    from chaos.points import IOPoint, PhasePoint, TracePoints
     from chaos.runner import ScenarioResult
 
-REFERENCE_PHASES = ("save", "write_shards", "fsync_shards", "vote", "write_manifest", "rename", "update_latest")
+# Faults after which the job restarts for certain (the rank dies, or every rank is stopped
+# for an at-rest corruption): only these are followed by a fault in the next attempt. An
+# EIO or ENOSPC may be handled by the checkpointer without any restart.
+RESTARTING_KINDS = frozenset({"kill", "term", "crash", "shortwrite", "bitflip", "truncate", "delete"})
+IO_KINDS = ("crash", "eio", "enospc")
 
 
-def fault_schedules(cfg: WorkloadConfig, world_size: int, *, max_faults: int = 2,
-                    phases: tuple[str, ...] = ("save",)) -> st.SearchStrategy[list[str]]:
+@dataclass(frozen=True)
+class Drawn:
+    spec: str
+    step: int
+    restarts: bool
+
+
+def _uniform_over_keys(points: list[IOPoint]) -> st.SearchStrategy[IOPoint]:
+    """A point whose (rank, op, role, phase) key is uniform over the keys seen: 24 shard writes
+    do not crowd out the one rename of the manifest."""
+    by_key: dict[tuple, list[IOPoint]] = {}
+    for p in sorted(points):
+        by_key.setdefault(p.key, []).append(p)
+    keys = sorted(by_key)
+    return st.sampled_from(keys).flatmap(lambda k: st.sampled_from(by_key[k]))
+
+
+def fault_schedules(cfg: WorkloadConfig, world_size: int, points: TracePoints, *,
+                    max_faults: int = 2) -> st.SearchStrategy[list[str]]:
+    """Schedules of one to ``max_faults`` faults, each in the attempt after the one before.
+
+    ``points`` (``chaos.points.reference_points``) gives the I/O operations and phase
+    announcements each rank performed in a fault-free run of ``cfg``; I/O faults and
+    phase kills come from those only. A process kill or an at-rest corruption lands at
+    any step. A fault in attempt ``i > 0`` lies at a step past the fault of attempt
+    ``i - 1`` (the restarted job resumes at or before it, so it passes that step again).
+    """
     saves = cfg.save_steps() or [cfg.steps]
     ranks = st.integers(0, world_size - 1)
-    any_step = st.integers(2, cfg.steps)
-    save_step = st.sampled_from(saves)
-    process = st.builds(lambda kind, rank, step: f"{kind}:rank={rank},step={step}",
-                        st.sampled_from(["kill", "term"]), ranks, any_step)
-    at_phase = st.builds(lambda rank, step, phase: f"kill:rank={rank},phase={phase},step={step}",
-                         ranks, save_step, st.sampled_from(phases))
-    io = st.builds(lambda kind, rank, step, op, nth: f"{kind}:rank={rank},step={step},op={op},nth={nth}",
-                   st.sampled_from(["crash", "eio", "enospc"]), ranks, save_step,
-                   st.sampled_from(["write", "fsync", "rename"]), st.integers(1, 3))
     # Corruption lands once two saves exist, so a valid committed checkpoint is left to fall
     # back to: destroying the only one leaves nothing a correct checkpointer could resume
     # (the reference then refuses with NoValidCheckpointError on every restart).
-    first_rest = saves[1] + 1 if len(saves) > 1 else saves[0] + 1
-    rest = st.builds(lambda kind, step, seed: f"{kind}:step={step},seed={seed}",
-                     st.sampled_from(["bitflip", "truncate", "delete"]),
-                     st.integers(min(first_rest, cfg.steps), cfg.steps), st.integers(0, 2**16))
-    one = st.one_of(process, at_phase, io, rest)
-    return st.lists(one, min_size=1, max_size=max_faults).map(
-        lambda faults: [f if i == 0 else f"{f},attempt={i}" for i, f in enumerate(faults)])
+    first_rest = min(cfg.steps, saves[1] + 1 if len(saves) > 1 else saves[0] + 1)
+
+    def process(after: int) -> st.SearchStrategy[Drawn] | None:
+        low = max(2, after + 1)
+        if low > cfg.steps:
+            return None
+        return st.builds(lambda kind, rank, step: Drawn(f"{kind}:rank={rank},step={step}", step, True),
+                         st.sampled_from(["kill", "term"]), ranks, st.integers(low, cfg.steps))
+
+    def at_phase(after: int) -> st.SearchStrategy[Drawn] | None:
+        found: list[PhasePoint] = sorted({p for p in points.phases if p.step > after})
+        if not found:
+            return None
+        return st.sampled_from(found).map(
+            lambda p: Drawn(f"kill:rank={p.rank},phase={p.phase},step={p.step}", p.step, True))
+
+    def io(after: int) -> st.SearchStrategy[Drawn] | None:
+        found = [p for p in points.io if p.step > after]
+        if not found:
+            return None
+
+        def kinds(p: IOPoint) -> st.SearchStrategy[Drawn]:
+            choices = IO_KINDS + (("shortwrite",) if p.op == "write" else ())
+            return st.sampled_from(choices).map(lambda k: Drawn(p.spec(k), p.step, k in RESTARTING_KINDS))
+
+        return _uniform_over_keys(found).flatmap(kinds)
+
+    def rest(after: int) -> st.SearchStrategy[Drawn] | None:
+        low = max(first_rest, after + 1)
+        if low > cfg.steps:
+            return None
+        return st.builds(lambda kind, step, seed: Drawn(f"{kind}:step={step},seed={seed}", step, True),
+                         st.sampled_from(["bitflip", "truncate", "delete"]), st.integers(low, cfg.steps),
+                         st.integers(0, 2**16))
+
+    cache: dict[int, st.SearchStrategy[Drawn] | None] = {}
+
+    def one(after: int) -> st.SearchStrategy[Drawn] | None:
+        if after not in cache:
+            # I/O points are where saves differ most, so they get two shares of the draws.
+            io_points = io(after)
+            options = [s for s in (process(after), at_phase(after), io_points, io_points, rest(after)) if s is not None]
+            cache[after] = st.one_of(options) if options else None
+        return cache[after]
+
+    @st.composite
+    def schedule(draw: Callable[[st.SearchStrategy[Any]], Any]) -> list[str]:
+        faults: list[str] = []
+        after = 0
+        for attempt in range(max_faults):
+            strategy = one(after)
+            if strategy is None:
+                break
+            fault = draw(strategy)
+            faults.append(fault.spec if attempt == 0 else f"{fault.spec},attempt={attempt}")
+            if not fault.restarts or attempt + 1 == max_faults or not draw(st.booleans()):
+                break
+            after = fault.step
+        return faults
+
+    return schedule()
+
+
+@dataclass
+class Tally:
+    """A property's examples by verdict: a run whose every example was skipped tested nothing.
+
+    A suite adds each example's result; ``require_tested`` (called after the property
+    ran) fails the test when no example was judged, naming why each was skipped.
+    Skipped examples stay legal one by one (a fault the machine cannot have, say), but
+    not all of them.
+    """
+
+    verdicts: Counter[str] = field(default_factory=Counter)
+    reasons: list[str] = field(default_factory=list)
+
+    def add(self, result: ScenarioResult) -> ScenarioResult:
+        self.verdicts[result.verdict] += 1
+        if result.verdict == "skipped":
+            self.reasons.append(f"{' '.join(f.spec() for f in result.scenario.faults)}: {result.error}")
+        return result
+
+    @property
+    def judged(self) -> int:
+        return sum(n for v, n in self.verdicts.items() if v != "skipped")
+
+    def require_tested(self) -> None:
+        total = sum(self.verdicts.values())
+        if total == 0:
+            raise AssertionError("the property ran no scenario: it tested nothing")
+        if self.judged == 0:
+            shown = "\n  ".join(self.reasons[:5])
+            raise AssertionError(f"all {total} example(s) were skipped, so the property tested nothing:\n  {shown}")
 
 
 # -- stateful: train / save / fault / restart / verify ------------------------------------

@@ -1,15 +1,20 @@
 """Property-based chaos: hypothesis draws fault schedules; the reference must survive them all.
 
-Schedules mix kills at steps and at named save phases, I/O crashes and errors, and at-rest
-corruption, with a second fault inside the restart the first one caused. A failure
-shrinks to a minimal schedule and prints the `chaos run` command that replays it (and a
-hypothesis blob). `--chaos-budget SECONDS` buys more examples (about 15 s each).
+Schedules mix kills at steps and at the save phases each rank really announces, I/O
+crashes and errors at operations each rank really performs (both from a traced
+fault-free run of the same configuration, ``chaos.points``), and at-rest corruption,
+with a second fault inside the restart the first one caused. A failure shrinks to a
+minimal schedule and prints the `chaos run` command that replays it (and a hypothesis
+blob). A skipped example (a fault that never fired) is legal, but a run whose every
+example was skipped tested nothing and fails. `--chaos-budget SECONDS` buys more
+examples (about 15 s each).
 """
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, event, given, note, settings
 
-from chaos.strategies import REFERENCE_PHASES, fault_schedules
+from chaos import points
+from chaos.strategies import Tally, fault_schedules
 from chaos.workload.config import WorkloadConfig
 
 pytestmark = pytest.mark.chaos
@@ -21,13 +26,18 @@ def test_reference_recovers_from_any_fault_schedule(chaos, request):
     budget = request.config.getoption("--chaos-budget")
     examples = 3 if not budget else max(3, int(budget // 15))
     cfg = WorkloadConfig(seed=chaos.session.seed, **SMALL)
+    found = points.reference_points(chaos.scenario("reference", [], **SMALL), chaos.session.options)
+    assert found.io and found.phases, f"the traced fault-free run showed no fault points: {found.error}"
+    tally = Tally()
 
     @settings(max_examples=examples, deadline=None, database=None, print_blob=True,
               suppress_health_check=list(HealthCheck))
-    @given(schedule=fault_schedules(cfg, chaos.session.world_size, phases=REFERENCE_PHASES))
+    @given(schedule=fault_schedules(cfg, chaos.session.world_size, found))
     def survives(schedule):
-        result = chaos.run(chaos.scenario("reference", schedule, max_restarts=3, **SMALL))
+        result = tally.add(chaos.run(chaos.scenario("reference", schedule, max_restarts=3, **SMALL)))
+        event(f"verdict {result.verdict}")
         note(f"replay: {result.replay}")
         assert result.verdict in ("pass", "skipped"), chaos.explain(result)
 
     survives()
+    tally.require_tested()

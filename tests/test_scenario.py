@@ -96,5 +96,6 @@ def test_unfired_io_fault_blames_c_level_writers_only_when_nothing_was_traced():
     assert "no traced I/O operation matched its point (traced: fsync=4, write=4)" in why and "C-level" not in why
     c_level = RunRecord(2, [], io={"ops": {}, "fired": [], "untraced_files": ["step-5/model.pt"]})
     assert "not traced (written by C-level code: step-5/model.pt)" in _unfired_io_faults(sc, c_level)
-    fired = RunRecord(2, [], io={"ops": {"rename": 1}, "fired": [{"rule": 0}], "untraced_files": []})
+    fired = RunRecord(2, [], io={"ops": {"rename": 1}, "fired": [{"rule": 0, "rank": 1, "attempt": 0}],
+                                 "untraced_files": []})
     assert _unfired_io_faults(sc, fired) is None
