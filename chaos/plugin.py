@@ -3,6 +3,13 @@
 A test asks the ``chaos`` fixture to run a scenario and ``chaos.check(result)`` to
 assert on it; a failure message names the oracle, its evidence and the one-line
 replay command, and the same facts go into JUnit XML as properties.
+
+``check`` raises a typed error: ``oracle_failed(name)`` for a verdict that failed
+because oracle ``name`` failed (a subclass of every failing oracle's type when several
+did), a plain ``ChaosVerdictError`` for an error or a skip. A strict xfail of a known
+defect names the oracle that must catch it —
+``xfail(strict=True, raises=oracle_failed("atomic_commit"))`` — so any other breakage
+is not counted as the documented defect.
 """
 
 from __future__ import annotations
@@ -29,6 +36,43 @@ MARKERS = {
     "bench": "benchmark; reports ratios, asserts no timings",
 }
 BUILTINS = ("reference", "dcp", "dcp-async", "torch-save")
+
+
+class ChaosVerdictError(AssertionError):
+    """A scenario's verdict was not the one a test expected; ``result`` is the whole evidence."""
+
+    def __init__(self, message: str, result: ScenarioResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class OracleFailed(ChaosVerdictError):
+    """The verdict failed because oracles failed; ``oracle_failed(name)`` is the type for one of them."""
+
+    oracles: tuple[str, ...] = ()
+
+
+_ORACLE_TYPES: dict[tuple[str, ...], type[OracleFailed]] = {}
+
+
+def oracle_failed(*names: str) -> type[OracleFailed]:
+    """The error ``check`` raises when exactly these oracles failed (one name: the type an xfail names).
+
+    Several failing oracles give a type derived from each one's own, so
+    ``raises=oracle_failed("atomic_commit")`` also matches a failure of atomic_commit
+    together with another oracle, and matches nothing where atomic_commit passed.
+    """
+    key = tuple(sorted(set(names)))
+    if not key:
+        raise ValueError("oracle_failed needs at least one oracle name")
+    cls = _ORACLE_TYPES.get(key)
+    if cls is None:
+        title = "And".join("".join(part.title() for part in n.split("_")) for n in key)
+        bases = (OracleFailed,) if len(key) == 1 else tuple(oracle_failed(n) for n in key)
+        cls = type(f"{title}Failed", bases, {"oracles": key, "__module__": __name__,
+                                             "__doc__": f"Oracle(s) {', '.join(key)} failed."})
+        _ORACLE_TYPES[key] = cls
+    return cls
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -129,8 +173,15 @@ class ChaosRunner:
         return "\n".join(lines)
 
     def check(self, result: ScenarioResult, expect: str = "pass") -> None:
-        if result.verdict != expect:
-            pytest.fail(f"expected verdict {expect!r}\n{self.explain(result)}", pytrace=False)
+        """Raise ``oracle_failed(...)`` (a failed verdict) or ``ChaosVerdictError`` unless the verdict is ``expect``."""
+        __tracebackhide__ = True
+        if result.verdict == expect:
+            return
+        message = f"expected verdict {expect!r}\n{self.explain(result)}"
+        failing = [o.name for o in result.failing()]
+        if result.verdict == "fail" and failing:
+            raise oracle_failed(*failing)(message, result)
+        raise ChaosVerdictError(message, result)
 
 
 @pytest.fixture
