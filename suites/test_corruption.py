@@ -16,6 +16,9 @@ pytestmark = pytest.mark.chaos
 
 FAULTS = {
     "bitflip-data": "bitflip:step=19,bits=16,region=data,seed=3,file={shard}",
+    # drawn uniformly over the whole length (region=any, the default), and placed in the middle: deep in the tensors
+    "bitflip-anywhere": "bitflip:step=19,bits=16,seed=3,file={shard}",
+    "zero-middle": "zero:step=19,at=0.5,length=4096,seed=3,file={shard}",
     "truncate": "truncate:step=19,fraction=0.5,seed=3,file={shard}",
     "delete": "delete:step=19,seed=3,file={shard}",
 }
@@ -30,6 +33,13 @@ KNOWN = {
     ("dcp", "delete"): (NO_FALLBACK, "DCP loads the newest .metadata directory only: a deleted shard fails every restart"),
     ("dcp-async", "delete"): (NO_FALLBACK, "DCP loads the newest .metadata directory only: a deleted shard fails every restart"),
     ("torch-save", "bitflip-data"): (SILENT, "torch.load does not verify zip CRCs: flipped tensor bytes load silently"),
+    ("dcp", "bitflip-anywhere"): (SILENT, "DCP has no checksums: bits flipped anywhere in a .distcp shard load silently"),
+    ("dcp-async", "bitflip-anywhere"): (SILENT, "DCP has no checksums: bits flipped anywhere in a .distcp shard load silently"),
+    ("dcp", "zero-middle"): (SILENT, "DCP has no checksums: 4 KiB zeroed in the middle of a .distcp shard load silently"),
+    ("dcp-async", "zero-middle"): (SILENT, "DCP has no checksums: 4 KiB zeroed in the middle of a .distcp shard load silently"),
+    ("torch-save", "bitflip-anywhere"): (SILENT, "torch.load does not verify zip CRCs: bits flipped anywhere in the tensors load silently"),
+    ("torch-save", "zero-middle"): (NO_FALLBACK, "the zeroed 4 KiB take a zip record header in the middle of the .pt (torch's reader "
+                                                 "refuses it), and `latest` points at that file: there is no fallback"),
     ("torch-save", "truncate"): (NO_FALLBACK, "`latest` points at the truncated file; there is no fallback to an older one"),
     ("torch-save", "delete"): (NO_FALLBACK, "`latest` points at the deleted file; there is no fallback to an older one"),
 }

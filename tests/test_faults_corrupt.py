@@ -359,3 +359,33 @@ def test_checksum_detection_names_offsets_and_calls_an_idle_corruption_did_nothi
                                          "size_before": 19_000_000, "changes": []}))
     case = deep.evidence["cases"][0]
     assert case["offsets"] == [9_000_123] and case["size"] == 19_000_000
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flips_drawn_over_the_whole_file_find_where_a_partial_checksum_ends(tmp_path: pathlib.Path, seed: int) -> None:
+    """partial_checksum.py hashes each shard's first 64 KiB: a seeded flip there is detected (the
+    older step loads); past it, the newest step loads with the flipped tensor (silent)."""
+    import torch
+
+    from chaos.protocol import load_checkpointer
+
+    path = pathlib.Path(__file__).with_name("checkpointers") / "partial_checksum.py"
+    cls = load_checkpointer(f"{path}:PartialChecksumCheckpointer")
+    root = tmp_path / "ckpt"
+    states = {s: {"model": {"w": torch.arange(1 << 18, dtype=torch.float32) * s}, "optimizer": {"step": s}}
+              for s in (1, 2)}
+    c = cls(str(root), 0, 1)
+    for s, st_ in states.items():
+        c.save(s, st_)
+    shard = root / "step-2" / "rank0.pt"
+    size = shard.stat().st_size
+    placed = {0: {"offset": 100}, 1: {"offset": 65536}}.get(seed, {})  # either side of the head; the rest drawn
+    plan = C.plan_corruption(shard.parent, "bitflip", seed, scratch_root=root, pattern="rank0.pt", **placed)
+    rec = C.apply(plan)
+    (offset,) = [c_["start"] for c_ in rec.changes]
+    assert seed < 2 or offset > 65536  # drawn over ~1 MB, the flips land deep in the tensor data
+    step, state = cls(str(root), 0, 1).load_latest({})
+    if offset < 65536:
+        assert step == 1, f"a flip at byte {offset} of {size}, inside the checksummed head, was not detected"
+    else:  # the defect the corruption suite catches: past the head, the flipped tensor loads silently
+        assert step == 2 and not torch.equal(state["model"]["w"], states[2]["model"]["w"])
