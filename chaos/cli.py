@@ -279,6 +279,11 @@ def _generated(args: argparse.Namespace, template: Scenario, options: Any, conso
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"] and "--" in argv:  # a user's own job: chaos run [options] -- COMMAND...
+        from chaos.job.cli_job import main as job_main
+
+        return job_main(argv[1:])
     parser = make_parser()
     args = parser.parse_args(argv)
 

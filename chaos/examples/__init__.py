@@ -1,0 +1,1 @@
+"""Example jobs for ``chaos run -- COMMAND``: plain scripts, careless and careful variants."""

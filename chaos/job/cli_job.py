@@ -1,0 +1,149 @@
+"""``chaos run [options] -- COMMAND...``: a user's own job under chaos.
+
+``chaos.cli.main`` hands over here when the arguments of ``run`` contain ``--``;
+everything after it is COMMAND, with ``{out}`` where the job takes its output
+directory. Prints one line per failing point (its outcome, the evidence, and the
+command that replays exactly that point), then the counts and the coverage.
+Exit status as for every ``chaos run``: 0 all pass or skipped, 1 any fails, 2 harness
+error or bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from typing import Any
+
+from chaos.errors import ChaosError, ConfigError
+from chaos.job.spec import MODES, JobSpec, parse_point
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2, like every bad input
+        raise ConfigError(message)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="chaos run [options] -- COMMAND...",
+                description="Run your own training job under chaos: {out} in COMMAND is its output directory.")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="launch N copies with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...)")
+    p.add_argument("--resume-cmd", default=None, metavar="CMD", help="what a restart runs (default: COMMAND)")
+    p.add_argument("--result-file", action="append", default=[], metavar="GLOB",
+                   help="files under {out} compared with the fault-free run after each point (repeatable)")
+    p.add_argument("--step-regex", default=None, metavar="RE",
+                   help="a regex with one group: the step, in the job's output (where a resume started)")
+    p.add_argument("--checkpoint-glob", default=None, metavar="GLOB",
+                   help="the job's checkpoints under {out} (step = last number in the name); one whose files "
+                        "and sizes equal the fault-free run's is complete")
+    p.add_argument("--max-points", type=int, default=None, metavar="N", help="a seeded sample of N points")
+    p.add_argument("--budget", type=float, default=None, metavar="S", help="start no point after S seconds")
+    p.add_argument("--jobs", type=int, default=1, metavar="J", help="points run concurrently")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--point", default=None, metavar="ID", help="run only this point (a replay)")
+    p.add_argument("--modes", default=",".join(MODES), metavar="M,...", help="before, after, torn (default all)")
+    p.add_argument("--max-restarts", type=int, default=1, metavar="K", help="restarts after a fault (default 1)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per attempt")
+    p.add_argument("--rtol", type=float, default=1e-3, help="tolerance mode: relative tolerance of results")
+    p.add_argument("--json", metavar="PATH", help="write the results JSON here")
+    p.add_argument("--scratch", metavar="DIR", help="parent of the scratch root (default: system temp)")
+    p.add_argument("--keep", action="store_true", help="keep the scratch root for inspection")
+    return p
+
+
+def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
+    """Options before ``--``, COMMAND after it."""
+    cut = argv.index("--")
+    args = make_parser().parse_args(argv[:cut])
+    command = tuple(argv[cut + 1:])
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.max_points is not None and args.max_points < 1:
+        raise ConfigError(f"--max-points must be at least 1, got {args.max_points}")
+    if args.budget is not None and args.budget <= 0:
+        raise ConfigError(f"--budget must be a positive number of seconds, got {args.budget:g}")
+    resume = tuple(shlex.split(args.resume_cmd)) if args.resume_cmd else None
+    job = JobSpec(command=command, resume_command=resume, ranks=args.ranks, result_globs=tuple(args.result_file),
+                  step_regex=args.step_regex, checkpoint_glob=args.checkpoint_glob, max_restarts=args.max_restarts,
+                  timeout_s=args.timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m))
+    return args, job
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    """Run a job's exploration; every error is one line on stderr and exit 2."""
+    from chaos.job import launch
+
+    try:
+        args, job = build(argv)
+        return _run(args, job)
+    except ConfigError as exc:
+        print(f"chaos: error: {exc}", file=sys.stderr)
+        return 2
+    except ChaosError as exc:
+        print(f"chaos: harness error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        launch.kill_all()
+        print("chaos: interrupted; every process of the job was stopped", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug of the harness: exit 2, never a bare traceback
+        launch.kill_all()
+        print(f"chaos: harness error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if os.environ.get("CHAOS_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        return 2
+
+
+def _run(args: argparse.Namespace, job: JobSpec) -> int:
+    from chaos.job.explore import explore
+    from chaos.job.results import exit_status, results_document, write_results
+
+    only = parse_point(args.point) if args.point else None
+    results: list[Any] = []
+    started = time.monotonic()
+
+    def on_reference(ref: Any) -> None:
+        mode = "torchrun (its agent restarts the workers)" if job.torchrun else (
+            f"{job.ranks} rank(s)" if job.ranks else "one process")
+        _say(f"fault-free runs: {mode}, {sum(ref.events.values())} file event(s) traced, "
+             f"{len(ref.points)} point(s) found, {ref.seconds:.1f} s")
+        for note in ref.notes:
+            _say(f"  note: {note}")
+
+    def on_result(res: Any) -> None:
+        results.append(res)
+        if args.json:
+            write_results(args.json, results_document(job, None, results))
+        v = res.verdict
+        if v.verdict in ("fail", "error"):
+            where = f" ({res.point.kind} {res.point.path})" if res.point.kind else ""
+            _say(f"{v.outcome.upper()} {res.point.id}{where}: {v.summary}")
+            _say(f"  replay: {res.replay}")
+
+    exploration = explore(job, seed=args.seed, max_points=args.max_points, budget_s=args.budget, jobs=args.jobs,
+                          only=only, scratch_base=args.scratch, keep=args.keep, on_reference=on_reference,
+                          on_result=on_result)
+    final = exploration.results
+    if args.json:
+        write_results(args.json, results_document(job, exploration, final))
+    counts: dict[str, int] = {}
+    for r in final:
+        counts[r.verdict.outcome] = counts.get(r.verdict.outcome, 0) + 1
+    tally = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing run"
+    _say(f"{tally}; coverage {len(final)}/{exploration.found} point(s) "
+         f"({exploration.coverage:.0%}) in {time.monotonic() - started:.1f} s")
+    if exploration.reference.golden.tolerance:
+        _say("tolerance mode: the fault-free runs differed, results were compared within "
+             f"rtol {job.rtol:g}, not bit for bit")
+    if args.json:
+        _say(f"results written to {args.json}")
+    return exit_status(final)

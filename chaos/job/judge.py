@@ -1,0 +1,250 @@
+"""One point's verdict, from its record only: pass, hard_failure, silent_divergence, lost_work.
+
+Called by ``explore.py`` after a point's last attempt with the ``PointRecord`` (what
+each attempt did, each rank's trace) and the ``Golden`` facts of the fault-free runs.
+Three oracles, each with its evidence, named as the built-in workload's are:
+
+- ``liveness``: the job finished (every copy of the last attempt exited 0) within its
+  restarts. Otherwise *hard_failure*: the resume raised or never finished; the
+  evidence is each attempt's outcome and the end of the last one's output.
+- ``result_files``: each ``--result-file`` equals the fault-free run's (compare.py).
+  Otherwise *silent_divergence*: it finished, and what it produced is different.
+- ``durability``: the resume started at or after the newest checkpoint the job could
+  rely on when it was killed — the newest ``chaos.probe.saved(n)`` in the killed
+  attempt's trace, or the newest checkpoint matching ``--checkpoint-glob`` whose files
+  and sizes equal the fault-free run's, seen between the kill and the restart.
+  Where the resume started is ``chaos.probe.resumed(n)``, else the first
+  ``probe.step(n)`` minus one, else the first ``--step-regex`` match after the restart;
+  none of them: from scratch (0). Otherwise *lost_work*.
+  Each is judged only with what it needs; without it the summary says what is missing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.job.compare import first_difference
+from chaos.job.launch import AttemptOutcome
+from chaos.job.spec import JobSpec, Point
+
+OUTCOMES = ("pass", "hard_failure", "silent_divergence", "lost_work")
+
+
+@dataclass
+class Oracle:
+    """One oracle's result: ``result`` is pass, fail or not_judged (with the reason)."""
+
+    name: str
+    result: str
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.result == "fail"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"result": self.result, "summary": self.summary, "evidence": self.evidence}
+
+
+@dataclass
+class Golden:
+    """What the fault-free runs showed: the judge's reference."""
+
+    out: str                                # the first fault-free run's {out}, kept for comparison
+    results: list[str]                      # result files (relative to {out})
+    tolerance: bool                         # the two fault-free runs differed
+    checkpoints: dict[str, dict[str, int]]  # --checkpoint-glob match -> {file: size} at the end
+    acks: bool                              # the fault-free run called chaos.probe.saved
+
+
+@dataclass
+class PointRecord:
+    """Everything one point's run left: attempts, traces by (rank, attempt), checkpoints seen after the kill."""
+
+    point: Point
+    out: str
+    attempts: list[AttemptOutcome]
+    traces: dict[tuple[int, int], list[dict[str, Any]]]
+    after_kill: dict[str, dict[str, int]] | None = None  # --checkpoint-glob matches between kill and restart
+
+    def fired(self) -> list[dict[str, Any]]:
+        return [{**r, "attempt": a, "rank": rk} for (rk, a), recs in sorted(self.traces.items())
+                for r in recs if r.get("event") == "fired"]
+
+    def probes(self, attempt_filter: Any, kind: str, rank: int | None = None) -> list[dict[str, Any]]:
+        """``chaos.probe`` announcements of one kind (step, saved, resumed, regex), in trace order."""
+        out = []
+        for (rk, a), recs in sorted(self.traces.items()):
+            if not attempt_filter(a) or (rank is not None and rk != rank):
+                continue
+            out += [r["info"] for r in recs if r.get("event") == "phase" and r.get("name") == "chaos.probe"
+                    and r.get("info", {}).get("kind") == kind]
+        return out
+
+
+def _liveness(job: JobSpec, rec: PointRecord) -> Oracle:
+    last = rec.attempts[-1]
+    restarts = sorted({a for (_r, a) in rec.traces if a > 0})
+    evidence: dict[str, Any] = {"attempts": [a.to_dict() for a in rec.attempts]}
+    if job.torchrun:
+        evidence["torchelastic_restarts"] = len(restarts)
+    if last.ok:
+        how = (f"torchelastic restarted the workers {len(restarts)} time(s) and the job finished" if job.torchrun
+               else f"the job finished after {len(rec.attempts) - 1} restart(s)")
+        return Oracle("liveness", "pass", how, evidence)
+    evidence["output_tail"] = last.tail()
+    if job.torchrun:
+        why = (f"torchrun {last.describe} after torchelastic restarted the workers {len(restarts)} time(s)"
+               if restarts else f"torchrun {last.describe} and its agent never restarted the workers")
+    else:
+        why = f"the resume {last.describe} ({len(rec.attempts) - 1} restart(s) of {job.max_restarts} allowed)"
+    last_line = _cause(last.tail(12000))
+    if last_line:
+        why += f": {last_line.strip()[:200]}"
+    return Oracle("liveness", "fail", why, evidence)
+
+
+_EXC = re.compile(r"\b[A-Za-z_.]*(Error|Exception|Interrupt)\b:")
+
+
+def _cause(tail: str) -> str:
+    """The line of a failed run's output that says why: the job's last exception, not the
+    launcher's ``ChildFailedError`` banner; else the last line that is not a rule of ``=`` or ``-``."""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if _EXC.search(ln) and "ChildFailedError" not in ln:
+            return ln
+    return next((ln for ln in reversed(lines) if set(ln) - set("=-")), "")
+
+
+def _results(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
+    if not job.result_globs:
+        return Oracle("result_files", "not_judged", "no --result-file: silent divergence is not judged")
+    if not golden.results:
+        return Oracle("result_files", "not_judged",
+                      f"--result-file {' '.join(job.result_globs)} matched no file of the fault-free run")
+    rtol = job.rtol if golden.tolerance else None
+    checked = []
+    for rel in golden.results:
+        got = Path(rec.out) / rel
+        if not got.exists():
+            return Oracle("result_files", "fail", f"{rel}: missing after the resumed run",
+                          {"file": rel, "difference": "missing", "checked": checked})
+        diff = first_difference(Path(golden.out) / rel, got, rtol)
+        if diff:
+            return Oracle("result_files", "fail", f"{rel}: {diff}", {"file": rel, "difference": diff,
+                                                                      "checked": checked, "rtol": rtol})
+        checked.append(rel)
+    how = f"within rtol {rtol:g} (tolerance mode)" if rtol is not None else "bit for bit"
+    return Oracle("result_files", "pass", f"{len(checked)} result file(s) equal the fault-free run's {how}",
+                  {"checked": checked, "rtol": rtol})
+
+
+def _step_of(name: str) -> int | None:
+    nums = re.findall(r"\d+", name)
+    return int(nums[-1]) if nums else None
+
+
+def _resumed_at(rec: PointRecord, rank: int) -> tuple[int, str]:
+    """Where rank ``rank``'s first restart started, and how that is known."""
+    first = min((a for (r, a) in rec.traces if r == rank and a > 0), default=None)
+    if first is None:
+        return 0, "no trace of a restart"
+
+    def only(a: int) -> bool:
+        return a == first
+
+    resumed = rec.probes(only, "resumed", rank)
+    steps = rec.probes(only, "step", rank)
+    regex = rec.probes(only, "regex", rank)
+    if resumed:
+        return min(i["n"] for i in resumed), "chaos.probe.resumed"
+    if steps:
+        return steps[0]["n"] - 1, "first chaos.probe.step after the restart, minus one"
+    if regex:
+        return regex[0]["n"], "first --step-regex match after the restart"
+    return 0, "no resume seen (no probe call, no --step-regex match): from scratch"
+
+
+def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
+    """Per rank: each rank's restart must start at or after the newest checkpoint *it* could rely on."""
+    if not golden.acks and rec.after_kill is None:
+        return Oracle("durability", "not_judged", "which checkpoints the job could rely on is unknown: "
+                      "call chaos.probe.saved(n) or give --checkpoint-glob")
+    newest: dict[int, tuple[int, str]] = {}
+    for (rank, a), recs in rec.traces.items():
+        if a != 0:
+            continue
+        acked = [r["info"]["n"] for r in recs if r.get("event") == "phase" and r.get("name") == "chaos.probe"
+                 and r.get("info", {}).get("kind") == "saved"]
+        if acked:
+            newest[rank] = (max(acked), "chaos.probe.saved")
+    evidence: dict[str, Any] = {}
+    if rec.after_kill is not None:
+        complete = sorted(s for name, files in rec.after_kill.items()
+                          if golden.checkpoints.get(name) == files and (s := _step_of(name)) is not None)
+        evidence["complete_checkpoints_after_kill"] = complete
+        if complete:  # a checkpoint on disk is every rank's to resume from
+            for rank in {r for (r, _a) in rec.traces}:
+                if rank not in newest or complete[-1] > newest[rank][0]:
+                    newest[rank] = (complete[-1], "--checkpoint-glob")
+    if not newest:
+        return Oracle("durability", "pass", "no checkpoint was complete when the job was killed: nothing to lose",
+                      evidence)
+    restarted = len(rec.attempts) > 1 or any(a > 0 for (_r, a) in rec.traces)
+    if not restarted:
+        return Oracle("durability", "not_judged", "the job was never restarted", evidence)
+    ranks = {}
+    worst: tuple[int, int, int, str] | None = None
+    for rank, (n, source) in sorted(newest.items()):
+        at, how = _resumed_at(rec, rank)
+        ranks[str(rank)] = {"newest_complete": n, "source": source, "resumed_at": at, "resumed_by": how}
+        if at < n and (worst is None or n - at > worst[1] - worst[2]):
+            worst = (rank, n, at, source)
+    evidence["ranks"] = ranks
+    if worst is not None:
+        rank, n, at, source = worst
+        lost = "from scratch" if at == 0 else f"from step {at}"
+        return Oracle("durability", "fail", f"rank {rank} resumed {lost}, but its checkpoint of step {n} was "
+                      f"complete ({source}): {n - at} step(s) of work lost", evidence)
+    summary = ", ".join(f"rank {r} at step {v['resumed_at']} (newest complete: {v['newest_complete']})"
+                        for r, v in ranks.items())
+    return Oracle("durability", "pass", f"resumed at or after the newest complete checkpoint: {summary}", evidence)
+
+
+@dataclass
+class PointVerdict:
+    verdict: str   # pass | fail | skipped | error (the results schema's)
+    outcome: str   # pass | hard_failure | silent_divergence | lost_work | not_reached | error
+    summary: str
+    oracles: dict[str, Oracle]
+
+
+def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
+    """The verdict of one point. A point that never fired is *skipped*, never a pass."""
+    fired = [f for f in rec.fired() if f["attempt"] == 0 and f["rank"] == rec.point.rank]
+    if not fired:
+        traced = any(a == 0 for (_r, a) in rec.traces)
+        why = ("the point was not reached: the job's file events differed from the fault-free run's" if traced
+               else "no trace from the killed attempt: the tracer was not installed (see the job's output)")
+        live = _liveness(job, rec)
+        return PointVerdict("skipped" if traced else "error", "not_reached" if traced else "error", why,
+                            {"liveness": live})
+    oracles = {"liveness": _liveness(job, rec)}
+    if oracles["liveness"].failed:
+        oracles["result_files"] = Oracle("result_files", "not_judged", "the job did not finish")
+        oracles["durability"] = _durability(job, golden, rec) if rec.attempts else Oracle(
+            "durability", "not_judged", "the job did not finish")
+        return PointVerdict("fail", "hard_failure", oracles["liveness"].summary, oracles)
+    oracles["result_files"] = _results(job, golden, rec)
+    oracles["durability"] = _durability(job, golden, rec)
+    if oracles["result_files"].failed:
+        return PointVerdict("fail", "silent_divergence", oracles["result_files"].summary, oracles)
+    if oracles["durability"].failed:
+        return PointVerdict("fail", "lost_work", oracles["durability"].summary, oracles)
+    return PointVerdict("pass", "pass", "; ".join(o.summary for o in oracles.values() if o.result == "pass"),
+                        oracles)

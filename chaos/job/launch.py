@@ -1,0 +1,204 @@
+"""Launch one attempt of a job: its command once, or N copies with torchrun's environment.
+
+Called by ``explore.py`` for every attempt of every run. Each copy (each rank, or the
+one ``torchrun`` process) gets its own session and process group, its output in a log
+file of the point's scratch root, and ``CHAOS_JOB_MARK`` in its environment, so
+everything it started — torchrun's workers start their own sessions — is found and
+SIGKILLed when the attempt ends, times out, or the harness is interrupted. Like
+torchrun's agent, when one rank fails the others are stopped at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.job import spec as S
+from faults.process import alive, marked_with
+
+BOOT_DIR = str(Path(__file__).resolve().parent / "boot")
+_live: dict[int, str] = {}  # pgid -> mark, of every copy running now (for interrupt clean-up)
+_live_lock = threading.Lock()
+
+
+@dataclass
+class AttemptOutcome:
+    """How one attempt ended. ``returncodes`` per copy (negative: killed by that signal)."""
+
+    attempt: int
+    argv: list[str]
+    returncodes: list[int | None] = field(default_factory=list)
+    timed_out: bool = False
+    seconds: float = 0.0
+    logs: list[str] = field(default_factory=list)
+    leftovers: list[int] = field(default_factory=list)  # pids still alive after the attempt, then killed
+    stopped: list[int] = field(default_factory=list)  # copies the harness stopped (another failed, or timeout)
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(rc == 0 for rc in self.returncodes)
+
+    @property
+    def describe(self) -> str:
+        if self.timed_out:
+            return "timed out"
+        bad = [(i, rc) for i, rc in enumerate(self.returncodes) if rc != 0 and i not in self.stopped]
+        if not bad:
+            return "stopped by the harness" if self.stopped else "exited 0"
+        parts = []
+        for i, rc in bad:
+            what = f"killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited {rc}"
+            parts.append(f"copy {i} {what}" if len(self.returncodes) > 1 else what)
+        return ", ".join(parts)
+
+    def tail(self, chars: int = 1500) -> str:
+        """The end of the output of the copies that failed by themselves (else of every copy)."""
+        failed = [log for i, log in enumerate(self.logs)
+                  if i < len(self.returncodes) and self.returncodes[i] != 0 and i not in self.stopped]
+        out = []
+        for log in failed or self.logs:
+            try:
+                text = Path(log).read_text(errors="replace")
+            except OSError:
+                continue
+            if text.strip():
+                out.append(text[-chars:])
+        return "\n".join(out)[-chars:]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "outcome": self.describe, "returncodes": self.returncodes,
+                "timed_out": self.timed_out, "seconds": round(self.seconds, 3), "leftovers": self.leftovers}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attempt: int,
+            point: S.Point | None) -> dict[str, str]:
+    """The environment every copy of an attempt shares (the boot path's contract)."""
+    env = dict(os.environ)
+    for key in list(env):
+        if key.startswith("CHAOS_JOB_") or key == S.PROBE_FILE_ENV:
+            del env[key]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TMPDIR"] = tmp  # the job's scratch (and torchrun's) stays in the point's root
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env[S.ENV_OUT] = out
+    env[S.ENV_TRACE_DIR] = trace_dir
+    env[S.ENV_MARK] = mark
+    env[S.ENV_ATTEMPT] = str(attempt)
+    if job.torchrun:
+        env[S.ENV_RANKS_ONLY] = "1"
+    if job.step_regex:
+        env[S.ENV_STEP_REGEX] = job.step_regex
+    if point is not None and attempt == 0:
+        import json
+
+        env[S.ENV_POINT] = json.dumps(point.env())
+    return env
+
+
+def _kill_marked(mark: str) -> list[int]:
+    found = marked_with(S.ENV_MARK, mark)
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5.0  # a SIGKILL is delivered asynchronously: gone before we return
+    while found and any(alive(p) for p in found) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return found
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None,
+                mark: str) -> AttemptOutcome:
+    """Run attempt ``attempt`` to its end (or ``job.timeout_s``); nothing of it survives the call."""
+    trace_dir = os.path.join(scratch, "trace")
+    tmp = os.path.join(scratch, "tmp")
+    logs_dir = os.path.join(scratch, "logs")
+    for d in (trace_dir, tmp, logs_dir):
+        os.makedirs(d, exist_ok=True)
+    argv = job.argv(out, resume=attempt > 0)
+    base = job_env(job, out, trace_dir, tmp, mark, attempt, point)
+    copies = job.ranks if job.ranks is not None else 1
+    port = free_port()
+    outcome = AttemptOutcome(attempt, argv)
+    procs: list[subprocess.Popen[bytes]] = []
+    started = time.monotonic()
+    try:
+        for rank in range(copies):
+            env = dict(base)
+            if job.ranks is not None:
+                env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(copies),
+                           LOCAL_WORLD_SIZE=str(copies), GROUP_RANK="0", ROLE_RANK=str(rank),
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                           TORCHELASTIC_RESTART_COUNT=str(attempt))
+            elif not job.torchrun:
+                env[S.ENV_RANK] = "0"
+            log = os.path.join(logs_dir, f"attempt{attempt}-copy{rank}.log")
+            outcome.logs.append(log)
+            with open(log, "wb") as fh:
+                proc = subprocess.Popen(argv, cwd=job.cwd, env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            with _live_lock:
+                _live[proc.pid] = mark
+            procs.append(proc)
+        deadline = started + job.timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes):
+                break  # one rank failed: stop the others, as torchrun's agent does
+            if time.monotonic() > deadline:
+                outcome.timed_out = True
+                break
+            time.sleep(0.01)
+    except FileNotFoundError as exc:
+        from chaos.errors import ConfigError
+
+        raise ConfigError(f"cannot start COMMAND {argv[0]!r}: {exc.strerror}") from None
+    finally:
+        outcome.stopped = [i for i, p in enumerate(procs) if p.poll() is None]
+        for p in procs:
+            _killpg(p.pid)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        outcome.leftovers = _kill_marked(mark)
+        with _live_lock:
+            for p in procs:
+                _live.pop(p.pid, None)
+        outcome.seconds = time.monotonic() - started
+    outcome.returncodes = [p.returncode for p in procs]
+    return outcome
+
+
+def kill_all() -> None:
+    """Every copy of every attempt still running, and what it started (Ctrl-C, harness crash)."""
+    with _live_lock:
+        items = list(_live.items())
+    for pgid, mark in items:
+        _killpg(pgid)
+        _kill_marked(mark)

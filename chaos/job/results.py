@@ -1,0 +1,68 @@
+"""The results JSON of a job run: the document ``chaos run --json`` always writes.
+
+The same shape as ``chaos.results`` (``schema_version``, ``summary`` counts by
+verdict, ``environment``, ``scenarios``: one entry per point with ``id``, ``seed``,
+``faults``, ``verdict``, ``oracles`` (name -> result / summary / evidence) and
+``replay``), plus ``job``: the spec, the fault-free runs' facts, points found / tried
+and coverage. Built here rather than by ``chaos.results`` because that module imports
+the built-in workload's runner, and with it torch (~2 s), which a job run never needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from chaos import __version__
+from chaos.job.explore import Exploration, PointResult
+from chaos.job.spec import JobSpec
+
+SCHEMA_VERSION = 1  # chaos.results.SCHEMA_VERSION (tests/test_job_cli.py keeps them equal)
+VERDICTS = ("pass", "fail", "error", "skipped")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def results_document(job: JobSpec, exploration: Exploration | None, results: list[PointResult]) -> dict[str, Any]:
+    counts = Counter(r.verdict.verdict for r in results)
+    outcomes = Counter(r.verdict.outcome for r in results)
+    job_doc: dict[str, Any] = {"spec": job.to_dict(), "outcomes": dict(sorted(outcomes.items()))}
+    if exploration is not None:
+        job_doc.update(exploration.to_dict())
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "summary": {v: counts.get(v, 0) for v in VERDICTS} | {"total": len(results)},
+        "environment": {"chaos": __version__, "torch": _version("torch"), "python": platform.python_version(),
+                        "platform": platform.platform()},
+        "job": job_doc,
+        "scenarios": [r.to_dict() for r in results],
+    }
+
+
+def write_results(path: str | Path, doc: dict[str, Any]) -> None:
+    """Write atomically, so a reader never sees half a results file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    os.replace(tmp, target)
+
+
+def exit_status(results: list[PointResult]) -> int:
+    """0 all pass (or skipped), 1 any fail, 2 any harness error."""
+    verdicts = {r.verdict.verdict for r in results}
+    if "error" in verdicts:
+        return 2
+    return 1 if "fail" in verdicts else 0

@@ -1,0 +1,208 @@
+"""What ``chaos run -- COMMAND`` runs and where it breaks it, as plain data.
+
+A *job* is a user's own training command: the second kind of target beside a
+checkpointer in the built-in workload. ``JobSpec`` says how to launch and judge it;
+``Point`` is one place to break it (a kill before, after or in the middle of one traced
+file event of one rank, or at a step). Both round-trip through text: a point's ``id``
+(``rank0:op17:before``) is what ``--point`` takes, so every failing point's replay
+command reruns exactly that point.
+
+The ``ENV_*`` names are the contract between the harness (``launch.py``) and the boot
+path it puts on ``PYTHONPATH`` (``boot/sitecustomize.py`` -> ``inproc.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.errors import ConfigError
+
+OUT = "{out}"
+MODES = ("before", "after", "torn")  # file-event points; a step point's mode is "kill"
+
+# Set by the harness for every process of a job; read by the boot path.
+ENV_OUT = "CHAOS_JOB_OUT"                # the job's {out}: the interposer traces under it
+ENV_TRACE_DIR = "CHAOS_JOB_TRACE_DIR"    # where each traced process writes its trace
+ENV_POINT = "CHAOS_JOB_POINT"            # JSON of the one point to fire (attempt 0 only)
+ENV_RANKS_ONLY = "CHAOS_JOB_RANKS_ONLY"  # "1": only processes with RANK set (torchrun workers)
+ENV_CHILDREN = "CHAOS_JOB_CHILDREN"      # "1": also trace children of a traced process
+ENV_STEP_REGEX = "CHAOS_JOB_STEP_REGEX"  # --step-regex, scanned in the job's own stdout/stderr
+ENV_BOOTED = "CHAOS_JOB_BOOTED"          # pid of the traced ancestor (set by the boot itself)
+ENV_RANK = "CHAOS_JOB_RANK"              # rank when the launcher sets no RANK (a plain command)
+ENV_ATTEMPT = "CHAOS_JOB_ATTEMPT"        # attempt when no TORCHELASTIC_RESTART_COUNT is set
+ENV_MARK = "CHAOS_JOB_MARK"              # every process of a point carries it: cleanup finds them
+PROBE_FILE_ENV = "CHAOS_PROBE_FILE"      # chaos.probe writes its JSON lines here
+
+_POINT_RE = re.compile(r"rank(\d+):(?:op(\d+):(before|after|torn)|step(\d+):kill)")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One place to break a job: ``op`` (ordinal of the rank's traced file events in
+    attempt 0, counted from 0) with ``mode`` before/after/torn, or ``step`` with mode kill.
+
+    ``kind``, ``path`` (relative to {out}), ``seq`` (trace sequence number) and ``nth``
+    (how many events of this kind on this path came before, plus one) describe what the
+    fault-free run did there; they are evidence, not identity.
+    """
+
+    rank: int
+    mode: str
+    op: int | None = None
+    step: int | None = None
+    kind: str | None = None
+    path: str | None = None
+    seq: int | None = None
+    nth: int | None = None
+
+    @property
+    def id(self) -> str:
+        if self.step is not None:
+            return f"rank{self.rank}:step{self.step}:kill"
+        return f"rank{self.rank}:op{self.op}:{self.mode}"
+
+    def env(self) -> dict[str, Any]:
+        """What the boot path needs to fire this point."""
+        return {"rank": self.rank, "mode": self.mode, "op": self.op, "step": self.step}
+
+    def to_fault(self) -> dict[str, Any]:
+        """The point as an entry of the results' ``faults`` list (the existing schema)."""
+        params = {k: v for k, v in (("op", self.op), ("when", self.mode), ("event", self.kind),
+                                    ("path", self.path), ("seq", self.seq), ("nth", self.nth))
+                  if v is not None}
+        kind = "crash" if self.step is None else "kill"
+        return {"kind": kind, "rank": self.rank, "step": self.step, "attempt": 0, "params": params,
+                "spec": self.id}
+
+
+def parse_point(text: str) -> Point:
+    """``rank0:op17:before`` | ``rank1:op3:torn`` | ``rank0:step5:kill``."""
+    m = _POINT_RE.fullmatch(text.strip())
+    if not m:
+        raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:before|after|torn or rankR:stepN:kill")
+    rank, op, mode, step = m.groups()
+    if step is not None:
+        return Point(int(rank), "kill", step=int(step))
+    return Point(int(rank), mode, op=int(op))
+
+
+def _is_torchrun(argv: tuple[str, ...]) -> bool:
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) == "torchrun":
+        return True
+    return len(argv) >= 3 and argv[1] == "-m" and argv[2] in ("torch.distributed.run", "torch.distributed.launch")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """How to launch and judge a user's job (``chaos run [options] -- COMMAND``).
+
+    ``command`` and ``resume_command`` carry ``{out}`` where the job takes its output
+    directory. ``ranks`` None: one plain process (no torchrun variables); N: N copies
+    with torchrun's environment. A ``torchrun ...`` command is launched once and its
+    agent does the restarts (``torchrun``): the harness only observes.
+    """
+
+    command: tuple[str, ...]
+    resume_command: tuple[str, ...] | None = None
+    ranks: int | None = None
+    result_globs: tuple[str, ...] = ()
+    step_regex: str | None = None
+    checkpoint_glob: str | None = None
+    max_restarts: int = 1
+    timeout_s: float = 300.0
+    rtol: float = 1e-3
+    modes: tuple[str, ...] = MODES
+    cwd: str = field(default_factory=os.getcwd)
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("chaos run --: no COMMAND after --")
+        if not any(OUT in a for a in self.command):
+            raise ConfigError(f"COMMAND {shlex.join(self.command)!r} has no {OUT}: put {OUT} where the job "
+                              "takes its output / checkpoint directory")
+        if self.ranks is not None and self.ranks < 1:
+            raise ConfigError(f"--ranks must be at least 1, got {self.ranks}")
+        if self.ranks is not None and self.torchrun:
+            raise ConfigError("--ranks with a torchrun COMMAND: torchrun launches the ranks itself "
+                              "(use --nproc-per-node)")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be non-negative, got {self.max_restarts}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"--timeout must be positive, got {self.timeout_s:g}")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad or not self.modes:
+            raise ConfigError(f"--modes {','.join(self.modes)!r}: choose from {','.join(MODES)}")
+        if self.step_regex is not None:
+            try:
+                rx = re.compile(self.step_regex)
+            except re.error as exc:
+                raise ConfigError(f"--step-regex {self.step_regex!r} is not a regular expression: {exc}") from None
+            if rx.groups < 1:
+                raise ConfigError(f"--step-regex {self.step_regex!r} needs one group that captures the step number")
+
+    @property
+    def torchrun(self) -> bool:
+        return _is_torchrun(self.command)
+
+    @property
+    def world_size(self) -> int:
+        if self.ranks is not None:
+            return self.ranks
+        if self.torchrun:
+            for i, a in enumerate(self.command):
+                if a.startswith("--nproc-per-node=") or a.startswith("--nproc_per_node="):
+                    v = a.split("=", 1)[1]
+                    return int(v) if v.isdigit() else 1
+                if a in ("--nproc-per-node", "--nproc_per_node") and i + 1 < len(self.command):
+                    v = self.command[i + 1]
+                    return int(v) if v.isdigit() else 1
+        return 1
+
+    def argv(self, out: str, resume: bool) -> list[str]:
+        """The command line of one attempt with ``{out}`` filled in."""
+        cmd = self.resume_command if resume and self.resume_command else self.command
+        return [a.replace(OUT, out) for a in cmd]
+
+    def relative_globs(self, globs: tuple[str, ...]) -> tuple[str, ...]:
+        """``{out}/final.pt`` and ``final.pt`` both mean the file under {out}."""
+        return tuple(g.replace(OUT + "/", "").replace(OUT, "") or "*" for g in globs)
+
+    def replay_args(self) -> list[str]:
+        """The options of ``chaos run`` that rebuild this spec (COMMAND follows ``--``)."""
+        args: list[str] = []
+        if self.ranks is not None:
+            args += ["--ranks", str(self.ranks)]
+        if self.resume_command:
+            args += ["--resume-cmd", shlex.join(self.resume_command)]
+        for g in self.result_globs:
+            args += ["--result-file", g]
+        if self.step_regex is not None:
+            args += ["--step-regex", self.step_regex]
+        if self.checkpoint_glob is not None:
+            args += ["--checkpoint-glob", self.checkpoint_glob]
+        if self.max_restarts != 1:
+            args += ["--max-restarts", str(self.max_restarts)]
+        if self.timeout_s != 300.0:
+            args += ["--timeout", repr(self.timeout_s)]
+        if self.rtol != 1e-3:
+            args += ["--rtol", repr(self.rtol)]
+        return args
+
+    def replay_command(self, point: Point | None = None) -> str:
+        args = ["chaos", "run", *self.replay_args()]
+        if point is not None:
+            args += ["--point", point.id]
+        return shlex.join([*args, "--", *self.command])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": list(self.command), "resume_command": list(self.resume_command or []) or None,
+                "ranks": self.ranks, "world_size": self.world_size, "torchrun": self.torchrun,
+                "result_files": list(self.result_globs), "step_regex": self.step_regex,
+                "checkpoint_glob": self.checkpoint_glob, "max_restarts": self.max_restarts,
+                "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes)}

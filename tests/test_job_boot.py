@@ -1,0 +1,108 @@
+"""The boot path: the tracer is in a job's process only when the harness says so, numbers
+file events, fires a point before / after / torn, and stays out of children."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from chaos.job import spec as S
+from chaos.job.explore import read_traces
+from chaos.job.launch import BOOT_DIR
+
+JOB = textwrap.dedent("""
+    import os, sys, subprocess
+    out = sys.argv[1]
+    with open(os.path.join(out, "a.txt"), "w") as f:
+        f.write("hello world")
+    os.replace(os.path.join(out, "a.txt"), os.path.join(out, "b.txt"))
+    if len(sys.argv) > 2:  # a spawned child and a forked child each write a file
+        subprocess.run([sys.executable, "-c", f"open({os.path.join(out, 'child.txt')!r}, 'w').write('c')"], check=True)
+        pid = os.fork()
+        if pid == 0:
+            open(os.path.join(out, "forked.txt"), "w").write("f")
+            os._exit(0)
+        os.waitpid(pid, 0)
+    print("done")
+""")
+
+
+def _run(tmp: Path, point: dict | None = None, *extra: str, boot: bool = True) -> subprocess.CompletedProcess:
+    out, trace = tmp / "out", tmp / "trace"
+    out.mkdir(exist_ok=True)
+    trace.mkdir(exist_ok=True)
+    script = tmp / "job.py"
+    script.write_text(JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_")}
+    env["PYTHONPATH"] = BOOT_DIR
+    if boot:
+        env.update({S.ENV_OUT: str(out), S.ENV_TRACE_DIR: str(trace)})
+    if point is not None:
+        env[S.ENV_POINT] = json.dumps(point)
+    return subprocess.run([sys.executable, str(script), str(out), *extra], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def _ops(tmp: Path) -> list[tuple[int, str, str]]:
+    recs = read_traces(str(tmp), str(tmp / "out"))
+    assert list(recs) == [(0, 0)], recs.keys()
+    return [(r["ord"], r["op"], r.get("rel")) for r in recs[(0, 0)] if r.get("event") == "op"]
+
+
+def test_without_the_harness_environment_nothing_is_traced(tmp_path: Path) -> None:
+    proc = _run(tmp_path, boot=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "done"
+    assert not list((tmp_path / "trace").iterdir())
+
+
+def test_every_file_event_under_out_is_numbered(tmp_path: Path) -> None:
+    proc = _run(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert _ops(tmp_path) == [(0, "open", "a.txt"), (1, "write", "a.txt"), (2, "close", "a.txt"),
+                              (3, "rename", "b.txt")]
+
+
+def test_children_are_not_traced_unless_asked(tmp_path: Path) -> None:
+    proc = _run(tmp_path, None, "children")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "child.txt").exists() and (tmp_path / "out" / "forked.txt").exists()
+    assert [rel for _o, _k, rel in _ops(tmp_path)] == ["a.txt", "a.txt", "a.txt", "b.txt"]
+
+
+def test_a_kill_before_an_event_does_not_perform_it(tmp_path: Path) -> None:
+    proc = _run(tmp_path, {"rank": 0, "mode": "before", "op": 3})
+    assert proc.returncode == -9
+    assert (tmp_path / "out" / "a.txt").read_text() == "hello world"
+    assert not (tmp_path / "out" / "b.txt").exists()
+    fired = [r for r in read_traces(str(tmp_path), str(tmp_path / "out"))[(0, 0)] if r.get("event") == "fired"]
+    assert [(f["ord"], f["op"], f["when"]) for f in fired] == [(3, "rename", "before")]
+
+
+def test_a_kill_after_an_event_performs_it_first(tmp_path: Path) -> None:
+    proc = _run(tmp_path, {"rank": 0, "mode": "after", "op": 3})
+    assert proc.returncode == -9 and "done" not in proc.stdout
+    assert (tmp_path / "out" / "b.txt").read_text() == "hello world"
+
+
+def test_a_torn_write_keeps_half_of_its_bytes(tmp_path: Path) -> None:
+    proc = _run(tmp_path, {"rank": 0, "mode": "torn", "op": 1})
+    assert proc.returncode == -9
+    assert (tmp_path / "out" / "a.txt").read_text() == "hello"
+
+
+def test_a_point_of_another_rank_does_not_fire(tmp_path: Path) -> None:
+    proc = _run(tmp_path, {"rank": 1, "mode": "before", "op": 0})
+    assert proc.returncode == 0 and (tmp_path / "out" / "b.txt").exists()
+
+
+def test_the_probe_is_a_no_op_outside_the_harness_and_needs_no_torch() -> None:
+    code = ("import sys; from chaos import probe; probe.step(1, 0.5); probe.saved(1); probe.resumed(0); "
+            "probe.state(b'x'); print('torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
