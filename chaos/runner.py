@@ -266,18 +266,16 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
         if outcome.config_error:
             msgs = [e["message"] for e in record.errors() if e.get("kind") == "config"]
             raise ConfigError(msgs[0] if msgs else "a rank rejected its configuration")
-        unfired = _unfired_io_faults(scenario, record)
-        if unfired:
-            result.verdict, result.error = "skipped", unfired
-            return result
         result.oracles = judge(golden, record, loss_band=scenario.loss_band,
                                nondeterministic=scenario.workload.nondeterminism > 0)
         if powerloss is not None:
             result.oracles["atomic_commit"] = powerloss
         result.verdict = _verdict(result.oracles)
-        missed = _unfired_faults(scenario, outcome) or idle_faults(outcome.fired())
+        missed = (_unfired_io_faults(scenario, record) or _unfired_faults(scenario, outcome)
+                  or idle_faults(outcome.fired()))
         if missed and result.verdict == "pass":
-            # Nothing was attacked: a green verdict would claim more than was tested.
+            # Judged first: a fault that never fired turns only a pass into skipped (a green
+            # verdict would claim more than was tested); a real failure stays a failure.
             result.verdict, result.error = "skipped", missed
     except ConfigError:
         raise

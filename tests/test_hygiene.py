@@ -34,3 +34,13 @@ def test_the_careful_checkpointer_leaves_nothing(tmp_path):
     result = run_scenario(_scenario(spec), RunOptions(cache_dir=tmp_path / "cache", scratch_base=str(tmp_path)))
     assert result.verdict == "pass", (result.error, [o.summary for o in result.failing()])
     assert result.oracles["hygiene"].evidence["processes"] == []
+
+
+def test_an_unfired_io_fault_does_not_hide_a_real_failure(tmp_path):
+    """Judged first: a fault that never fired turns only a pass into skipped."""
+    spec = os.path.join(HERE, "checkpointers", "model_only.py") + ":ModelOnlyCheckpointer"
+    scenario = Scenario(checkpointer=spec, world_size=2, workload=SMALL, max_restarts=2,
+                        faults=[parse_fault("kill:rank=1,step=5"), parse_fault("crash:rank=0,op=rmdir,nth=99")])
+    result = run_scenario(scenario, RunOptions(cache_dir=tmp_path / "cache", scratch_base=str(tmp_path)))
+    assert result.verdict == "fail", (result.verdict, result.error)
+    assert not result.oracles["bit_exact"].passed
