@@ -194,10 +194,11 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None,
                          use_golden_cache=not args.no_cache, hang_timeout_s=args.hang_timeout)
     results: list[Any] = []
+    campaign: dict[str, Any] = {}
 
     def save() -> None:
         if args.json:
-            write_results(args.json, results)
+            write_results(args.json, results, campaign.get("doc"))
 
     started = time.monotonic()
     try:
@@ -210,7 +211,10 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
                 save()
                 scenario_line(console, result)
         if getattr(args, "command", None) == "run" and not args.fault and scenarios:
-            results += _generated(args, scenarios[0], options, console, started, results)
+            generated = _generated(args, scenarios[0], options, console, started, results)
+            results += generated
+            if hasattr(generated, "to_dict"):
+                campaign["doc"] = generated.to_dict()
     finally:
         save()  # also on a crash or Ctrl-C: what finished is kept
     if args.json:
@@ -219,7 +223,7 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
         from chaos.results import results_document
         from reports.html import render_report
 
-        render_report(results_document(results), Path(args.html))
+        render_report(results_document(results, campaign.get("doc")), Path(args.html))
         console.print(f"report written to {args.html}", markup=False, highlight=False)
     summary_table(console, results)
     return exit_status(results)

@@ -18,24 +18,28 @@ SCHEMA_VERSION = 1
 VERDICTS = ("pass", "fail", "error", "skipped")
 
 
-def results_document(results: list[ScenarioResult]) -> dict[str, Any]:
+def results_document(results: list[ScenarioResult], campaign: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The document; ``campaign`` (generated schedules, skips, fault-point coverage) when a budget ran."""
     counts = Counter(r.verdict for r in results)
-    return {
+    doc = {
         "schema_version": SCHEMA_VERSION,
         "summary": {v: counts.get(v, 0) for v in VERDICTS} | {"total": len(results)},
         "environment": {"chaos": __version__, "torch": metadata.version("torch"),
                         "python": platform.python_version(), "platform": platform.platform()},
         "scenarios": [r.to_dict() for r in results],
     }
+    if campaign is not None:
+        doc["campaign"] = campaign
+    return doc
 
 
-def write_results(path: str | Path, results: list[ScenarioResult]) -> None:
+def write_results(path: str | Path, results: list[ScenarioResult], campaign: dict[str, Any] | None = None) -> None:
     """Write atomically, so a reader never sees half a results file."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     with os.fdopen(fd, "w") as f:
-        json.dump(results_document(results), f, indent=1)
+        json.dump(results_document(results, campaign), f, indent=1)
     os.replace(tmp, target)
 
 

@@ -80,6 +80,10 @@ def test_budget_adds_seeded_generated_schedules_after_the_families(fake_runs, tm
     n = min(len(generated), len(again) - FAMILIES)
     assert n >= 1 and [s["faults"] for s in generated[:n]] == [s["faults"] for s in again[FAMILIES:FAMILIES + n]]
     assert len({json.dumps(s["faults"]) for s in generated}) == len(generated), "a schedule ran twice"
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["campaign"]["coverage"]["seen"] == 3 and doc["campaign"]["generated"] == len(generated)
+    bare = json.loads((tmp_path / "bare.json").read_text()) if (tmp_path / "bare.json").exists() else {}
+    assert "campaign" not in bare
 
 
 def test_generated_returns_the_campaign_entry_with_coverage(fake_runs, tmp_path):
