@@ -115,7 +115,7 @@ def every_scenario_skipped(monkeypatch):
 @pytest.mark.parametrize("suite", ["test_properties.py", "test_stateful.py"])
 def test_a_property_suite_whose_every_example_was_skipped_fails(pytester, suite):
     pytester.makeconftest(ALL_SKIPPED)
-    pytester.makepyfile(**{suite[:-3]: (REPO / "suites" / suite).read_text()})
+    pytester.makepyfile(**{"test_copy_of_" + suite[5:-3]: (REPO / "suites" / suite).read_text()})
     run = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-o", "addopts=")
     run.assert_outcomes(failed=1)
     assert "were skipped, so the property tested nothing" in run.stdout.str()
