@@ -65,18 +65,22 @@ class CarefulCheckpointer:
             self._sync(f.fileno())
         self._barrier()
         if self.rank == 0:
-            self._sync_dir(tmp)
-            os.rename(tmp, final)
-            self._sync_dir(self.root)
-            with open(os.path.join(self.root, "latest.tmp"), "w") as f:
-                f.write(f"step-{step}")
-                f.flush()
-                self._sync(f.fileno())
-            os.replace(os.path.join(self.root, "latest.tmp"), os.path.join(self.root, "latest"))
-            self._sync_dir(self.root)
-            for old in self._steps()[self.keep_last:]:
-                shutil.rmtree(os.path.join(self.root, f"step-{old}"), ignore_errors=True)
+            self._publish(step, tmp, final)
         self._barrier()
+
+    def _publish(self, step: int, tmp: str, final: str) -> None:
+        """Rank 0, once every rank's file is durable: steps 3-5 of the module docstring."""
+        self._sync_dir(tmp)
+        os.rename(tmp, final)
+        self._sync_dir(self.root)
+        with open(os.path.join(self.root, "latest.tmp"), "w") as f:
+            f.write(f"step-{step}")
+            f.flush()
+            self._sync(f.fileno())
+        os.replace(os.path.join(self.root, "latest.tmp"), os.path.join(self.root, "latest"))
+        self._sync_dir(self.root)
+        for old in self._steps()[self.keep_last:]:
+            shutil.rmtree(os.path.join(self.root, f"step-{old}"), ignore_errors=True)
 
     def wait(self) -> None:
         pass

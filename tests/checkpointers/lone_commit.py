@@ -12,7 +12,6 @@ real launcher until its monitor notices.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -31,14 +30,4 @@ class LoneCommitCheckpointer(Careful):
             f.flush()
             self._sync(f.fileno())
         if self.rank == 0:  # no vote: the others' files are assumed
-            self._sync_dir(tmp)
-            os.rename(tmp, os.path.join(self.root, f"step-{step}"))
-            self._sync_dir(self.root)
-            with open(os.path.join(self.root, "latest.tmp"), "w") as f:
-                f.write(f"step-{step}")
-                f.flush()
-                self._sync(f.fileno())
-            os.replace(os.path.join(self.root, "latest.tmp"), os.path.join(self.root, "latest"))
-            self._sync_dir(self.root)
-            for old in self._steps()[self.keep_last:]:
-                shutil.rmtree(os.path.join(self.root, f"step-{old}"), ignore_errors=True)
+            self._publish(step, tmp, os.path.join(self.root, f"step-{step}"))
