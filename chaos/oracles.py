@@ -266,15 +266,25 @@ def _auxiliary(record: RunRecord, path: str | None) -> bool:
 
 
 def _injured_saves(record: RunRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every save an injected error or a full disk hit, and the injuries that hit only
-    declared auxiliary files (not part of any save's acknowledged path)."""
+    """Every save an injected error or a full disk hit, and the injuries set aside: those
+    of declared auxiliary files (not part of any save's acknowledged path) and those the
+    trace shows hit nothing of the save in progress (``save_changes`` from chaos.record:
+    e.g. an EIO while deleting an older checkpoint after the new one was durable)."""
     out, aside = [], []
     for f in record.io.get("fired", []):
         if f.get("action") in ("enospc", "eio", "fsync_fail", "short_write") and f.get("step") is not None:
             what = f"{f['action']} at {f.get('op')} of {f.get('path')}"
             entry = {"attempt": f["attempt"], "step": int(f["step"]), "what": what,
                      "failed_sync": f.get("op") in ("fsync", "fdatasync")}
-            (aside if _auxiliary(record, f.get("path")) else out).append(entry)
+            hit = f.get("save_changes")
+            if _auxiliary(record, f.get("path")):
+                aside.append(entry)
+            elif hit is not None and all(_auxiliary(record, h) for h in hit):
+                aside.append({**entry, "why": "it hit nothing the save made that was not already durable "
+                                              "(e.g. removing an older checkpoint)"
+                                              + (f"; only auxiliary files: {', '.join(hit)}" if hit else "")})
+            else:
+                out.append({**entry, "save_changes": hit} if hit else entry)
     for f in record.fired_faults():
         if f.get("kind") == "diskfull" and f.get("step") is not None:
             saves = [e["step"] for e in record.rank_events(0, "save_call") if e["attempt"] == f["attempt"]
@@ -292,9 +302,11 @@ def no_false_ack(golden: GoldenRun, record: RunRecord) -> OracleResult:
     succeed), acknowledging it is a lie the next crash would expose. A failed fsync on
     checkpoint data has no such excuse: after it Linux may have dropped the dirty pages
     (PostgreSQL's "fsyncgate"), so a load that reads them back from the page cache
-    proves nothing, and the power-loss model counts that data as lost. Injuries of files
-    the checkpointer declared auxiliary (``auxiliary_files``: metrics and the like) are
-    listed but are not injuries of the save.
+    proves nothing, and the power-loss model counts that data as lost — but only data the
+    save had not yet made durable: a failed fsync of a directory whose entries of this save
+    a previous fsync already covered hurts nothing of it. Injuries of files the
+    checkpointer declared auxiliary (``auxiliary_files``: metrics and the like), and those
+    that hit only older checkpoints being removed, are listed but are not injuries of the save.
     """
     name = "no_false_ack"
     injured, aside = _injured_saves(record)
@@ -310,7 +322,7 @@ def no_false_ack(golden: GoldenRun, record: RunRecord) -> OracleResult:
             return OracleResult(name, False, f"the save at step {step} was acknowledged although it failed: {what}",
                                 {"attempt": attempt, "step": step, "injury": what})
     return OracleResult(name, True, f"{len(injured)} injured save(s), none acknowledged falsely"
-                        + (f"; {len(aside)} injur(ies) of auxiliary files only" if aside else ""),
+                        + (f"; {len(aside)} injur(ies) of auxiliary files or older checkpoints only" if aside else ""),
                         {"injured": injured, "auxiliary": aside})
 
 

@@ -8,6 +8,7 @@ RunRecord and never look at processes or files themselves.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,68 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
     return events
 
 
+_ERRORS = ("enospc", "eio", "fsync_fail", "short_write")
+
+
+class _SaveScope:
+    """Which paths the save in progress made, read from one rank's trace in order.
+
+    A save starts at the workload's ``save`` phase. An injected error hurts *that save*
+    only where it hits data the save made and had not yet made durable: a write or
+    truncate; a rename, unlink or rmdir of something the save created; an fsync of a
+    file or directory holding changes of the save that no successful fsync covered yet.
+    An error in deleting older checkpoints (retention renaming ``step-5`` aside, removing
+    it, syncing the directory after the commit was already synced) does not make the
+    acknowledgement of the new save a lie. Each fired error record gets ``save_changes``:
+    the paths of the save it hit (empty: none); ``no_false_ack`` drops those the
+    checkpointer declared auxiliary and sets the injury aside when nothing is left.
+    """
+
+    def __init__(self) -> None:
+        self.created: set[str] = set()               # files and directories the save created or wrote
+        self.unsynced: dict[str, set[str]] = {}      # path -> save changes in it no successful fsync covered
+
+    def see(self, rec: dict[str, Any]) -> None:
+        event = rec.get("event")
+        if event == "phase" and rec.get("name") == "save":
+            self.created.clear()
+            self.unsynced.clear()
+            return
+        if event != "op" or rec.get("error") is not None:
+            return
+        op, path = rec.get("op"), rec.get("path")
+        if op in ("fsync", "fdatasync"):
+            self.unsynced.pop(path, None)
+        elif op in ("open", "mkdir") and (rec.get("created") or op == "mkdir"):
+            self._made(path)
+        elif op in ("write", "truncate") and path:
+            self.created.add(path)
+            self.unsynced.setdefault(path, set()).add(path)
+        elif op in ("rename", "link") and rec.get("src") in self.created:
+            self._made(rec.get("dst"))
+
+    def _made(self, path: str | None) -> None:
+        if path:
+            self.created.add(path)
+            self.unsynced.setdefault(path, set()).add(path)
+            self.unsynced.setdefault(os.path.dirname(path), set()).add(path)
+
+    def injury(self, rec: dict[str, Any]) -> dict[str, Any]:
+        if rec.get("action") not in _ERRORS:
+            return {}
+        op, path = rec.get("op"), rec.get("path")
+        first = (rec.get("paths") or [path])[0]
+        if op in ("write", "truncate", "open", "close") or rec.get("action") == "short_write":
+            hit = [path]
+        elif op in ("fsync", "fdatasync"):
+            hit = sorted(self.unsynced.get(path, ()))
+        elif op in ("rename", "link", "unlink", "rmdir"):
+            hit = [first] if first in self.created else []
+        else:
+            hit = [path]
+        return {"save_changes": [h for h in hit if h]}
+
+
 def _io_summary(result: ClusterResult, log_dir: str, world_size: int, ckpt_root: str | None) -> dict[str, Any]:
     """What the I/O interposer saw: op counts, the rules that fired (exact points), and
     the checkpoint files no traced operation wrote (a C-level writer the tracer cannot see)."""
@@ -46,13 +109,15 @@ def _io_summary(result: ClusterResult, log_dir: str, world_size: int, ckpt_root:
             if not path.exists():
                 continue
             traced = True
+            scope = _SaveScope()
             for line in path.read_text(errors="replace").splitlines():
                 try:
                     rec = json.loads(line)
                 except ValueError:
                     continue
+                scope.see(rec)
                 if rec.get("event") == "fired":
-                    fired.append({**rec, "attempt": a.attempt})
+                    fired.append({**rec, "attempt": a.attempt, **scope.injury(rec)})
                 elif rec.get("event") == "op":
                     ops[rec["op"]] = ops.get(rec["op"], 0) + 1
                     for key in ("path", "dst"):

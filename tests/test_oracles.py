@@ -219,3 +219,63 @@ def test_loss_continuity_after_an_elastic_shrink_compares_smoothed_means_within_
                              world_sizes=(2, 1), gold=gold)
     bad = loss_continuity(gold, diverged, band=0.05)
     assert not bad.passed and "rank mean" in bad.summary
+
+
+def _scope_fired(trace):
+    from chaos.record import _SaveScope
+
+    scope, fired = _SaveScope(), []
+    for rec in trace:
+        scope.see(rec)
+        if rec["event"] == "fired":
+            fired.append({**rec, **scope.injury(rec)})
+    return fired
+
+
+def _op(op, path, **kw):
+    return {"event": "op", "op": op, "path": path, **kw}
+
+
+SAVE20 = [{"event": "phase", "name": "save", "info": {"step": 20}},
+          _op("mkdir", "/ckpt/.tmp-20"), _op("open", "/ckpt/.tmp-20/shard", created=True),
+          _op("write", "/ckpt/.tmp-20/shard"), _op("fsync", "/ckpt/.tmp-20/shard"),
+          _op("rename", "/ckpt/step-20", src="/ckpt/.tmp-20", dst="/ckpt/step-20"),
+          _op("fsync", "/ckpt"),
+          _op("open", "/ckpt/.tmp-metrics-1.prom", created=True), _op("write", "/ckpt/.tmp-metrics-1.prom"),
+          _op("rename", "/ckpt/metrics.prom", src="/ckpt/.tmp-metrics-1.prom", dst="/ckpt/metrics.prom"),
+          # retention: the older checkpoint moved aside, then removed
+          _op("rename", "/ckpt/.del-5", src="/ckpt/step-5", dst="/ckpt/.del-5")]
+
+
+def test_an_error_while_removing_an_older_checkpoint_hits_nothing_of_the_save():
+    """Retention after a durable commit: a failed fsync of the directory (whose only unsynced
+    save changes are declared metrics) or rmdir of the old checkpoint is no injury of the save."""
+    fsync = _scope_fired(SAVE20 + [{"event": "fired", "action": "eio", "op": "fsync", "path": "/ckpt",
+                                    "step": 20}])[0]
+    assert fsync["save_changes"] == ["/ckpt/.tmp-metrics-1.prom", "/ckpt/metrics.prom"]
+    rmdir = _scope_fired(SAVE20 + [{"event": "fired", "action": "eio", "op": "rmdir", "path": "/ckpt/.del-5",
+                                    "step": 20}])[0]
+    assert rmdir["save_changes"] == []
+    io = {"fired": [{**f, "attempt": 0} for f in (fsync, rmdir)]}
+    result = no_false_ack(GOLD, record([[READY] + FIRST], outcomes=("ok",), io=io))
+    assert result.passed and len(result.evidence["auxiliary"]) == 2, result.summary
+    # without the metrics declared auxiliary, the failed directory fsync loses a file of the save
+    assert not no_false_ack(GOLD, record([FIRST], outcomes=("ok",), io=io)).passed
+
+
+def test_a_failed_fsync_before_the_commit_is_synced_hurts_the_save():
+    """The same directory fsync failing right after the commit rename, before any successful
+    one: the new checkpoint's directory entry may be lost, and acknowledging it is a lie."""
+    early = SAVE20[:6] + [{"event": "fired", "action": "eio", "op": "fsync", "path": "/ckpt", "step": 20}]
+    hit = _scope_fired(early)[0]
+    assert hit["save_changes"] == ["/ckpt/.tmp-20", "/ckpt/step-20"]
+    io = {"fired": [{**hit, "attempt": 0}]}
+    result = no_false_ack(GOLD, record([[READY] + FIRST], outcomes=("ok",), io=io))
+    assert not result.passed and "fsync of its data failed" in result.summary
+    # a rename of the save's own temp directory failing is an injury; a new save starts a new scope
+    ren = _scope_fired(SAVE20[:5] + [{"event": "fired", "action": "eio", "op": "rename",
+                                      "paths": ["/ckpt/.tmp-20", "/ckpt/step-20"], "path": "/ckpt/.tmp-20"}])
+    assert ren[0]["save_changes"] == ["/ckpt/.tmp-20"]
+    later = _scope_fired(SAVE20 + [{"event": "phase", "name": "save", "info": {"step": 25}},
+                                   {"event": "fired", "action": "eio", "op": "rmdir", "path": "/ckpt/.tmp-20"}])
+    assert later[0]["save_changes"] == []
