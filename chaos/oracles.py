@@ -287,11 +287,21 @@ def _injured_saves(record: RunRecord) -> tuple[list[dict[str, Any]], list[dict[s
                 out.append({**entry, "save_changes": hit} if hit else entry)
     for f in record.fired_faults():
         if f.get("kind") == "diskfull" and f.get("step") is not None:
+            what = f"disk full ({f.get('detail', {}).get('leave_bytes')} bytes left)"
+            if record.io.get("traced"):
+                # Every checkpoint file was traced: the saves a real ENOSPC hit, and only those.
+                hit = sorted({e["step"] for e in record.io.get("enospc", []) if e["attempt"] == f["attempt"]
+                              and e.get("step") is not None and e["step"] >= f["step"]})
+                for step in hit:
+                    first = next(e for e in record.io["enospc"] if e["step"] == step and e["attempt"] == f["attempt"])
+                    out.append({"attempt": f["attempt"], "step": step, "failed_sync": False,
+                                "what": f"{what}: ENOSPC at {first['op']} of {first['path']}"})
+                continue
+            # I/O the tracer cannot see (a C-level writer): the first save after the fill is taken as hit.
             saves = [e["step"] for e in record.rank_events(0, "save_call") if e["attempt"] == f["attempt"]
                      and e["step"] >= f["step"]]
             if saves:
-                out.append({"attempt": f["attempt"], "step": min(saves), "failed_sync": False,
-                            "what": f"disk full ({f.get('detail', {}).get('leave_bytes')} bytes left)"})
+                out.append({"attempt": f["attempt"], "step": min(saves), "failed_sync": False, "what": what})
     return out, aside
 
 

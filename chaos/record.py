@@ -7,6 +7,7 @@ RunRecord and never look at processes or files themselves.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass, field
@@ -52,12 +53,14 @@ class _SaveScope:
     """
 
     def __init__(self) -> None:
+        self.step: int | None = None                 # the save in progress (None: before the first)
         self.created: set[str] = set()               # files and directories the save created or wrote
         self.unsynced: dict[str, set[str]] = {}      # path -> save changes in it no successful fsync covered
 
     def see(self, rec: dict[str, Any]) -> None:
         event = rec.get("event")
         if event == "phase" and rec.get("name") == "save":
+            self.step = (rec.get("info") or {}).get("step")
             self.created.clear()
             self.unsynced.clear()
             return
@@ -97,10 +100,12 @@ class _SaveScope:
 
 
 def _io_summary(result: ClusterResult, log_dir: str, world_size: int, ckpt_root: str | None) -> dict[str, Any]:
-    """What the I/O interposer saw: op counts, the rules that fired (exact points), and
-    the checkpoint files no traced operation wrote (a C-level writer the tracer cannot see)."""
+    """What the I/O interposer saw: op counts, the rules that fired (exact points), the
+    real ENOSPC errors (which save a full disk hit), and the checkpoint files no traced
+    operation wrote (a C-level writer the tracer cannot see)."""
     ops: dict[str, int] = {}
     fired: list[dict[str, Any]] = []
+    enospc: list[dict[str, Any]] = []  # real ENOSPC errors of traced ops (a full disk), with the save they hit
     written: set[str] = set()
     traced = False
     for a in result.attempts:
@@ -119,6 +124,9 @@ def _io_summary(result: ClusterResult, log_dir: str, world_size: int, ckpt_root:
                 if rec.get("event") == "fired":
                     fired.append({**rec, "attempt": a.attempt, **scope.injury(rec)})
                 elif rec.get("event") == "op":
+                    if rec.get("error") == errno.ENOSPC:
+                        enospc.append({"attempt": a.attempt, "rank": r, "step": scope.step, "op": rec["op"],
+                                       "path": rec.get("path")})
                     ops[rec["op"]] = ops.get(rec["op"], 0) + 1
                     for key in ("path", "dst"):
                         if rec.get(key):
@@ -129,7 +137,7 @@ def _io_summary(result: ClusterResult, log_dir: str, world_size: int, ckpt_root:
     if ckpt_root and Path(ckpt_root).is_dir():
         root = Path(ckpt_root).resolve()
         untraced = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and str(p) not in written)
-    return {"ops": ops, "fired": fired, "untraced_files": untraced, "traced": not untraced}
+    return {"ops": ops, "fired": fired, "enospc": enospc, "untraced_files": untraced, "traced": not untraced}
 
 
 @dataclass

@@ -279,3 +279,17 @@ def test_a_failed_fsync_before_the_commit_is_synced_hurts_the_save():
     later = _scope_fired(SAVE20 + [{"event": "phase", "name": "save", "info": {"step": 25}},
                                    {"event": "fired", "action": "eio", "op": "rmdir", "path": "/ckpt/.tmp-20"}])
     assert later[0]["save_changes"] == []
+
+
+def test_a_full_disk_injures_only_the_saves_a_traced_enospc_hit():
+    """With every checkpoint file traced, the save that fit into the space left is no injury;
+    the one a real ENOSPC hit is. Untraced I/O falls back to the first save after the fill."""
+    fill = {"kind": "diskfull", "step": 15, "attempt": 0, "detail": {"leave_bytes": 4096}}
+    fits = record([FIRST], outcomes=("ok",), fired={0: [fill]}, io={"traced": True, "fired": [], "enospc": []})
+    assert no_false_ack(GOLD, fits).passed
+    hit = {"traced": True, "fired": [], "enospc": [{"attempt": 0, "rank": 0, "step": 20, "op": "write",
+                                                    "path": "/ckpt/.tmp-20/shard"}]}
+    result = no_false_ack(GOLD, record([FIRST], outcomes=("ok",), fired={0: [fill]}, io=hit))
+    assert not result.passed and "ENOSPC at write of /ckpt/.tmp-20/shard" in result.summary
+    blind = record([FIRST], outcomes=("ok",), fired={0: [fill]}, io={"traced": False, "fired": []})
+    assert not no_false_ack(GOLD, blind).passed
