@@ -53,19 +53,9 @@ class PartialChecksumCheckpointer(CarefulCheckpointer):
         self._barrier()
         if self.rank == 0:
             final = os.path.join(self.root, f"step-{step}")
-            self._sync_dir(tmp)
             if os.path.isdir(final):  # a re-save after the loader rejected this step: replace it
                 shutil.rmtree(final)
-            os.rename(tmp, final)
-            self._sync_dir(self.root)
-            with open(os.path.join(self.root, "latest.tmp"), "w") as f:
-                f.write(f"step-{step}")
-                f.flush()
-                self._sync(f.fileno())
-            os.replace(os.path.join(self.root, "latest.tmp"), os.path.join(self.root, "latest"))
-            self._sync_dir(self.root)
-            for old in self._steps()[self.keep_last:]:
-                shutil.rmtree(os.path.join(self.root, f"step-{old}"), ignore_errors=True)
+            self._publish(step, tmp, final)
         self._barrier()
 
     def _try(self, step: int) -> Any:
