@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from chaos import cluster, statehash
 from chaos.errors import HarnessError
+from chaos.jsonfile import write_json_atomic
 from chaos.record import RunRecord
 from chaos.workload.config import WorkloadConfig
 
@@ -99,9 +99,5 @@ def get_golden(workload: WorkloadConfig, world_size: int, scratch: Path, backend
         raise HarnessError(f"golden run failed ({result.attempts[-1].outcome}): {errors or 'no error logged'}")
     golden = _from_record(key, record)
     if use_cache:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".golden-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(golden.to_dict(), f)
-        os.replace(tmp, cache)
+        write_json_atomic(cache, golden.to_dict())
     return golden

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chaos.jsonfile import write_json_atomic
+
 if TYPE_CHECKING:
     from chaos.record import RunRecord
     from chaos.runner import RunOptions, ScenarioResult
@@ -286,11 +288,7 @@ def reference_points(scenario: Scenario, options: RunOptions) -> TracePoints:
     points = trace_reference_run(scenario, options)
     points.key = key
     if options.use_golden_cache and points.error is None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".points-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(points.to_dict(), f)
-        os.replace(tmp, cache)
+        write_json_atomic(cache, points.to_dict())
     return points
 
 

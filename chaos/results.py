@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
 import platform
-import tempfile
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from chaos import __version__
+from chaos.jsonfile import write_json_atomic
 from chaos.runner import ScenarioResult
 
 SCHEMA_VERSION = 1
@@ -35,12 +33,7 @@ def results_document(results: list[ScenarioResult], campaign: dict[str, Any] | N
 
 def write_results(path: str | Path, results: list[ScenarioResult], campaign: dict[str, Any] | None = None) -> None:
     """Write atomically, so a reader never sees half a results file."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(results_document(results, campaign), f, indent=1)
-    os.replace(tmp, target)
+    write_json_atomic(path, results_document(results, campaign), indent=1)
 
 
 def exit_status(results: list[ScenarioResult]) -> int:

@@ -10,10 +10,7 @@ the built-in workload's runner, and with it torch (~2 s), which a job run never 
 
 from __future__ import annotations
 
-import json
-import os
 import platform
-import tempfile
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
@@ -22,6 +19,7 @@ from typing import Any
 from chaos import __version__
 from chaos.job.explore import Exploration, PointResult
 from chaos.job.spec import JobSpec
+from chaos.jsonfile import write_json_atomic
 
 SCHEMA_VERSION = 1  # chaos.results.SCHEMA_VERSION (tests/test_job_cli.py keeps them equal)
 VERDICTS = ("pass", "fail", "error", "skipped")
@@ -52,12 +50,7 @@ def results_document(job: JobSpec, exploration: Exploration | None, results: lis
 
 def write_results(path: str | Path, doc: dict[str, Any]) -> None:
     """Write atomically, so a reader never sees half a results file."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, default=str)
-    os.replace(tmp, target)
+    write_json_atomic(path, doc, indent=1, default=str)
 
 
 def exit_status(results: list[PointResult]) -> int:
