@@ -44,7 +44,8 @@ class _SaveScope:
     A save starts at the workload's ``save`` phase. An injected error hurts *that save*
     only where it hits data the save made and had not yet made durable: a write or
     truncate; a rename, unlink or rmdir of something the save created; an fsync of a
-    file or directory holding changes of the save that no successful fsync covered yet.
+    file or directory holding changes of the save that no successful fsync covered yet
+    (or the open of that directory for its fsync).
     An error in deleting older checkpoints (retention renaming ``step-5`` aside, removing
     it, syncing the directory after the commit was already synced) does not make the
     acknowledgement of the new save a lie. Each fired error record gets ``save_changes``:
@@ -56,6 +57,7 @@ class _SaveScope:
         self.step: int | None = None                 # the save in progress (None: before the first)
         self.created: set[str] = set()               # files and directories the save created or wrote
         self.unsynced: dict[str, set[str]] = {}      # path -> save changes in it no successful fsync covered
+        self.dirs: set[str] = set()                  # directories seen holding (or being) the save's entries
 
     def see(self, rec: dict[str, Any]) -> None:
         event = rec.get("event")
@@ -71,6 +73,8 @@ class _SaveScope:
             self.unsynced.pop(path, None)
         elif op in ("open", "mkdir") and (rec.get("created") or op == "mkdir"):
             self._made(path)
+            if op == "mkdir" and path:
+                self.dirs.add(path)
         elif op in ("write", "truncate") and path:
             self.created.add(path)
             self.unsynced.setdefault(path, set()).add(path)
@@ -82,13 +86,16 @@ class _SaveScope:
             self.created.add(path)
             self.unsynced.setdefault(path, set()).add(path)
             self.unsynced.setdefault(os.path.dirname(path), set()).add(path)
+            self.dirs.add(os.path.dirname(path))
 
     def injury(self, rec: dict[str, Any]) -> dict[str, Any]:
         if rec.get("action") not in _ERRORS:
             return {}
         op, path = rec.get("op"), rec.get("path")
         first = (rec.get("paths") or [path])[0]
-        if op in ("write", "truncate", "open", "close") or rec.get("action") == "short_write":
+        if op == "open" and path in self.dirs:
+            hit = sorted(self.unsynced.get(path, ()))  # opened to fsync it: as if that fsync failed
+        elif op in ("write", "truncate", "open", "close") or rec.get("action") == "short_write":
             hit = [path]
         elif op in ("fsync", "fdatasync"):
             hit = sorted(self.unsynced.get(path, ()))

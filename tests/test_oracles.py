@@ -256,6 +256,8 @@ def test_an_error_while_removing_an_older_checkpoint_hits_nothing_of_the_save():
     rmdir = _scope_fired(SAVE20 + [{"event": "fired", "action": "eio", "op": "rmdir", "path": "/ckpt/.del-5",
                                     "step": 20}])[0]
     assert rmdir["save_changes"] == []
+    opendir = _scope_fired(SAVE20 + [{"event": "fired", "action": "enospc", "op": "open", "path": "/ckpt"}])[0]
+    assert opendir["save_changes"] == fsync["save_changes"]  # the open for that fsync: the same changes
     io = {"fired": [{**f, "attempt": 0} for f in (fsync, rmdir)]}
     result = no_false_ack(GOLD, record([[READY] + FIRST], outcomes=("ok",), io=io))
     assert result.passed and len(result.evidence["auxiliary"]) == 2, result.summary
