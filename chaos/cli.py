@@ -41,7 +41,9 @@ def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:
     """The embedded default: one scenario per fault family, each aimed past the middle of the run.
 
     A kill between two saves, a preemption, a crash in the middle of a save's writes, a
-    bit flip in the newest checkpoint, a full disk, a dropped network link (root only;
+    rank killed as a save begins while the survivors run on with their part of it (as a
+    real launcher lets them until its monitor notices), a bit flip in the newest
+    checkpoint, a payload planted in it, a full disk, a dropped network link (root only;
     skipped with the reason elsewhere) and a power loss during a save.
     """
     def between(fraction: float) -> int:
@@ -55,7 +57,9 @@ def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:
         [f"kill:rank={last},step={between(0.575)}"],
         [f"term:rank=0,step={between(0.45)},grace=2"],
         [f"crash:rank={last},step={mid_save},op=write,nth=2"],
+        [f"kill:rank={last},phase=save,step={saves[-2] if len(saves) > 1 else mid_save},linger=3"],
         [f"bitflip:step={between(0.575)},bits=16,region=data,seed={cfg.seed}"],
+        [f"payload:step={between(0.575)},format=pickle,seed={cfg.seed}"],
         [f"diskfull:step={max(1, mid_save - 1)},free=4096"],
         [f"netdrop:rank={last},step={between(0.575)}"],
         [f"powerloss:step={mid_save},seed={cfg.seed},max_states=60"],

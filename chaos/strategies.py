@@ -82,8 +82,11 @@ def fault_schedules(cfg: WorkloadConfig, world_size: int, points: TracePoints, *
         found: list[PhasePoint] = sorted({p for p in points.phases if p.step > after})
         if not found:
             return None
-        return st.sampled_from(found).map(
-            lambda p: Drawn(f"kill:rank={p.rank},phase={p.phase},step={p.step}", p.step, True))
+        # Half of them let the survivors run on for 2 s (linger), as a real launcher does until
+        # its monitor notices: a rank that commits its part without the others is then caught.
+        return st.builds(lambda p, linger: Drawn(f"kill:rank={p.rank},phase={p.phase},step={p.step}{linger}",
+                                                 p.step, True),
+                         st.sampled_from(found), st.sampled_from(["", ",linger=2"]))
 
     def io(after: int) -> st.SearchStrategy[Drawn] | None:
         found = [p for p in points.io if p.step > after]

@@ -202,6 +202,20 @@ def test_drawn_schedules_use_traced_points_and_restart_before_a_next_attempt(sch
         assert faults[1].step > faults[0].step, schedule
 
 
+def test_phase_kills_are_drawn_with_and_without_survivors_running_on():
+    seen: set[bool] = set()
+
+    @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(schedule=fault_schedules(CFG, 2, POINTS))
+    def collect(schedule):
+        for f in map(parse_fault, schedule):
+            if f.kind == "kill" and f.param("phase"):
+                seen.add(f.param("linger", None) is not None)
+
+    collect()
+    assert seen == {True, False}
+
+
 def test_without_io_points_no_io_fault_is_drawn():
     @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(schedule=fault_schedules(CFG, 2, TracePoints([], [PhasePoint(0, "save", 4)])))

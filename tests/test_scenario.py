@@ -75,7 +75,11 @@ def test_values_round_trip_through_their_text(value):
 def test_default_campaign_covers_every_family_once():
     scenarios = build_scenarios(make_parser().parse_args(["run"]))
     families = [s.faults[0].family for s in scenarios]
-    assert sorted(families) == sorted(["process", "process", "io", "rest", "disk", "net", "powerloss"])
+    assert sorted(families) == sorted(["process", "process", "io", "process", "rest", "rest", "disk", "net",
+                                       "powerloss"])
+    linger = next(s.faults[0] for s in scenarios if s.faults[0].param("linger", None))
+    assert linger.kind == "kill" and linger.param("phase", None) == "save"
+    assert {s.faults[0].kind for s in scenarios if s.faults[0].family == "rest"} == {"bitflip", "payload"}
     kill = scenarios[0].faults[0]
     assert kill.kind == "kill" and kill.rank == 1 and kill.step % scenarios[0].workload.save_every != 0
     assert all(s.checkpointer == "reference" for s in scenarios)
