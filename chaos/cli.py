@@ -207,13 +207,13 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     started = time.monotonic()
     try:
         with LiveProgress(console, len(scenarios)) as live:
-            for scenario in scenarios:
+            for i, scenario in enumerate(scenarios, 1):
                 live.start(scenario)
                 result = run_scenario(scenario, options, progress=live.update)
                 live.finish(result)
                 results.append(result)
                 save()
-                scenario_line(console, result)
+                scenario_line(console, result, position=f"[{i}/{len(scenarios)}] ")
         if getattr(args, "command", None) == "run" and not args.fault and scenarios:
             generated = _generated(args, scenarios[0], options, console, started, results)
             results += generated
@@ -223,12 +223,25 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
         save()  # also on a crash or Ctrl-C: what finished is kept
     if args.json:
         console.print(f"results written to {args.json}", markup=False, highlight=False)
-    if args.html:
+    if args.html or args.junit or args.summary:
         from chaos.results import results_document
-        from reports.html import render_report
 
-        render_report(results_document(results, campaign.get("doc")), Path(args.html))
-        console.print(f"report written to {args.html}", markup=False, highlight=False)
+        doc = results_document(results, campaign.get("doc"))
+        if args.html:
+            from reports.html import render_report
+
+            render_report(doc, Path(args.html))
+            console.print(f"report written to {args.html}", markup=False, highlight=False)
+        if args.junit:
+            from reports.junit import write_junit
+
+            write_junit(doc, args.junit)
+            console.print(f"JUnit XML written to {args.junit}", markup=False, highlight=False)
+        if args.summary:
+            from reports.summary import append_summary
+
+            append_summary(doc, args.summary)
+            console.print(f"summary appended to {args.summary}", markup=False, highlight=False)
     summary_table(console, results)
     return exit_status(results)
 
@@ -268,13 +281,16 @@ def _generated(args: argparse.Namespace, template: Scenario, options: Any, conso
 
     def run_one(specs: list[str]) -> Any:
         scenario = dataclasses.replace(template, faults=[parse_fault(f) for f in specs], id="")
-        with LiveProgress(console, 1) as live:
+        n = len(timed) - len(done) + 1
+        left = f"{max(0.0, deadline - time.monotonic()):.0f} s of the {budget:g} s budget left"
+        with LiveProgress(console, 1, title=f"generated schedule {n}", note=left) as live:
             live.start(scenario)
             result = run_scenario(scenario, options, progress=live.update)
             live.finish(result)
         timed.append(result)
-        scenario_line(console, result)
-        console.print(f"  generated schedule {len(timed) - len(done)}: {' '.join(specs)}  replay: {result.replay}",
+        left = f"{max(0.0, deadline - time.monotonic()):.0f} s of budget left"
+        scenario_line(console, result, position=f"[generated {n}, {left}] ")
+        console.print(f"  generated schedule {n}: {' '.join(specs)}  replay: {result.replay}",
                       markup=False, highlight=False, soft_wrap=True)  # one line: copy-paste replays it
         return result
 

@@ -773,6 +773,34 @@ def _evidence_text(evidence: Any) -> str:
 
 # -- assembling the page ------------------------------------------------------------
 
+def _run_notes(doc: dict[str, Any]) -> list[str]:
+    """Coverage of a job or a campaign, as the CI summary says it (reports.cases)."""
+    from reports.cases import describe
+
+    try:
+        return describe(doc).notes
+    except ConfigError:
+        return []
+
+
+def _job_view(job: Any) -> dict[str, Any] | None:
+    """What a job-mode results document (``chaos run -- COMMAND``) says about the job as a whole."""
+    if not isinstance(job, dict):
+        return None
+    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    command = spec.get("command") or []
+    resume = spec.get("resume_command")
+    ref = job.get("reference") if isinstance(job.get("reference"), dict) else {}
+    outcomes = job.get("outcomes") if isinstance(job.get("outcomes"), dict) else {}
+    return {"command": " ".join(map(str, command)) if isinstance(command, list) else str(command),
+            "resume": " ".join(map(str, resume)) if isinstance(resume, list) else resume,
+            "world_size": spec.get("world_size"), "torchrun": bool(spec.get("torchrun")),
+            "found": job.get("points_found"), "tried": job.get("points_tried"), "coverage": job.get("coverage"),
+            "budget": job.get("budget_s"), "outcomes": {str(k): v for k, v in outcomes.items()},
+            "tolerance": bool(ref.get("tolerance_mode")), "notes": [str(n) for n in ref.get("notes") or []],
+            "untraced": [str(n) for n in ref.get("untraced_files") or []]}
+
+
 def scenario_view(sc: dict[str, Any], idx: int, ex: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
     """What the template shows of one scenario; its figures go into ``figures`` keyed by chart id."""
     verdict = str(sc.get("verdict") or "error")
@@ -797,18 +825,27 @@ def scenario_view(sc: dict[str, Any], idx: int, ex: dict[str, Any], figures: dic
                         "evidence": _evidence_text(o.get("evidence"))})
     attempts = []
     for a in sc.get("attempts") or []:
+        if not isinstance(a, dict):
+            continue
         started, ended = a.get("started"), a.get("ended")
-        dur = ended - started if isinstance(started, int | float) and isinstance(ended, int | float) else None
-        codes = a.get("exit_codes") or {}
+        dur = ended - started if isinstance(started, int | float) and isinstance(ended, int | float) else a.get("seconds")
+        # the built-in workload records exit_codes by rank; a job's attempt, returncodes in rank order
+        codes = a.get("exit_codes") or {f"{i}": c for i, c in enumerate(a.get("returncodes") or [])}
+        detail = a.get("detail") or ("timed out" if a.get("timed_out") else "")
+        if a.get("leftovers"):
+            detail = f"{detail}; left behind: {a['leftovers']}" if detail else f"left behind: {a['leftovers']}"
         attempts.append({"attempt": a.get("attempt"), "outcome": a.get("outcome"), "seconds": dur,
                          "exit_codes": ", ".join(f"r{k}: {v}" for k, v in codes.items()) if isinstance(codes, dict) else str(codes),
-                         "detail": a.get("detail") or "", "fired": ", ".join(_fault_label(f) for f in a.get("fired") or [])})
+                         "detail": detail, "fired": ", ".join(_fault_label(f) for f in a.get("fired") or [])})
     faults = [str(f.get("spec") or f.get("kind")) if isinstance(f, dict) else str(f) for f in sc.get("faults") or []]
+    outcome = str(sc.get("outcome") or verdict)  # a job point's finer word: hard_failure, lost_work, ...
     return {"idx": idx, "anchor": f"s{idx}", "id": str(sc.get("id") or f"scenario {idx}"), "verdict": verdict,
+            "outcome": outcome if outcome != verdict else None, "kind": str((sc.get("scenario") or {}).get("kind")
+                                                                            or "workload"),
             "open": verdict in ("fail", "error"), "checkpointer": str(sc.get("checkpointer") or "?"),
             "backend": str(sc.get("backend") or "?"), "world_size": sc.get("world_size"), "seed": sc.get("seed"),
             "faults": faults, "seconds": sc.get("seconds"), "error": sc.get("error"), "replay": sc.get("replay"),
-            "oracles": oracles, "failing": [o for o in oracles if o["result"] not in ("pass", "skipped")],
+            "oracles": oracles, "failing": [o for o in oracles if o["result"] not in ("pass", "skipped", "not_judged")],
             "divergence": div, "attempts": attempts, "charts": charts, "alerts": alerts,
             "golden_cached": sc.get("golden_cached")}
 
@@ -837,7 +874,8 @@ def build_context(doc: dict[str, Any], extras: dict[str, Any] | None = None) -> 
         "world_sizes": sorted({v["world_size"] for v in views if isinstance(v["world_size"], int)}),
         "seeds": _ranges(seeds), "scenarios": views, "thresholds": ex["thresholds"],
         "alerting": sum(1 for v in views if v["alerts"]),
-        "bench": None, "young_daly": None, "certification": None,
+        "bench": None, "young_daly": None, "certification": None, "run_notes": _run_notes(doc),
+        "job": _job_view(doc.get("job")),
     }
     if "bench" in ex:
         step_s, source = ex.get("step_seconds"), "given"

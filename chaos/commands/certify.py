@@ -2,7 +2,8 @@
 
 Runs the conformance battery, a chaos campaign with the reference checkpointer on the
 backend and a throughput measurement, prints a verdict per property and writes the
-report as JSON (``--json``) and HTML (``--html``). Exit 0 only when certified, 1 when
+report as JSON (``--json``), HTML (``--html``), JUnit XML (``--junit``) and a Markdown summary
+(``--summary``, appended). Exit 0 only when certified, 1 when
 not — including every partial run (``--only``, ``--no-campaign``, ``--quick``), which is
 never certified, so a CI gate cannot pass on one — and 2 on bad input (one line, nothing
 created)::
@@ -32,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
     parser.add_argument("--html", default=None, metavar="PATH", help="write the report as a self-contained HTML page")
+    parser.add_argument("--junit", default=None, metavar="FILE",
+                        help="write JUnit XML: a test case per property and campaign scenario, and one for the verdict")
+    parser.add_argument("--summary", default=None, metavar="FILE",
+                        help="append a Markdown summary to FILE (e.g. $GITHUB_STEP_SUMMARY); never truncates it")
     parser.add_argument("--only", default=None, help="comma-separated properties (a partial run is never certified)")
     parser.add_argument("--no-campaign", action="store_true", help="skip the chaos campaign (never certified)")
     parser.add_argument("--quick", action="store_true", help="campaign: only the kill mid-save scenario (partial: never certified)")
@@ -80,9 +85,11 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise ConfigError(f"--only: unknown propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
                               f"known: {', '.join(n for n, _ in PROPERTIES)}")
-    for path in (args.json, args.html):
+    for path in (args.json, args.html, args.junit, args.summary):
         if path and not Path(path).resolve().parent.is_dir():
             raise ConfigError(f"output {path}: its directory does not exist")
+        if path and Path(path).is_dir():
+            raise ConfigError(f"output {path}: is a directory, expected a file path")
     for flag, path in (("--scratch", args.scratch), ("--cache-dir", args.cache_dir)):
         if path and not Path(path).is_dir():
             raise ConfigError(f"{flag} {path}: not an existing directory")
@@ -101,4 +108,13 @@ def run(args: argparse.Namespace) -> int:
         from reports.html import render_certification
 
         Path(args.html).write_text(render_certification(report))
+    doc = json.loads(json.dumps(report, default=str))  # JUnit and summary read what --json holds
+    if args.junit:
+        from reports.junit import write_junit
+
+        write_junit(doc, args.junit)
+    if args.summary:
+        from reports.summary import append_summary
+
+        append_summary(doc, args.summary)
     return 0 if report["certified"] else 1

@@ -49,6 +49,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per attempt")
     p.add_argument("--rtol", type=float, default=1e-3, help="tolerance mode: relative tolerance of results")
     p.add_argument("--json", metavar="PATH", help="write the results JSON here")
+    p.add_argument("--junit", metavar="FILE", help="write JUnit XML here: a test case per point (for CI test reports)")
+    p.add_argument("--summary", metavar="FILE",
+                   help="append a Markdown summary to FILE (e.g. $GITHUB_STEP_SUMMARY); never truncates it")
     p.add_argument("--scratch", metavar="DIR", help="parent of the scratch root (default: system temp)")
     p.add_argument("--keep", action="store_true", help="keep the scratch root for inspection")
     return p
@@ -108,8 +111,10 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
     from chaos.job.results import exit_status, results_document, write_results
 
     only = parse_point(args.point) if args.point else None
+    _check_ci_outputs(args)
     results: list[Any] = []
     started = time.monotonic()
+    progress = {"planned": 0, "shown": started}
 
     def on_reference(ref: Any) -> None:
         mode = "torchrun (its agent restarts the workers)" if job.torchrun else (
@@ -118,6 +123,7 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
              f"{len(ref.points)} point(s) found, {ref.seconds:.1f} s")
         for note in ref.notes:
             _say(f"  note: {note}")
+        progress["planned"] = 1 if only else min(len(ref.points), args.max_points or len(ref.points))
 
     def on_result(res: Any) -> None:
         results.append(res)
@@ -128,13 +134,15 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
             where = f" ({res.point.kind} {res.point.path})" if res.point.kind else ""
             _say(f"{v.outcome.upper()} {res.point.id}{where}: {v.summary}")
             _say(f"  replay: {res.replay}")
+        _progress(args, progress, len(results), started)
 
     exploration = explore(job, seed=args.seed, max_points=args.max_points, budget_s=args.budget, jobs=args.jobs,
                           only=only, scratch_base=args.scratch, keep=args.keep, on_reference=on_reference,
                           on_result=on_result)
     final = exploration.results
+    doc = results_document(job, exploration, final)
     if args.json:
-        write_results(args.json, results_document(job, exploration, final))
+        write_results(args.json, doc)
     counts: dict[str, int] = {}
     for r in final:
         counts[r.verdict.outcome] = counts.get(r.verdict.outcome, 0) + 1
@@ -146,4 +154,39 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
              f"rtol {job.rtol:g}, not bit for bit")
     if args.json:
         _say(f"results written to {args.json}")
+    _ci_reports(args, doc)
     return exit_status(final)
+
+
+PROGRESS_EVERY_S = 10.0
+
+
+def _progress(args: argparse.Namespace, progress: dict[str, Any], done: int, started: float) -> None:
+    """Every PROGRESS_EVERY_S seconds of a long exploration: points done / planned, budget left."""
+    now = time.monotonic()
+    if now - progress["shown"] < PROGRESS_EVERY_S or done >= progress["planned"]:
+        return
+    progress["shown"] = now
+    left = f", {max(0.0, args.budget - (now - started)):.0f} s of the {args.budget:g} s budget left" if args.budget else ""
+    _say(f"progress: {done}/{progress['planned']} point(s) done{left}")
+
+
+def _check_ci_outputs(args: argparse.Namespace) -> None:
+    from reports.cases import check_output
+
+    for flag, path in (("--junit", args.junit), ("--summary", args.summary)):
+        check_output(path, flag)
+
+
+def _ci_reports(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    """``--junit`` and ``--summary``, from the same document as ``--json`` (reports.junit, reports.summary)."""
+    if args.junit:
+        from reports.junit import write_junit
+
+        write_junit(doc, args.junit)
+        _say(f"JUnit XML written to {args.junit}")
+    if args.summary:
+        from reports.summary import append_summary
+
+        append_summary(doc, args.summary)
+        _say(f"summary appended to {args.summary}")
