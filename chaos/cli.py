@@ -24,7 +24,8 @@ from chaos.scenario import Scenario, _parse_value, parse_fault
 from chaos.workload.config import WorkloadConfig
 
 # Modules under chaos.commands that add a subcommand; missing ones are skipped.
-EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report", "crashbench", "selfcheck", "engine", "certify")
+EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report", "crashbench", "selfcheck", "engine", "certify",
+                  "jobbench")
 
 
 def _key_values(items: list[str], what: str) -> dict[str, Any]:

@@ -10,12 +10,31 @@ did), a plain ``ChaosVerdictError`` for an error or a skip. A strict xfail of a 
 defect names the oracle that must catch it —
 ``xfail(strict=True, raises=oracle_failed("atomic_commit"))`` — so any other breakage
 is not counted as the documented defect.
+
+A team's own training job goes through the same fixture: ``chaos.job(COMMAND, ...)``
+runs ``chaos run -- COMMAND`` in-process (two fault-free runs, then each point killed
+and resumed, judged pass / hard_failure / silent_divergence / lost_work) inside the
+session's scratch root, and ``chaos.check(result)`` raises ``job_failed(outcome)``
+listing every failing point's outcome, summary and replay command::
+
+    @pytest.mark.chaos
+    def test_train_survives_crashes(chaos):
+        result = chaos.job(["python", "train.py", "--out", "{out}"], ranks=2, max_points=20,
+                           result_files=["final.pt"])
+        chaos.check(result)
+
+A job run in which no point fired (every point skipped, or none ran) is not a pass:
+``check`` raises ``ChaosVerdictError`` for it, as for a harness error. A known defect
+is ``xfail(strict=True, raises=job_failed("hard_failure"), reason=...)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import os
+import shlex
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +60,7 @@ BUILTINS = ("reference", "dcp", "dcp-async", "torch-save")
 class ChaosVerdictError(AssertionError):
     """A scenario's verdict was not the one a test expected; ``result`` is the whole evidence."""
 
-    def __init__(self, message: str, result: ScenarioResult | None = None) -> None:
+    def __init__(self, message: str, result: ScenarioResult | JobResult | None = None) -> None:
         super().__init__(message)
         self.result = result
 
@@ -73,6 +92,97 @@ def oracle_failed(*names: str) -> type[OracleFailed]:
                                              "__doc__": f"Oracle(s) {', '.join(key)} failed."})
         _ORACLE_TYPES[key] = cls
     return cls
+
+
+class JobFailed(ChaosVerdictError):
+    """A job's points failed; ``job_failed(outcome)`` is the type for one outcome (the type an xfail names)."""
+
+    outcomes: tuple[str, ...] = ()
+
+
+_JOB_TYPES: dict[tuple[str, ...], type[JobFailed]] = {}
+JOB_OUTCOMES = ("hard_failure", "silent_divergence", "lost_work")
+
+
+def job_failed(*outcomes: str) -> type[JobFailed]:
+    """The error ``check`` raises when a job's failing points had exactly these outcomes.
+
+    As ``oracle_failed``: several outcomes give a type derived from each one's own, so
+    ``raises=job_failed("hard_failure")`` matches a run with hard failures (and maybe
+    lost work too) and nothing else. Outcomes are ``chaos.job.judge``'s failing ones:
+    hard_failure, silent_divergence, lost_work.
+    """
+    key = tuple(sorted(set(outcomes)))
+    if not key:
+        raise ValueError("job_failed needs at least one outcome")
+    unknown = [o for o in key if o not in JOB_OUTCOMES]
+    if unknown:
+        raise ValueError(f"job_failed: unknown outcome(s) {', '.join(unknown)}; known: {', '.join(JOB_OUTCOMES)}")
+    cls = _JOB_TYPES.get(key)
+    if cls is None:
+        title = "And".join("".join(part.title() for part in o.split("_")) for o in key)
+        bases = (JobFailed,) if len(key) == 1 else tuple(job_failed(o) for o in key)
+        cls = type(f"Job{title}", bases, {"outcomes": key, "__module__": __name__,
+                                          "__doc__": f"Job point(s) failed with {', '.join(key)}."})
+        _JOB_TYPES[key] = cls
+    return cls
+
+
+@dataclass
+class JobResult:
+    """One ``chaos.job(...)`` run: the spec, the exploration and its results document.
+
+    ``verdict`` sums the points up: ``error`` if any point erred, ``fail`` if any failed,
+    ``pass`` if at least one passed (the rest skipped), ``skipped`` when no point fired
+    at all (every point skipped, or none ran): nothing was tested, so it is no pass.
+    """
+
+    job: Any            # chaos.job.spec.JobSpec
+    exploration: Any    # chaos.job.explore.Exploration
+    document: dict[str, Any]
+
+    @property
+    def points(self) -> list[Any]:
+        """Each point run (``chaos.job.explore.PointResult``), in the fault-free run's order."""
+        return list(self.exploration.results)
+
+    @property
+    def verdict(self) -> str:
+        verdicts = {r.verdict.verdict for r in self.points}
+        for v in ("error", "fail", "pass"):
+            if v in verdicts:
+                return v
+        return "skipped"
+
+    def failing(self) -> list[Any]:
+        return [r for r in self.points if r.verdict.verdict in ("fail", "error")]
+
+    @property
+    def outcomes(self) -> dict[str, int]:
+        return dict(sorted(Counter(r.verdict.outcome for r in self.points).items()))
+
+    @property
+    def replay(self) -> str:
+        """The command that reruns this whole exploration (each failing point has its own)."""
+        return self.job.replay_command()
+
+    def explain(self, limit: int = 10) -> str:
+        tally = ", ".join(f"{n} {k}" for k, n in self.outcomes.items()) or "no point run"
+        found = self.exploration.found
+        lines = [f"job {shlex.join(self.job.command)}: verdict {self.verdict} ({tally}; "
+                 f"{len(self.points)}/{found} point(s) tried)"]
+        bad = self.failing()
+        for r in bad[:limit]:
+            where = f" ({r.point.kind} {r.point.path})" if r.point.kind else ""
+            lines.append(f"  {r.verdict.outcome.upper()} {r.point.id}{where}: {r.verdict.summary}")
+            lines.append(f"    replay: {r.replay}")
+        if len(bad) > limit:
+            lines.append(f"  ... and {len(bad) - limit} more failing point(s)")
+        if self.verdict == "skipped":
+            why = {r.verdict.summary for r in self.points}
+            lines.append("  no point fired, so the job was not tested" + (f": {'; '.join(sorted(why))}" if why else ""))
+        lines.append(f"  rerun: {self.replay}")
+        return "\n".join(lines)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -112,6 +222,7 @@ class ChaosSession:
     seed: int
     results: list[ScenarioResult] = field(default_factory=list)
     driver: str = "process"
+    jobs: list[JobResult] = field(default_factory=list)
     loss_band: float | None = None
 
 
@@ -160,6 +271,59 @@ class ChaosRunner:
         self._record("chaos_replay", result.replay)
         return result
 
+    def job(self, command: Sequence[str] | str, *, ranks: int | None = None, max_points: int | None = None,
+            result_files: Sequence[str] = (), resume_command: Sequence[str] | str | None = None,
+            step_regex: str | None = None, checkpoint_glob: str | None = None, max_restarts: int | None = None,
+            timeout: float | None = None, budget: float | None = None, jobs: int | None = None,
+            seed: int | None = None, point: str | None = None, cwd: str | Path | None = None,
+            options: Sequence[str] = (), keep: bool = False) -> JobResult:
+        """Put a training job under chaos, as ``chaos run [options] -- COMMAND`` would.
+
+        ``command`` is an argv list (or one shell-quoted string) with ``{out}`` where the
+        job takes its output directory; a relative script path resolves against ``cwd``
+        (default: the current directory). The keywords are ``chaos run``'s options of the
+        same name (``result_files`` is ``--result-file``, repeated); ``options`` passes
+        any other ones verbatim, e.g. ``["--modes", "before,after"]``. ``point`` runs only
+        that point (a replay). ``seed`` defaults to ``--chaos-seed``. Everything is
+        written below the session's scratch root and removed unless ``keep``.
+        """
+        from chaos.job.cli_job import build
+        from chaos.job.explore import explore
+        from chaos.job.results import results_document
+        from chaos.job.spec import parse_point
+
+        argv = list(command) if not isinstance(command, str) else shlex.split(command)
+        flags: list[str] = []
+        if ranks is not None:
+            flags += ["--ranks", str(ranks)]
+        for glob in result_files:
+            flags += ["--result-file", glob]
+        if resume_command is not None:
+            flags += ["--resume-cmd", resume_command if isinstance(resume_command, str)
+                      else shlex.join(resume_command)]
+        for name, value in (("--step-regex", step_regex), ("--checkpoint-glob", checkpoint_glob),
+                            ("--max-restarts", max_restarts), ("--timeout", timeout), ("--budget", budget),
+                            ("--jobs", jobs), ("--max-points", max_points), ("--point", point)):
+            if value is not None:
+                flags += [name, str(value)]
+        flags += ["--seed", str(self.session.seed if seed is None else seed), *options]
+        args, spec = build([*flags, "--", *argv])
+        if cwd is not None:
+            spec = dataclasses.replace(spec, cwd=str(cwd))
+        scratch = self.session.options.scratch_base
+        if scratch:
+            os.makedirs(scratch, exist_ok=True)
+        exploration = explore(spec, seed=args.seed, max_points=args.max_points, budget_s=args.budget,
+                              jobs=args.jobs, only=parse_point(args.point) if args.point else None,
+                              scratch_base=scratch, keep=keep)
+        result = JobResult(spec, exploration, results_document(spec, exploration, exploration.results))
+        self.session.jobs.append(result)
+        self._record("chaos_job", shlex.join(spec.command))
+        self._record("chaos_verdict", result.verdict)
+        for r in result.failing():
+            self._record("chaos_replay", r.replay)
+        return result
+
     @staticmethod
     def explain(result: ScenarioResult) -> str:
         lines = [f"scenario {result.scenario.id}: verdict {result.verdict}"]
@@ -172,11 +336,22 @@ class ChaosRunner:
         lines.append(f"  replay: {result.replay}")
         return "\n".join(lines)
 
-    def check(self, result: ScenarioResult, expect: str = "pass") -> None:
-        """Raise ``oracle_failed(...)`` (a failed verdict) or ``ChaosVerdictError`` unless the verdict is ``expect``."""
+    def check(self, result: ScenarioResult | JobResult, expect: str = "pass") -> None:
+        """Raise ``oracle_failed(...)`` (a failed verdict) or ``ChaosVerdictError`` unless the verdict is ``expect``.
+
+        For a ``JobResult`` (from ``job``): ``job_failed(*outcomes)`` when points failed,
+        its message one entry per failing point (outcome, summary, replay command);
+        ``ChaosVerdictError`` for an error or a run in which no point fired.
+        """
         __tracebackhide__ = True
         if result.verdict == expect:
             return
+        if isinstance(result, JobResult):
+            message = f"expected verdict {expect!r}\n{result.explain()}"
+            outcomes = sorted({r.verdict.outcome for r in result.failing() if r.verdict.outcome in JOB_OUTCOMES})
+            if result.verdict == "fail" and outcomes:
+                raise job_failed(*outcomes)(message, result)
+            raise ChaosVerdictError(message, result)
         message = f"expected verdict {expect!r}\n{self.explain(result)}"
         failing = [o.name for o in result.failing()]
         if result.verdict == "fail" and failing:
@@ -186,6 +361,19 @@ class ChaosRunner:
 
 @pytest.fixture
 def chaos(chaos_session: ChaosSession, record_property: Any) -> ChaosRunner:
+    """Run chaos from a test, then assert on the evidence.
+
+    Built-in workload: ``chaos.run(chaos.scenario("reference", ["kill:rank=1,step=9"]))``.
+    Your own job (what ``chaos run -- COMMAND`` does, in-process)::
+
+        result = chaos.job(["python", "train.py", "--out", "{out}"], ranks=2, max_points=20,
+                           result_files=["final.pt"])
+        chaos.check(result)   # job_failed(outcome): each failing point's outcome, summary, replay
+
+    ``chaos.check`` passes only on a pass verdict: a job in which no point fired is
+    ``skipped`` and fails the check. The verdict and each failing point's replay command
+    go into JUnit XML as ``chaos_verdict`` / ``chaos_replay`` properties.
+    """
     return ChaosRunner(chaos_session, record_property)
 
 
