@@ -23,6 +23,22 @@ So ``write tmp; fsync tmp; rename tmp -> final`` with no directory fsync yields,
 the last prefix, three states: nothing, ``tmp`` with its data, ``final`` with its
 data; the missing rename is the classic lost commit.
 
+Files from outside the root (the interposer's extra roots, e.g. the temp dir where
+Lightning's ``_atomic_save`` writes through fsspec) live in a second, *outside* tree
+keyed by absolute path, with the same rules: a temp file's writes are pending until it
+is fsynced, and its name in the temp dir is pending until that directory is fsynced.
+A rename from there into the root moves the inode with its data and that data's
+durability (un-fsynced bytes stay lost on power loss) and is pending in its
+destination directory, like any cross-directory rename. Until such a rename is issued,
+nothing outside can change what the root holds, so the outside tree's pending work is
+no choice of a crash state (``_relevant``); a directory staged there (``mkdtemp``) and
+moved in brings its own pending entries along. A move across file systems is
+``shutil.move``'s copy: the copy's writes into the root, then the unlink of the source.
+A file moved in from a path no trace saw written is taken with the bytes the
+interposer kept at the move (``src_untraced``), as durable as the tree before the
+save; one whose contents are unknown (no bytes kept, or created before the trace
+slice began) raises :class:`~faults.FaultError` rather than being guessed.
+
 Everything before the trace is taken as durable. Short traces are enumerated
 exhaustively; long ones are sampled with a seed (each prefix's all-lost and
 all-persisted states first, then uniform draws), reporting the total number of
@@ -211,6 +227,7 @@ class CrashModel:
                     or _failed_sync(r)]
         self._kind: dict[int, str] = {0: "d"}
         self._next = 1
+        self._oroot: int | None = None  # the outside tree ("/"), made on the first path outside the root
         self._prefixes: list[_Prefix] = []
         self._replay(base)
 
@@ -237,8 +254,27 @@ class CrashModel:
         names: dict[int, str] = {0: ""}
         fds: dict[tuple[int, int], int] = {}
 
-        def lookup(rel: str) -> int | None:
-            ino = 0
+        def loc(path: str | None) -> tuple[int, str] | None:
+            """(tree, relpath): the root's tree (0) or, for an absolute path outside it (a
+            traced file of an extra root, e.g. the temp dir), the outside tree."""
+            if not path:
+                return None
+            rel = self._rel(path)
+            if rel is not None:
+                return 0, rel
+            if not os.path.isabs(path):
+                return None
+            if self._oroot is None:
+                self._oroot = self._new("d")
+                vdir[self._oroot], ddir[self._oroot] = {}, {}
+                names[self._oroot] = "/"
+            return self._oroot, path.strip("/")
+
+        def shown(where: tuple[int, str]) -> str:
+            return where[1] if where[0] == 0 else "/" + where[1]
+
+        def lookup(where: tuple[int, str]) -> int | None:
+            ino, rel = where
             for part in (p for p in rel.split("/") if p):
                 nxt = vdir.get(ino, {}).get(part)
                 if nxt is None:
@@ -246,12 +282,28 @@ class CrashModel:
                 ino = nxt
             return ino
 
-        def parent(rel: str) -> tuple[int | None, str]:
+        def parent(where: tuple[int, str]) -> tuple[int | None, str]:
+            tree, rel = where
             head, tail = os.path.split(rel)
-            return lookup(head), tail
+            if tree == 0:
+                return lookup((0, head)), tail
+            # Outside the root, directories the trace did not make were there before it:
+            # durable, as the root's own tree before the save is.
+            ino = tree
+            for part in (p for p in head.split("/") if p):
+                nxt = vdir[ino].get(part)
+                if nxt is None:
+                    nxt = self._new("d")
+                    vdir[nxt], ddir[nxt] = {}, {}
+                    vdir[ino][part] = ddir[ino][part] = nxt
+                    names[nxt] = names[ino].rstrip("/") + "/" + part
+                elif self._kind.get(nxt) != "d":
+                    return None, tail
+                ino = nxt
+            return ino, tail
 
         for d in sorted(base.dirs, key=lambda s: s.count("/")):
-            pi, name = parent(d)
+            pi, name = parent((0, d))
             if pi is None:
                 raise FaultError(f"snapshot directory {d!r} has no parent")
             ino = self._new("d")
@@ -259,7 +311,7 @@ class CrashModel:
             vdir[pi][name] = ddir[pi][name] = ino
             names[ino] = d
         for f, content in sorted(base.files.items()):
-            pi, name = parent(f)
+            pi, name = parent((0, f))
             if pi is None:
                 raise FaultError(f"snapshot file {f!r} has no parent directory")
             ino = self._new("f")
@@ -268,10 +320,12 @@ class CrashModel:
             names[ino] = f
 
         def snap(seq: int | None) -> None:
+            qdir = {d: q for d, q in pdir.items() if q}
+            qdata = {i: q for i, q in pdata.items() if q}
+            if self._oroot is not None:
+                qdir, qdata = self._relevant(ddir, qdir, qdata)
             self._prefixes.append(_Prefix(
-                {d: dict(e) for d, e in ddir.items()}, dict(ddata),
-                {d: q for d, q in pdir.items() if q}, {i: q for i, q in pdata.items() if q},
-                dict(names), seq))
+                {d: dict(e) for d, e in ddir.items()}, dict(ddata), qdir, qdata, dict(names), seq))
 
         def queue(op: _DirOp) -> None:
             pdir[op.dir] = pdir.get(op.dir, ()) + (op,)
@@ -279,26 +333,79 @@ class CrashModel:
         def file_of(rec: dict[str, Any]) -> int | None:
             if rec.get("fd") is not None and (rec.get("rank", 0), rec["fd"]) in fds:
                 return fds[(rec.get("rank", 0), rec["fd"])]
-            rel = self._rel(rec.get("path") or "")
-            return None if rel is None else lookup(rel)
+            where = loc(rec.get("path"))
+            return None if where is None else lookup(where)
+
+        def move(rec: dict[str, Any], kind: str, seq: int | None) -> None:
+            """A rename or link, wherever its two ends lie (see the module docstring)."""
+            sw, dw = loc(rec.get("src")), loc(rec.get("dst"))
+            if sw is None and dw is not None:
+                # Moved in from a file no trace saw being written: the interposer kept
+                # its bytes as they were when it moved in; taken as durable (it was
+                # written before the trace, as the root's own tree before the save is).
+                src = rec.get("src_untraced") or "an untraced path"
+                data = rec.get("data") if rec.get("src_kind") == "file" else None
+                if data is None:
+                    what = "a directory" if rec.get("src_kind") == "dir" else "a file whose bytes were not kept"
+                    raise FaultError(f"{kind} into the model root from {src}, {what} that no trace saw "
+                                     f"being written (seq {seq}): its contents are unknown, so it is not "
+                                     "modelled")
+                dpi, dname = parent(dw)
+                if dpi is None:
+                    return
+                ino = self._new("f")
+                ddata[ino] = data
+                vdir[dpi][dname] = ino
+                names[ino] = shown(dw)
+                queue(_DirOp(seq, "link", dpi, dname, ino,
+                             desc={"op": kind, "src": src, "path": shown(dw), "untraced_source": True}))
+                return
+            if dw is None:
+                if sw is not None and kind == "rename":
+                    # Moved out to a place nothing traces: here, an entry removed.
+                    spi, sname = parent(sw)
+                    if spi is not None and sname in vdir.get(spi, {}):
+                        del vdir[spi][sname]
+                        queue(_DirOp(seq, "unlink", spi, sname, None,
+                                     desc={"op": "rename", "path": shown(sw), "moved_out": True}))
+                return
+            spi, sname = parent(sw)  # type: ignore[arg-type]
+            dpi, dname = parent(dw)
+            ino = vdir.get(spi, {}).get(sname) if spi is not None else None
+            if ino is None and sw[0] != 0 and dw[0] == 0:  # type: ignore[index]
+                raise FaultError(f"{kind} of {rec.get('src')} into the model root (seq {seq}): that file "
+                                 "outside the root was not created within this trace, so its contents "
+                                 "are unknown")
+            if ino is None or dpi is None:
+                return
+            if kind == "rename":
+                del vdir[spi][sname]
+            vdir[dpi][dname] = ino
+            names[ino] = shown(dw)
+            if kind == "rename":
+                queue(_DirOp(seq, "rename", dpi, dname, ino, spi, sname,
+                             desc={"op": "rename", "src": shown(sw), "path": shown(dw)}))  # type: ignore[arg-type]
+            else:
+                queue(_DirOp(seq, "link", dpi, dname, ino,
+                             desc={"op": "link", "src": shown(sw), "path": shown(dw)}))  # type: ignore[arg-type]
 
         snap(None)
         for rec in self.ops:
             kind, seq = rec["op"], rec.get("seq")
             path = rec.get("path") or ""
-            rel = self._rel(path)
+            where = loc(path)
             key = (rec.get("rank", 0), rec.get("fd"))
             if kind == "open":
-                ino = lookup(rel) if rel is not None else None
-                if ino is None and rel is not None:
-                    pi, name = parent(rel)
+                ino = lookup(where) if where is not None else None
+                if ino is None and where is not None:
+                    pi, name = parent(where)
                     if pi is not None:
                         ino = self._new("f")
                         ddata[ino] = b""
                         vdir[pi][name] = ino
-                        names[ino] = rel
+                        names[ino] = shown(where)
                         queue(_DirOp(seq, "link", pi, name, ino,
-                                     desc={"op": "create", "path": rel}))
+                                     desc={"op": "create", "path": shown(where)}))
                 elif ino is not None and rec.get("trunc") and self._kind[ino] == "f":
                     pdata[ino] = pdata.get(ino, ()) + (("t", 0, b""),)
                 if ino is not None and rec.get("fd") is not None:
@@ -334,38 +441,51 @@ class CrashModel:
             elif kind == "close":
                 fds.pop(key, None)
             elif kind in ("rename", "link"):
-                srel, drel = self._rel(rec.get("src") or ""), self._rel(rec.get("dst") or "")
-                if srel is None or drel is None:
-                    raise FaultError(f"{kind} across the model root is not modelled (seq {seq})")
-                spi, sname = parent(srel)
-                dpi, dname = parent(drel)
-                ino = vdir.get(spi, {}).get(sname) if spi is not None else None
-                if ino is None or dpi is None:
-                    continue
-                if kind == "rename":
-                    del vdir[spi][sname]
-                vdir[dpi][dname] = ino
-                names[ino] = drel
-                if kind == "rename":
-                    queue(_DirOp(seq, "rename", dpi, dname, ino, spi, sname,
-                                 desc={"op": "rename", "src": srel, "path": drel}))
-                else:
-                    queue(_DirOp(seq, "link", dpi, dname, ino,
-                                 desc={"op": "link", "src": srel, "path": drel}))
-            elif kind in ("unlink", "rmdir") and rel is not None:
-                pi, name = parent(rel)
+                move(rec, kind, seq)
+            elif kind in ("unlink", "rmdir") and where is not None:
+                pi, name = parent(where)
                 if pi is not None and name in vdir.get(pi, {}):
                     del vdir[pi][name]
-                    queue(_DirOp(seq, "unlink", pi, name, None, desc={"op": kind, "path": rel}))
-            elif kind == "mkdir" and rel is not None:
-                pi, name = parent(rel)
+                    queue(_DirOp(seq, "unlink", pi, name, None, desc={"op": kind, "path": shown(where)}))
+            elif kind == "mkdir" and where is not None:
+                pi, name = parent(where)
                 if pi is not None:
                     ino = self._new("d")
                     vdir[ino], ddir[ino] = {}, {}
                     vdir[pi][name] = ino
-                    names[ino] = rel
-                    queue(_DirOp(seq, "link", pi, name, ino, desc={"op": "mkdir", "path": rel}))
+                    names[ino] = shown(where)
+                    queue(_DirOp(seq, "link", pi, name, ino, desc={"op": "mkdir", "path": shown(where)}))
             snap(seq)
+
+    @staticmethod
+    def _relevant(ddir: dict[int, dict[str, int]], qdir: dict[int, tuple[_DirOp, ...]],
+                  qdata: dict[int, tuple[_DataOp, ...]]
+                  ) -> tuple[dict[int, tuple[_DirOp, ...]], dict[int, tuple[_DataOp, ...]]]:
+        """The pending work that can change what the root holds.
+
+        Files written outside the root (the temp dir) matter once a rename into the root
+        is issued; until then their data, and the outside directories' own entries, are
+        no choice of a crash state: whatever survives there, the root reads the same.
+        A directory's queue counts when it, or the source of one of its renames, can be
+        part of the root's tree; a file's data when the file can.
+        """
+        edges: dict[int, set[int]] = {}
+        for d, entries in ddir.items():
+            edges.setdefault(d, set()).update(entries.values())
+        for d, q in qdir.items():
+            for op in q:
+                if op.ino is not None:
+                    edges.setdefault(d, set()).add(op.ino)
+        reach = {0}
+        stack = [0]
+        while stack:
+            for i in edges.get(stack.pop(), ()):
+                if i not in reach:
+                    reach.add(i)
+                    stack.append(i)
+        keep_dir = {d: q for d, q in qdir.items()
+                    if d in reach or any(op.kind == "rename" and op.src_dir in reach for op in q)}
+        return keep_dir, {i: q for i, q in qdata.items() if i in reach}
 
     @staticmethod
     def _apply_dirop(tree: dict[int, dict[str, int]], op: _DirOp) -> None:

@@ -13,7 +13,17 @@ Python checkpointer reaches directly or through ``pathlib``, ``shutil`` and
     os.rename replace link unlink remove mkdir rmdir   (makedirs, Path.*, shutil.*,
                    tempfile.* all end up here; ``dir_fd=`` forms are resolved)
 
-Only paths whose realpath lies under ``root`` are traced; everything else (imports,
+Only paths whose realpath lies under ``root`` are traced, plus files made under the
+*extra roots* (default: the process's temp dir, ``$TMPDIR``, which in a rank is the
+scenario's scratch ``tmp``): a file or directory there is traced from its creation
+(``open`` with ``O_CREAT``/``"w"``/``"x"``, ``mkstemp``, ``mkdtemp``, a truncating open)
+until it is unlinked or moved away, so a save that writes a temp file outside the root
+and moves it in (Lightning's ``_atomic_save`` through fsspec) is one traced sequence:
+open, writes, close, then a rename whose ``src`` is the temp file (or, across file
+systems, ``shutil.move``'s copy into the root and the unlink). A file of an extra root
+that was there before is never traced (its history is unknown); a rename into the root
+from a path nothing traced records ``src_untraced`` and the moved file's bytes (like a
+write's data), so a crash model can take it as it was. Everything else (imports,
 logging, stdout) goes straight to the original functions after one dict lookup or
 one path check. Calls made while the interposer itself is busy are never traced.
 
@@ -49,10 +59,17 @@ short count), ``fsync_fail`` (fsync/fdatasync raises EIO without syncing), ``del
 (sleep ``delay_s``, then do the op). A matched non-write op is *not* performed when
 its action is kill or an error.
 
-Not seen: I/O done in C/C++/Rust (``torch.save(path)``, safetensors ``save_file``,
-numpy ``tofile``), memory maps, ``os.writev``/``pwritev``, and processes started by
-the rank. :func:`untraced_changes` finds such writes after the fact by comparing a
-snapshot of the tree, so the record can say "I/O not traced" instead of guessing.
+Native writers: while installed, :mod:`faults.native` wraps ``torch.save`` /
+``torch.serialization.save`` and safetensors ``save_file`` (torch and numpy), patching
+modules imported later as their import finishes, so a file they write to a traced path
+is an ordinary traced open/write/close sequence whose open says ``"via": "torch.save"``
+or ``"via": "safetensors.save_file"`` (``native=False`` turns this off).
+
+Not seen: other I/O done in C/C++/Rust (numpy ``tofile``, a name bound to the
+original ``torch.save`` before install), memory maps, ``os.writev``/``pwritev``, and
+processes started by the rank. :func:`untraced_changes` finds such writes after the
+fact by comparing a snapshot of the tree, so the record can say "I/O not traced"
+instead of guessing.
 """
 
 from __future__ import annotations
@@ -176,6 +193,24 @@ class _Kill(BaseException):
     """Never raised in practice: os.kill(SIGKILL) does not return."""
 
 
+def _default_temp_dir() -> str:
+    """The directory ``tempfile`` would use, found without its probe: ``gettempdir()``
+    writes and removes a test file on first use, and nothing of the interposer's own
+    may land in a rank's temp dir (``$TMPDIR``, the scenario's scratch ``tmp``)."""
+    import tempfile
+
+    if tempfile.tempdir is not None:
+        return tempfile.tempdir
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        d = os.environ.get(name)
+        if d and os.path.isdir(d):
+            return d
+    for d in ("/tmp", "/var/tmp", "/usr/tmp"):
+        if os.path.isdir(d):
+            return d
+    return os.getcwd()
+
+
 def _fsync_target(fd: Any) -> int:
     return fd if isinstance(fd, int) else fd.fileno()
 
@@ -220,6 +255,8 @@ class Interposer:
     >>> ix.uninstall(); ix.fired        # when nothing killed us
 
     ``records`` holds the op/phase/fired dicts written so far (without data bytes).
+    ``extra_roots``: directories whose new files are traced too (None: the temp dir at
+    install; ``()``: none). ``native``: wrap torch.save / safetensors save_file.
     """
 
     def __init__(
@@ -231,9 +268,17 @@ class Interposer:
         *,
         max_data_bytes: int = 512 << 20,
         keep_records: bool = True,
+        extra_roots: Iterable[str | os.PathLike[str]] | None = None,
+        native: bool = True,
     ) -> None:
         self.root = os.path.realpath(os.fspath(root))
         self._root_sep = self.root.rstrip(os.sep) + os.sep
+        # None: the process's temp dir, looked up at install (see _default_temp_dir).
+        self._extra_spec = None if extra_roots is None else [os.fspath(x) for x in extra_roots]
+        self.extra_roots: tuple[str, ...] = ()
+        self._tracked: set[str] = set()  # files and dirs under extra roots, traced since their creation
+        self.native = native
+        self._native: Any = None
         self.rank = rank
         self.trace_path = os.path.abspath(os.fspath(trace_path)) if trace_path else None
         self.data_path = self.trace_path + ".data" if self.trace_path else None
@@ -310,14 +355,28 @@ class Interposer:
         if not self._fork_hook:
             os.register_at_fork(after_in_child=self._after_fork)
             self._fork_hook = True
+        spec = [_default_temp_dir()] if self._extra_spec is None else self._extra_spec
+        extra = []
+        for x in spec:
+            r = os.path.realpath(x)
+            if r != self.root and not r.startswith(self._root_sep) and r not in extra:
+                extra.append(r)  # an extra root inside the root adds nothing
+        self.extra_roots = tuple(extra)
         phases.subscribe(self._on_phase)
         self._installed = True
+        if self.native:
+            from faults.native import NativeWriters
+
+            self._native = NativeWriters(self).install()
         return self
 
     def uninstall(self) -> None:
         """Restore every patched function, unsubscribe, close the trace. Idempotent."""
         if not self._installed:
             return
+        if self._native is not None:
+            self._native.uninstall()
+            self._native = None
         for obj, name, orig in reversed(self._saved):
             setattr(obj, name, orig)
         self._saved.clear()
@@ -352,13 +411,24 @@ class Interposer:
         self._tls.busy = False
         self._lock.release()
 
-    def _resolve(self, path: Any, dir_fd: int | None = None, follow: bool = False) -> str | None:
+    def _resolve(self, path: Any, dir_fd: int | None = None, follow: bool = False,
+                 create: bool = False) -> str | None:
         """Absolute realpath for ops that follow symlinks (open, truncate); for entry
         ops (unlink, rename, mkdir, ...) only the parent is realpath'd, so an unlink of
-        a symlink names the link. None unless the result lies under root."""
+        a symlink names the link. None unless the result lies under root, is a tracked
+        file of an extra root, or (``create``: the op may create it) lies under one."""
         if isinstance(path, int):
             info = self._fds.get(path)
             return info.path if info else None
+        p = self._norm(path, dir_fd, follow)
+        if p is None:
+            return None
+        if p == self.root or p.startswith(self._root_sep) or p in self._tracked:
+            return p
+        return p if create and self._in_extra(p) else None
+
+    def _norm(self, path: Any, dir_fd: int | None = None, follow: bool = False) -> str | None:
+        """The absolute path an op names (see ``_resolve``), wherever it lies."""
         try:
             p = os.fsdecode(os.fspath(path))
         except TypeError:
@@ -371,10 +441,36 @@ class Interposer:
         p = os.path.abspath(p)
         head, tail = os.path.split(p)
         if follow or not tail:
-            p = os.path.realpath(p)
-        else:
-            p = os.path.join(os.path.realpath(head), tail)
-        return p if (p == self.root or p.startswith(self._root_sep)) else None
+            return os.path.realpath(p)
+        return os.path.join(os.path.realpath(head), tail)
+
+    def _in_root(self, p: str) -> bool:
+        return p == self.root or p.startswith(self._root_sep)
+
+    def _in_extra(self, p: str) -> bool:
+        return any(p == r or p.startswith(r.rstrip(os.sep) + os.sep) for r in self.extra_roots)
+
+    def _untracked(self, p: str) -> bool:
+        """A path outside the root that is not (yet) traced: an extra-root candidate."""
+        return not self._in_root(p) and p not in self._tracked
+
+    def _track_move(self, src: str | None, dst: str | None) -> None:
+        """After a rename: ``src`` and everything below it left, ``dst`` (when outside the
+        root) is traced from now on, with what was below ``src`` now below it."""
+        if src is not None and src in self._tracked:
+            self._tracked.discard(src)
+            below = [t for t in self._tracked if t.startswith(src + os.sep)]
+            for t in below:
+                self._tracked.discard(t)
+                if dst is not None and not self._in_root(dst):
+                    self._tracked.add(dst + t[len(src):])
+        if dst is not None and not self._in_root(dst):
+            self._tracked.add(dst)
+
+    def _untrack(self, p: str) -> None:
+        self._tracked.discard(p)
+        for t in [t for t in self._tracked if t.startswith(p + os.sep)]:
+            self._tracked.discard(t)
 
     def _fd_path(self, fd: int) -> str | None:
         info = self._fds.get(fd)
@@ -386,7 +482,8 @@ class Interposer:
             return None
 
     def _rel(self, path: str) -> str:
-        return os.path.relpath(path, self.root)
+        """Root-relative path for globs; a traced file of an extra root keeps its absolute path."""
+        return os.path.relpath(path, self.root) if self._in_root(path) else path
 
     def _glob_ok(self, pattern: str | None, paths: tuple[str, ...]) -> bool:
         if pattern is None:
@@ -630,10 +727,16 @@ class Interposer:
     def _open(self, file: Any, mode: str = "r", buffering: int = -1, encoding: str | None = None,
               errors: str | None = None, newline: str | None = None, closefd: bool = True,
               opener: Callable[[str, int], int] | None = None) -> Any:
+        return self._open_via(file, mode, buffering, encoding, errors, newline, closefd, opener)
+
+    def _open_via(self, file: Any, mode: str = "r", buffering: int = -1, encoding: str | None = None,
+                  errors: str | None = None, newline: str | None = None, closefd: bool = True,
+                  opener: Callable[[str, int], int] | None = None, via: str = "io.open") -> Any:
+        """``open`` with the record's ``via`` chosen by the caller (faults.native names its writer)."""
         args = (file, mode, buffering, encoding, errors, newline, closefd, opener)
         if self._busy() or not isinstance(mode, str) or not (_WRITE_MODES & set(mode)):
             return self._o_open(*args)
-        path = self._resolve(file, follow=True)
+        path = self._resolve(file, follow=True, create="w" in mode or "x" in mode or "a" in mode)
         if path is None or "t" in mode and "b" in mode:
             return self._o_open(*args)
         binary = "b" in mode
@@ -643,6 +746,9 @@ class Interposer:
         self._enter()
         try:
             existed = True if isinstance(file, int) else os.path.lexists(path)
+            if existed and "w" not in mode and self._untracked(path):
+                # An extra root's file from before: its earlier contents are unknown.
+                return self._o_open(*args)
             if not isinstance(file, int):
                 self._act_before("open", (path,), mode=mode)
             try:
@@ -654,9 +760,11 @@ class Interposer:
             raw._chaos_ix = self
             fd = raw.fileno()
             self._fds[fd] = _Fd(path, append="a" in mode)
+            if not self._in_root(path):
+                self._tracked.add(path)
             if not isinstance(file, int):
                 self._op("open", path=path, fd=fd, mode=mode, created=not existed,
-                         trunc="w" in mode, is_dir=False, via="io.open")
+                         trunc="w" in mode, is_dir=False, via=via)
         finally:
             self._leave()
         try:
@@ -689,12 +797,17 @@ class Interposer:
 
     def _os_open(self, path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
         follow = not flags & getattr(os, "O_NOFOLLOW", 0)
-        p = None if self._busy() else self._resolve(path, dir_fd, follow=follow)
+        writes = flags & os.O_ACCMODE != os.O_RDONLY
+        create = bool(flags & os.O_CREAT) or bool(flags & os.O_TRUNC) and writes
+        p = None if self._busy() else self._resolve(path, dir_fd, follow=follow, create=create)
         if p is None:
             return self._o["open"](path, flags, mode, dir_fd=dir_fd)
         self._enter()
         try:
             existed = os.path.lexists(p)
+            if self._untracked(p) and existed and not (flags & os.O_TRUNC and writes):
+                # An extra root's file from before (or mkstemp's name clash): not ours to trace.
+                return self._o["open"](path, flags, mode, dir_fd=dir_fd)
             self._act_before("open", (p,), flags=_flag_names(flags))
             try:
                 fd = self._o["open"](path, flags, mode, dir_fd=dir_fd)
@@ -703,6 +816,8 @@ class Interposer:
                 raise
             is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
             self._fds[fd] = _Fd(p, append=bool(flags & os.O_APPEND), is_dir=is_dir)
+            if not self._in_root(p):
+                self._tracked.add(p)
             self._op("open", path=p, fd=fd, flags=_flag_names(flags),
                      created=bool(flags & os.O_CREAT) and not existed,
                      trunc=bool(flags & os.O_TRUNC) and not is_dir, is_dir=is_dir, via="os.open")
@@ -792,23 +907,53 @@ class Interposer:
         if self._busy():
             return call()
         s = self._resolve(src, src_dir_fd)
-        d = self._resolve(dst, dst_dir_fd)
+        # A traced file moved under an extra root stays traced there.
+        d = self._resolve(dst, dst_dir_fd, create=s is not None)
         if s is None and d is None:
             return call()
         self._enter()
         try:
             paths = tuple(p for p in (s, d) if p is not None)
             existed = d is not None and os.path.lexists(d)
+            extra: dict[str, Any] = {}
+            if s is None:
+                # Moved in from a file no trace saw being written: its path, and (after the
+                # move) its bytes, so a crash model can take it as it was.
+                extra["src_untraced"] = self._norm(src, src_dir_fd)
             self._act_before(kind, paths, src=s, dst=d)
             try:
                 result = call()
             except OSError as e:
-                self._op(kind, src=s, dst=d, path=d or s, via=via, error=e.errno)
+                self._op(kind, src=s, dst=d, path=d or s, via=via, error=e.errno, **extra)
                 raise
-            self._op(kind, src=s, dst=d, path=d or s, via=via, replaced=existed)
+            if s is None and d is not None:
+                extra.update(self._capture(d))
+            self._op(kind, src=s, dst=d, path=d or s, via=via, replaced=existed, **extra)
+            if kind == "rename":
+                self._track_move(s, d)
+            elif d is not None and not self._in_root(d):
+                self._tracked.add(d)
             return result
         finally:
             self._leave()
+
+    def _capture(self, path: str) -> dict[str, Any]:
+        """The bytes of a regular file now at ``path`` (stored like a write's); a directory
+        or an unreadable file says only what it is."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return {}
+        if not stat.S_ISREG(st.st_mode):
+            return {"src_kind": "dir" if stat.S_ISDIR(st.st_mode) else "other"}
+        if self._data_size + st.st_size > self.max_data_bytes:
+            return {"src_kind": "file", "src_size": st.st_size, "data_off": None, "data_dropped": True}
+        try:
+            with self._o_open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return {"src_kind": "file"}
+        return {"src_kind": "file", "src_size": len(data), **self._store(data)}
 
     def _os_rename(self, src: Any, dst: Any, *, src_dir_fd: int | None = None,
                    dst_dir_fd: int | None = None) -> None:
@@ -833,8 +978,8 @@ class Interposer:
         """unlink / remove / rmdir / mkdir: one directory entry added or removed."""
         orig = self._o[name]
         args = (path, extra["mode"]) if "mode" in extra else (path,)
-        p = None if self._busy() else self._resolve(path, dir_fd)
-        if p is None:
+        p = None if self._busy() else self._resolve(path, dir_fd, create=kind == "mkdir")
+        if p is None or kind == "mkdir" and self._untracked(p) and os.path.lexists(p):
             return orig(*args, dir_fd=dir_fd)
         self._enter()
         try:
@@ -844,6 +989,11 @@ class Interposer:
             except OSError as e:
                 self._op(kind, path=p, via=name, error=e.errno)
                 raise
+            if kind == "mkdir":
+                if not self._in_root(p):
+                    self._tracked.add(p)
+            else:
+                self._untrack(p)
             self._op(kind, path=p, via=name)
         finally:
             self._leave()
@@ -895,7 +1045,8 @@ class Interposer:
 def read_trace(trace_path: str | os.PathLike[str], *, with_data: bool = False) -> list[dict[str, Any]]:
     """Records of a trace file, in order. A torn last line (killed mid-append) is dropped.
 
-    With ``with_data`` each write record gets ``data`` (bytes, or None if dropped).
+    With ``with_data`` each write record gets ``data`` (bytes, or None if dropped), and so
+    does a rename into the root from an untraced file (``src_untraced``): the bytes it moved.
     """
     out: list[dict[str, Any]] = []
     path = os.fspath(trace_path)
@@ -914,7 +1065,7 @@ def read_trace(trace_path: str | os.PathLike[str], *, with_data: bool = False) -
             with builtins.open(dpath, "rb") as f:
                 blob = f.read()
         for rec in out:
-            if rec.get("op") == "write" and rec.get("event") == "op":
+            if rec.get("event") == "op" and "data_off" in rec:
                 off = rec.get("data_off")
                 rec["data"] = None if off is None else blob[off: off + rec["data_len"]]
     return out
@@ -959,8 +1110,8 @@ def untraced_changes(root: str | os.PathLike[str], trace_records: Iterable[dict[
     """Files under ``root`` that appeared, changed or vanished since ``before`` without
     any traced op naming them (absolute paths, sorted).
 
-    A non-empty answer means some writer bypassed the interposer (C-level I/O such as
-    ``torch.save(path)`` or safetensors ``save_file``): the run record should say
+    A non-empty answer means some writer bypassed the interposer (C-level I/O that
+    :mod:`faults.native` does not wrap, a child process): the run record should say
     "I/O not traced" for those files rather than treat the trace as complete.
     """
     after = snapshot_tree(root)

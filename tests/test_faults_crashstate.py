@@ -164,3 +164,123 @@ def test_data_before_a_failed_fsync_is_lost_even_after_a_later_fsync_succeeds(fa
     # what was written after the failure is durable once its own fsync returned
     last = [contents(m, s).get("ckpt.tmp") for s in states if s.prefix == m.n_prefixes - 1]
     assert [c for c in last if c is not None] and all(c.endswith(b"B" * 10) for c in last if c is not None)
+
+
+# ---------------------------------------------------------------------- files from outside the root
+def traced_move_in(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, cross_device: bool = False):
+    """Lightning's _atomic_save: an fsspec transaction writes a mkstemp file in the temp dir and
+    shutil.moves it into the root (a rename, or with ``cross_device`` a copy and an unlink)."""
+    import shutil
+    import tempfile
+
+    import fsspec
+
+    root, tmp = tmp_path / "root", tmp_path / "tmp"
+    root.mkdir()
+    tmp.mkdir()
+    (root / "old.ckpt").write_bytes(b"OLD")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    base = Snapshot.capture(root)
+    trace = tmp_path / "t.jsonl"
+    payload = bytes(range(256)) * 40
+    with Interposer(root, 0, trace) as ix:  # extra roots default to the temp dir
+        assert ix.extra_roots == (os.path.realpath(tmp),)
+        traced_rename = os.rename
+        if cross_device:
+            def rename(src, dst, **kw):  # what a temp dir on another file system answers
+                if os.path.dirname(os.fspath(src)) == str(tmp):
+                    raise OSError(18, "Invalid cross-device link")
+                return traced_rename(src, dst, **kw)
+
+            os.rename = rename
+        try:
+            fs, path = fsspec.core.url_to_fs(str(root / "step=12.ckpt"))
+            with fs.transaction, fs.open(path, "wb") as f:
+                f.write(payload)
+        finally:
+            os.rename = traced_rename
+    assert not os.listdir(tmp) and shutil.os is os
+    return root, base, read_trace(trace, with_data=True), payload
+
+
+@pytest.mark.parametrize("cross_device", [False, True], ids=["rename", "copy-unlink"])
+def test_a_temp_file_moved_in_from_the_temp_dir_carries_its_unsynced_data(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, cross_device: bool) -> None:
+    root, base, recs, payload = traced_move_in(tmp_path, monkeypatch, cross_device)
+    tmp = os.path.realpath(tmp_path / "tmp")
+    opened = [r for r in recs if r["event"] == "op" and r["op"] == "open"]
+    assert opened[0]["path"].startswith(tmp + "/") and opened[0]["created"]  # traced from mkstemp on
+    writes = [r for r in recs if r["event"] == "op" and r["op"] == "write"]
+    assert b"".join(w["data"] for w in writes if w["path"].startswith(tmp + "/")) == payload
+    m = CrashModel(root, base, recs, seed=3)
+    cs = m.generate()
+    got = {contents(m, s).get("step=12.ckpt") for s in cs.states}
+    assert None in got and payload in got and b"" in got  # lost, whole, or the entry without its data
+    torn = [g for g in got if g and g != payload]
+    assert torn and all(payload.startswith(g) for g in torn)
+    assert all(contents(m, s)["old.ckpt"] == b"OLD" for s in cs.states)
+    assert all(set(contents(m, s)) <= {"old.ckpt", "step=12.ckpt"} for s in cs.states)  # nothing of tmp
+    lost = [x for s in cs.states for x in s.lost]
+    if cross_device:  # the copy's own writes into the root
+        copied = [w["data"] for w in writes if w["path"] == f"{os.path.realpath(root)}/step=12.ckpt"]
+        assert b"".join(copied) == payload
+        assert any(x["what"] == "dir_entry" and x["op"] == "create" and x["path"] == "step=12.ckpt" for x in lost)
+    else:
+        moved = [x for x in lost if x["what"] == "dir_entry" and x["op"] == "rename"]
+        assert moved and moved[0]["src"].startswith(tmp + "/") and moved[0]["path"] == "step=12.ckpt"
+    # Until the move, what the temp dir holds is no choice: the root reads as before.
+    first_move = next(i for i, r in enumerate(m.ops) if r["op"] in ("rename", "open") and
+                      (r.get("dst") or r.get("path") or "").startswith(os.path.realpath(root) + "/"))
+    assert all(m.count(k) == 1 for k in range(first_move + 1))
+
+
+def test_an_untraced_file_moved_in_is_taken_as_it_was(tmp_path: pathlib.Path) -> None:
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "made-before").write_bytes(b"BEFORE")  # no trace saw it written
+    base = Snapshot.capture(root)
+    with Interposer(root, 0, tmp_path / "t.jsonl", extra_roots=[]):
+        os.rename(elsewhere / "made-before", root / "ckpt")
+    recs = read_trace(tmp_path / "t.jsonl", with_data=True)
+    ren = [r for r in recs if r["event"] == "op" and r["op"] == "rename"][0]
+    assert ren["src"] is None and ren["src_untraced"] == str(elsewhere / "made-before") and ren["data"] == b"BEFORE"
+    m = CrashModel(root, base, recs)
+    assert {contents(m, s).get("ckpt") for s in m.generate().states} == {None, b"BEFORE"}
+
+
+def test_an_outside_file_whose_creation_is_not_in_the_trace_is_refused(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from faults import FaultError
+
+    root, base, recs, _payload = traced_move_in(tmp_path, monkeypatch)
+    late = [r for r in recs if r.get("op") == "rename"]  # the trace slice began after the temp file was written
+    with pytest.raises(FaultError, match="not created within this trace"):
+        CrashModel(root, base, late)
+
+
+def test_a_directory_staged_in_the_temp_dir_brings_its_own_pending_entries(tmp_path: pathlib.Path) -> None:
+    """mkdtemp, a shard fsynced inside, the directory moved in and the root fsynced: the
+    shard's name in the staged directory was never fsynced, so it may be missing."""
+    import tempfile
+
+    root, tmp = tmp_path / "root", tmp_path / "tmp"
+    root.mkdir()
+    tmp.mkdir()
+    base = Snapshot.capture(root)
+    with Interposer(root, 0, tmp_path / "t.jsonl", extra_roots=[tmp]):
+        staging = tempfile.mkdtemp(dir=tmp)
+        with open(os.path.join(staging, "shard"), "wb") as f:
+            f.write(b"S" * 10)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(staging, root / "step-1")
+        fd = os.open(root, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    m = CrashModel(root, base, read_trace(tmp_path / "t.jsonl", with_data=True))
+    end = [s for s in m.generate().states if s.prefix == m.n_prefixes - 1]
+    assert {tuple(sorted(m.contents(s)[1].items())) for s in end} == {(), (("step-1/shard", b"S" * 10),)}
+    assert {tuple(m.contents(s)[0]) for s in end} == {("step-1",)}  # the directory itself is durable
+    missing = [s for s in end if not m.contents(s)[1]]
+    assert missing[0].lost[0]["op"] == "create" and missing[0].lost[0]["path"].endswith("/shard")

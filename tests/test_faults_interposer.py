@@ -123,8 +123,9 @@ def test_os_pathlib_shutil_routes(root: pathlib.Path) -> None:
 
 def test_ignores_outside_root_and_python_keeps_working(root: pathlib.Path, tmp_path: pathlib.Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
-    outside = tmp_path / "outside.txt"
-    with Interposer(root) as ix:
+    outside = tmp_path / "outside.txt"  # outside the root and outside its extra root
+    (tmp_path / "tmp").mkdir()
+    with Interposer(root, extra_roots=[tmp_path / "tmp"]) as ix:
         with open(outside, "w") as f:
             f.write("no")
         fd = os.open(outside, os.O_WRONLY)
@@ -277,17 +278,15 @@ def test_phase_arms_an_op_rule(root: pathlib.Path) -> None:
         os.close(fd)
 
 
-def test_untraced_changes_names_c_level_writers(root: pathlib.Path) -> None:
-    import numpy as np
-    from safetensors.numpy import save_file
-
+def test_untraced_changes_names_writers_the_trace_cannot_see(root: pathlib.Path) -> None:
+    """A child process's writes (here a shell's) bypass the interposer; the snapshot names them."""
     (root / "old").write_bytes(b"x")
     before = snapshot_tree(root)
     with Interposer(root) as ix:
         (root / "py.bin").write_bytes(b"traced")
-        save_file({"w": np.zeros(4, dtype=np.float32)}, str(root / "rust.safetensors"))
-        assert not [x for x in ops(ix) if "rust" in x["path"]]
-    assert untraced_changes(root, ix.records, before) == [f"{os.path.realpath(root)}/rust.safetensors"]
+        subprocess.run(["sh", "-c", 'printf untraced > "$1"', "sh", str(root / "child.bin")], check=True)
+        assert not [x for x in ops(ix) if "child" in x["path"]]
+    assert untraced_changes(root, ix.records, before) == [f"{os.path.realpath(root)}/child.bin"]
 
 
 def test_rules_validate() -> None:
@@ -320,3 +319,62 @@ def test_past_rule_is_a_per_file_size_limit(root: pathlib.Path) -> None:
     assert plan["mechanism"] in ("tmpfs-private-ns", "interposer") and plan["reason"]
     if plan["mechanism"] == "interposer":
         assert IORule.from_dict(plan["rule"]).past
+
+
+def test_extra_root_files_are_traced_from_their_creation(root: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp / "before.log").write_text("old")  # there before: its history is unknown, so never traced
+    real, rtmp = os.path.realpath(root), os.path.realpath(tmp)
+    with Interposer(root, extra_roots=[tmp]) as ix:
+        with open(tmp / "before.log", "a") as f:
+            f.write("more")
+        fd, name = tempfile.mkstemp(dir=tmp)  # O_CREAT | O_EXCL: traced from here
+        os.write(fd, b"abc")
+        os.fsync(fd)
+        os.close(fd)
+        os.rename(name, tmp / "renamed")  # still traced under its new name
+        with open(tmp / "renamed", "ab") as f:
+            f.write(b"d")
+        staging = tempfile.mkdtemp(dir=tmp)
+        with open(os.path.join(staging, "shard"), "wb") as f:
+            f.write(b"S")
+        shutil.move(staging, root / "step-1")  # a staged directory moved in
+        shutil.move(str(tmp / "renamed"), str(root / "file"))
+        with open(tmp / "scratch", "w") as f:
+            f.write("x")
+        os.unlink(tmp / "scratch")
+        with open(tmp / "scratch", "a") as f:  # recreated after the unlink: traced again
+            f.write("y")
+    paths = {r.get("path") for r in ops(ix)}
+    assert f"{rtmp}/before.log" not in paths
+    assert {name, f"{rtmp}/renamed", f"{rtmp}/scratch", os.path.join(staging, "shard")} <= paths
+    renames = [(r["src"], r["dst"]) for r in ops(ix, "rename")]
+    assert renames == [(name, f"{rtmp}/renamed"), (staging, f"{real}/step-1"), (f"{rtmp}/renamed", f"{real}/file")]
+    assert [r["path"] for r in ops(ix, "mkdir")] == [staging]
+    assert [r["path"] for r in ops(ix, "unlink")] == [f"{rtmp}/scratch"]
+    assert ix._tracked == {f"{rtmp}/scratch"}  # what moved into the root is the root's now
+
+
+def test_default_extra_root_is_the_temp_dir_found_without_writing_there(
+        root: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    tmp = tmp_path / "rank-tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", None)  # as at interpreter start: gettempdir() would probe
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    ix = Interposer(root, trace_path=tmp_path / "t.jsonl").install()
+    try:
+        assert ix.extra_roots == (os.path.realpath(tmp),)
+        assert tempfile.tempdir is None and os.listdir(tmp) == []  # nothing of the harness's own went there
+        with open(root / "a", "wb") as f:
+            f.write(b"x")
+    finally:
+        ix.uninstall()
+    assert os.listdir(tmp) == []
+    inside = Interposer(root, extra_roots=[root / "sub", tmp]).install()
+    inside.uninstall()
+    assert inside.extra_roots == (os.path.realpath(tmp),)  # one inside the root adds nothing

@@ -1,8 +1,9 @@
 """The most common hand-rolled pattern: rank 0 gathers everything and ``torch.save``s it.
 
 Written straight to the final path, then a ``latest`` file is rewritten in place with
-the step number — no temp file, no fsync, no checksum. The write happens in
-``torch.save``'s C++ writer, so the harness's Python I/O tracer cannot see it.
+the step number — no temp file, no fsync, no checksum. ``torch.save(path)`` writes in
+C++; while the harness's I/O interposer is installed, ``faults.native`` hands it a traced
+Python file instead, so its writes are fault points like any other.
 """
 
 from __future__ import annotations
