@@ -102,6 +102,9 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the results JSON here")
     p.add_argument("--html", metavar="PATH", help="write the HTML report here")
+    p.add_argument("--junit", metavar="FILE", help="write JUnit XML here: a test case per scenario (for CI test reports)")
+    p.add_argument("--summary", metavar="FILE",
+                   help="append a Markdown summary to FILE (e.g. $GITHUB_STEP_SUMMARY); never truncates it")
     p.add_argument("--scratch", metavar="DIR", help="parent directory of scenario scratch roots (default: system temp)")
     p.add_argument("--keep", action="store_true", help="keep each scenario's scratch root for inspection")
     p.add_argument("--cache-dir", metavar="DIR", help="golden-run cache (default ~/.cache/chaos/golden)")
@@ -188,13 +191,14 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     later in a campaign still leaves every finished scenario's verdict and replay
     command in ``--json``; ``main`` turns such a crash into exit 2.
     """
-    from rich.console import Console
-
     from chaos.results import exit_status, write_results
     from chaos.runner import RunOptions, run_scenario
-    from reports.console import LiveProgress, scenario_line, summary_table
+    from reports.cases import check_output
+    from reports.console import LiveProgress, make_console, scenario_line, summary_table
 
-    console = Console(stderr=False)
+    for flag, path in (("--junit", args.junit), ("--summary", args.summary)):
+        check_output(path, flag)  # before the run, not after it
+    console = make_console()
     options = RunOptions(scratch_base=args.scratch, keep=args.keep,
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None,
                          use_golden_cache=not args.no_cache, hang_timeout_s=args.hang_timeout)
