@@ -1,8 +1,9 @@
 """The reference's metrics file is auxiliary: an error writing it neither fails the save nor the verdict.
 
 The schedule is the one the default campaign drew at seed 1 (generated schedule 17): an
-EIO on the third rename of the save at step 40 — the rename of ``.tmp-metrics-*.prom``
-after the checkpoint had committed.
+EIO on the third rename of the save at step 40 — the rename of the metrics textfile's temp
+file (``metrics.prom.<pid>.<tid>``, prometheus_client's ``write_to_textfile``) after the
+checkpoint had committed.
 """
 
 from chaos.runner import RunOptions, run_scenario
@@ -16,4 +17,4 @@ def test_an_eio_on_the_metrics_rename_after_the_commit_is_set_aside(tmp_path):
     result = run_scenario(scenario, RunOptions(cache_dir=tmp_path / "cache", scratch_base=str(tmp_path)))
     assert result.verdict == "pass", (result.error, [(o.name, o.summary) for o in result.failing()])
     aside = result.oracles["no_false_ack"].evidence["auxiliary"]
-    assert [a["step"] for a in aside] == [40] and ".tmp-metrics-" in aside[0]["what"]
+    assert [a["step"] for a in aside] == [40] and "metrics.prom." in aside[0]["what"]

@@ -100,8 +100,8 @@ def test_latency_spike_and_disk_alerts(tmp_path, monkeypatch):
     m.reject(3, "shard x: checksum mismatch")
     text = m.prometheus_text()
     assert 'chaos_ckpt_alerts_total{rank="0",rule="checksum_failure"} 1' in text
-    assert 'chaos_ckpt_saves_total{rank="0",outcome="ok"} 6' in text
-    assert "# TYPE chaos_ckpt_save_seconds summary" in text and "chaos_ckpt_checksum_failures_total" in text
+    assert 'chaos_ckpt_saves_total{outcome="ok",rank="0"} 6.0' in text
+    assert "# TYPE chaos_ckpt_save_seconds histogram" in text and "chaos_ckpt_checksum_failures_total" in text
     with open(os.path.join(str(tmp_path), "metrics.prom")) as f:
         assert f.read() == text
 

@@ -13,7 +13,8 @@ Options (strings from the CLI are coerced; unknown names raise a ConfigError tha
 also a TypeError): ``keep_last`` (3), ``milestones`` (steps, ``"every-N"`` or N),
 ``async_save`` (False), ``hash`` (``xxh3`` | ``sha256`` | ``crc32c``), ``throttle_mb_s``
 (None), ``verify`` (True: check checksums on load), ``timeout_s`` (default: the process group's own timeout, for the
-checkpointer's collectives), ``metrics`` (True: rank 0 writes ``metrics.prom``),
+checkpointer's collectives), ``metrics`` (True: rank 0 writes ``metrics.prom``), ``metrics_port`` (0; N: rank r serves
+its metrics over HTTP on N + r, closed by ``close()``),
 ``serializer`` (``native`` | ``safetensors``), ``latency_alert_factor`` (3.0),
 ``disk_alert_free_fraction`` (0.05), ``max_manifest_bytes``, ``async_dedup`` (True:
 an async snapshot copies only the tensors this rank writes and hashes the replicated
@@ -37,7 +38,7 @@ from chaos.checkpoint import policy
 from chaos.checkpoint.async_writer import BackgroundCommit, Staging
 from chaos.checkpoint.comm import Comm
 from chaos.checkpoint.loader import candidate_order, describe, load_step
-from chaos.checkpoint.metrics import Metrics
+from chaos.checkpoint.metrics import AUXILIARY_FILES, Metrics
 from chaos.checkpoint.options import Options, parse_options
 from chaos.checkpoint.saver import Snapshot, run_save, take_snapshot
 from chaos.ckptformat.errors import CheckpointError, CommitError, NoValidCheckpointError
@@ -56,7 +57,7 @@ class ReferenceCheckpointer:
 
     # Written beside the checkpoints, read by no load: a failure writing them is logged and
     # does not fail the save (see chaos.protocol.auxiliary_files).
-    auxiliary_files = ("metrics.prom", ".tmp-metrics-*.prom")
+    auxiliary_files = (*AUXILIARY_FILES, ".tmp-metrics-*.prom")
 
     def __init__(self, root: str, rank: int, world_size: int, **options: Any) -> None:
         self.options: Options = parse_options(**options)
@@ -83,7 +84,8 @@ class ReferenceCheckpointer:
             self._replica = open_storage(self.options.replicate_to, local_dir=self.root) if self.options.replicate_to and rank == 0 else None
             self.comm = Comm(rank, world_size, self.options.timeout_s)
             self.metrics = Metrics(
-                self.root, rank, self.options.latency_alert_factor, self.options.disk_alert_free_fraction, self.options.metrics
+                self.root, rank, self.options.latency_alert_factor, self.options.disk_alert_free_fraction, self.options.metrics,
+                port=self.options.metrics_port,
             )
             self.events = self.metrics.events
             self.cadence = policy.Cadence()
@@ -95,6 +97,8 @@ class ReferenceCheckpointer:
             if rank == 0:
                 self.store.clean_stale()  # leftovers of crashed saves; no save of ours runs yet
         except BaseException:
+            if getattr(self, "metrics", None) is not None:
+                self.metrics.close()  # frees its HTTP port, if it serves one
             if self._own_local:
                 shutil.rmtree(self.root, ignore_errors=True)
             raise
@@ -227,6 +231,7 @@ class ReferenceCheckpointer:
             log.error("an async save failed and was never waited for: %s", describe(err))
         self.comm.close()
         self.store.close()
+        self.metrics.close()
         if self._replica is not None:
             self._replica.close()
         if self._own_local:

@@ -43,6 +43,7 @@ class Options:
     verify: bool = True
     timeout_s: float | None = None  # None: the default process group's timeout
     metrics: bool = True
+    metrics_port: int = 0  # > 0: rank r serves its metrics over HTTP on metrics_port + r
     serializer: str = "native"
     latency_alert_factor: float = 3.0
     disk_alert_free_fraction: float = 0.05
@@ -140,6 +141,8 @@ def parse_options(**raw: Any) -> Options:
             out[name] = _int(name, v, 1)
         elif name == "max_manifest_bytes":
             out[name] = _int(name, v, 1024)
+        elif name == "metrics_port":
+            out[name] = _int(name, v, 0)
         elif name == "milestones":
             out[name] = parse_milestones(v)
         elif name in ("async_save", "async_dedup", "verify", "metrics", "load_in_place"):
