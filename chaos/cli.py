@@ -117,7 +117,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chaos", description="Chaos harness for training-checkpoint recovery.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run fault scenarios against a checkpointer and judge recovery")
+    from chaos.job.cli_job import help_epilog
+
+    run = sub.add_parser("run", help="run fault scenarios against a checkpointer and judge recovery",
+                         epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--checkpointer", default="reference",
                      help="built-in name (reference, dcp, dcp-async, torch-save), pkg.module:Class or file.py:Class")
     run.add_argument("--ckpt-opt", action="append", default=[], metavar="KEY=VALUE",

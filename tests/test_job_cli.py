@@ -21,12 +21,14 @@ def chaos_run(*args: str, scratch: Path, timeout: int = 300) -> subprocess.Compl
 
 def test_careless_job_fails_with_the_point_evidence_and_a_replay(tmp_path: Path) -> None:
     results = tmp_path / "r.json"
-    proc = chaos_run("--result-file", "final.json", "--max-points", "12", "--seed", "0", "--json", str(results),
-                     "--", *CARELESS, scratch=tmp_path)
+    proc = chaos_run("--result-file", "final.json", "--faults", "kill", "--max-points", "12", "--seed", "0",
+                     "--json", str(results), "--", *CARELESS, scratch=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     doc = json.loads(results.read_text())
     assert doc["schema_version"] == 1 and doc["summary"]["total"] == 12
     assert doc["job"]["points_found"] == 49 and doc["job"]["points_tried"] == 12
+    assert doc["job"]["faults"] == {"asked": ["kill"], "explored": ["kill"], "found": {"kill": 49},
+                                    "tried": {"kill": 12}}
     failed = [s for s in doc["scenarios"] if s["verdict"] == "fail"]
     assert failed and all(s["outcome"] == "hard_failure" for s in failed)
     first = failed[0]

@@ -1,22 +1,42 @@
-"""A careful pure-Python training job: temp file, fsync, rename, directory fsync.
+"""A careful pure-Python training job: checksummed checkpoints, durable before acknowledged.
 
-    python chaos/examples/careful_job.py --out DIR [--steps 12] [--save-every 3]
+    python chaos/examples/careful_job.py --out DIR [--steps 12] [--save-every 3] [--keep 2]
 
-The same training as ``careless_job.py``, but each checkpoint is written to a temp
-file in the same directory, fsynced, renamed over ``DIR/ckpt.json`` (atomic on POSIX),
-and the directory is fsynced so the rename itself is durable; only then is the save
-acknowledged. A kill anywhere leaves either the old or the new checkpoint, whole, and
-the resume continues from it. ``final.json`` is written the same way.
+The same training as ``careless_job.py``, saved the way a job that survives crashes,
+power loss, bad disks and preemption does:
+
+- every ``--save-every`` steps a new checkpoint ``DIR/ckpt-<step>.json`` holding the
+  state and its SHA-256 is written to a temp file, fsynced, renamed into place (atomic
+  on POSIX) and the directory is fsynced so the rename itself survives a power loss;
+  only then is the save acknowledged (``probe.saved``). The newest ``--keep``
+  checkpoints stay, older ones are removed after the new one is durable;
+- on start it loads the newest checkpoint whose checksum verifies, and names (and
+  skips) every newer one that does not: a corrupted, truncated or deleted newest
+  checkpoint costs the steps since the one before it, never a wrong resume;
+- an I/O error (ENOSPC, EIO, a failed fsync) is never swallowed: the job stops, and
+  the restart resumes from what really is on disk;
+- on SIGTERM (a preemption) it finishes the step it is in, saves it and exits 0, so
+  the restart loses no work.
+
+``final.json`` is written the same way (temp file, fsync, rename, directory fsync).
+Under ``--ranks N`` each copy keeps its own files (``ckpt-rank<R>-<step>.json``).
 """
 
 import argparse
+import glob
+import hashlib
 import json
 import os
+import re
+import signal
+import sys
 
 try:
     from chaos import probe
 except ImportError:
     probe = None
+
+_stop = {"term": False}
 
 
 def train_step(weights: list[float], step: int) -> tuple[list[float], float]:
@@ -24,14 +44,7 @@ def train_step(weights: list[float], step: int) -> tuple[list[float], float]:
     return new, sum((w - (i + 1) * 0.5) ** 2 for i, w in enumerate(new))
 
 
-def atomic_write_json(path: str, obj: object) -> None:
-    directory = os.path.dirname(path)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -39,21 +52,73 @@ def atomic_write_json(path: str, obj: object) -> None:
         os.close(fd)
 
 
+def atomic_write_json(path: str, obj: object) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def checksum(state: dict) -> str:
+    return hashlib.sha256(json.dumps(state, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def checkpoints(out: str, prefix: str) -> list[tuple[int, str]]:
+    """(step, path) of every checkpoint file, newest first."""
+    found = []
+    for path in glob.glob(os.path.join(out, f"{prefix}-*.json")):
+        m = re.fullmatch(re.escape(prefix) + r"-(\d+)\.json", os.path.basename(path))
+        if m:
+            found.append((int(m.group(1)), path))
+    return sorted(found, reverse=True)
+
+
+def load_latest(out: str, prefix: str) -> dict | None:
+    """The newest checkpoint that reads back whole and verifies; None: start from scratch."""
+    for step, path in checkpoints(out, prefix):
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+            state = saved["state"]
+            if saved["sha256"] != checksum(state) or state["step"] != step:
+                raise ValueError("checksum mismatch")
+            return state
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"skipping checkpoint {os.path.basename(path)}: {type(exc).__name__}: {exc}", flush=True)
+    return None
+
+
+def save(out: str, prefix: str, state: dict, keep: int) -> None:
+    atomic_write_json(os.path.join(out, f"{prefix}-{state['step']:06d}.json"),
+                      {"state": state, "sha256": checksum(state)})
+    if probe:
+        probe.saved(state["step"])  # durable: file and directory entry are on disk
+    old = checkpoints(out, prefix)[keep:]
+    for _step, path in old:
+        os.unlink(path)
+    if old:
+        fsync_dir(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--save-every", type=int, default=3)
+    ap.add_argument("--keep", type=int, default=2, help="checkpoints kept (at least 2: one to fall back to)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: _stop.update(term=True))
     os.makedirs(args.out, exist_ok=True)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     suffix = f"-rank{rank}" if world > 1 else ""  # under --ranks N each copy keeps its own files
-    ckpt = os.path.join(args.out, f"ckpt{suffix}.json")
+    prefix = f"ckpt{suffix}"
     step, weights = 0, [0.0, 0.0, 0.0, 0.0]
-    if os.path.exists(ckpt):
-        with open(ckpt) as f:
-            saved = json.load(f)
-        step, weights = saved["step"], saved["weights"]
+    state = load_latest(args.out, prefix)
+    if state is not None:
+        step, weights = state["step"], state["weights"]
         print(f"resumed from step {step}", flush=True)
         if probe:
             probe.resumed(step)
@@ -63,10 +128,14 @@ def main() -> None:
         print(f"step {step} loss {loss:.6f}", flush=True)
         if probe:
             probe.step(step, loss)
-        if step % args.save_every == 0:
-            atomic_write_json(ckpt, {"step": step, "weights": weights})
-            if probe:
-                probe.saved(step)
+        saved = step % args.save_every == 0
+        if saved:
+            save(args.out, prefix, {"step": step, "weights": weights}, args.keep)
+        if _stop["term"]:
+            if not saved:
+                save(args.out, prefix, {"step": step, "weights": weights}, args.keep)
+            print(f"SIGTERM: saved step {step}, exiting", flush=True)
+            sys.exit(0)
     atomic_write_json(os.path.join(args.out, f"final{suffix}.json"), {"step": step, "weights": weights})
 
 

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.job.spec import MODES, JobSpec, parse_point
+from chaos.job.spec import DEFAULT_GRACE_S, FAULT_KINDS, MODES, JobSpec, parse_point
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,7 +44,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="points run concurrently")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--point", default=None, metavar="ID", help="run only this point (a replay)")
-    p.add_argument("--modes", default=",".join(MODES), metavar="M,...", help="before, after, torn (default all)")
+    p.add_argument("--modes", default=",".join(MODES), metavar="M,...",
+                   help="kill points at a file event: before, after, torn (default all)")
+    p.add_argument("--faults", default=None, metavar="K,...",
+                   help=f"fault families to explore: {','.join(FAULT_KINDS)} (default: all that apply here; "
+                        "diskfull needs root and tmpfs)")
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
+                   help=f"a term point: seconds between SIGTERM and SIGKILL (default {DEFAULT_GRACE_S:g})")
     p.add_argument("--max-restarts", type=int, default=1, metavar="K", help="restarts after a fault (default 1)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per attempt")
     p.add_argument("--rtol", type=float, default=1e-3, help="tolerance mode: relative tolerance of results")
@@ -55,6 +61,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--scratch", metavar="DIR", help="parent of the scratch root (default: system temp)")
     p.add_argument("--keep", action="store_true", help="keep the scratch root for inspection")
     return p
+
+
+def help_epilog() -> str:
+    """The job options, for the end of ``chaos run --help`` (``chaos.cli`` shows them there)."""
+    text = make_parser().format_help()
+    cut = max(text.find("\noptions:\n"), text.find("\noptional arguments:\n"))
+    options = text[cut + 1:] if cut >= 0 else text
+    options = options[options.index("\n") + 1:]  # the heading; ours says "job options"
+    return ("your own job: chaos run [job options] -- COMMAND...   ({out} in COMMAND is its output directory)\n\n"
+            "job options:\n" + options)
 
 
 def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
@@ -71,7 +87,9 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
     resume = tuple(shlex.split(args.resume_cmd)) if args.resume_cmd else None
     job = JobSpec(command=command, resume_command=resume, ranks=args.ranks, result_globs=tuple(args.result_file),
                   step_regex=args.step_regex, checkpoint_glob=args.checkpoint_glob, max_restarts=args.max_restarts,
-                  timeout_s=args.timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m))
+                  timeout_s=args.timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m),
+                  faults=tuple(f for f in args.faults.split(",") if f) if args.faults is not None else None,
+                  grace_s=args.grace)
     return args, job
 
 
@@ -108,6 +126,7 @@ def main(argv: list[str]) -> int:
 
 def _run(args: argparse.Namespace, job: JobSpec) -> int:
     from chaos.job.explore import explore
+    from chaos.job.pointset import by_kind
     from chaos.job.results import exit_status, results_document, write_results
 
     only = parse_point(args.point) if args.point else None
@@ -121,6 +140,7 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
             f"{job.ranks} rank(s)" if job.ranks else "one process")
         _say(f"fault-free runs: {mode}, {sum(ref.events.values())} file event(s) traced, "
              f"{len(ref.points)} point(s) found, {ref.seconds:.1f} s")
+        _say("  points by kind: " + (", ".join(f"{n} {k}" for k, n in by_kind(ref.points).items()) or "none"))
         for note in ref.notes:
             _say(f"  note: {note}")
         progress["planned"] = 1 if only else min(len(ref.points), args.max_points or len(ref.points))

@@ -7,22 +7,26 @@ the system temp directory), removed at the end unless ``--keep``: per run a fold
 
 1. Fault-free runs, twice. If their result files differ the job is nondeterministic:
    *tolerance mode* (results compared within ``--rtol``), and the caller says so.
-2. Points, from the first fault-free run's traces: every traced file event of every
-   rank x each of ``--modes`` (before, after, torn: torn only for writes), then a kill
-   at every step the job announced (``chaos.probe.step`` or ``--step-regex``).
-3. A seeded sample of them (``--max-points``), run ``--jobs`` at a time while
-   ``--budget`` seconds allow; coverage = points tried / points found.
-4. Each point: attempt 0 with the point armed; then (unless torchrun restarts by itself)
-   up to ``--max-restarts`` resumes with ``--resume-cmd``; then ``judge.judge``.
+2. Points, from the first fault-free run's traces, of every ``--faults`` kind
+   (``pointset.py``): kills at file events and steps, SIGTERM at steps, injected
+   ENOSPC / EIO, at-rest corruption of the checkpoint files, power loss, a full disk.
+3. A seeded sample of them (``--max-points``, spread over the kinds), run ``--jobs``
+   at a time while ``--budget`` seconds allow; coverage = points tried / points found.
+4. Each point (``run_chain``): attempt 0 with the point armed; for a corruption or a
+   power loss, {out} edited while every copy is stopped (``atrest.py``); for a full
+   disk, attempt 0 on a small tmpfs that is grown before the restart (``diskfull.py``);
+   then (unless torchrun restarts by itself) up to ``--max-restarts`` resumes with
+   ``--resume-cmd``; then ``judge.judge``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import errno
 import glob
 import json
 import os
-import random
 import shutil
 import tempfile
 import threading
@@ -33,10 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ChaosError
-from chaos.job import launch
+from chaos.job import atrest, diskfull, launch, pointset
 from chaos.job.compare import first_difference
 from chaos.job.judge import Golden, PointRecord, PointVerdict, judge
-from chaos.job.spec import JobSpec, Point
+from chaos.job.pointset import Facts, sample
+from chaos.job.spec import HALT_MODES, JobSpec, Point
+from faults import FaultError, disk
+from faults.crashstate import Snapshot
 
 
 class JobError(ChaosError):
@@ -107,18 +114,79 @@ def _new_run(root: str, name: str) -> Run:
     return Run(scratch, out, scratch)
 
 
-def run_chain(job: JobSpec, run: Run, point: Point | None) -> PointRecord:
-    """Attempt 0 (the point armed), then the harness's restarts unless torchrun's agent does them."""
+def _restarts(job: JobSpec, run: Run, point: Point) -> None:
+    """The harness's restarts: none for a torchrun COMMAND its agent restarts by itself, except
+    after a SIGTERM, a corruption or a power loss, which stopped torchrun too. A SIGTERM'd job
+    is restarted even when it exited 0: it was preempted, not finished."""
+    if job.torchrun and not (point.mode in HALT_MODES or point.mode == "term"):
+        return
+    for attempt in range(1, job.max_restarts + 1):
+        if run.attempts[-1].ok and not (attempt == 1 and point.mode == "term"):
+            break
+        run.attempts.append(launch.run_attempt(job, run.out, run.scratch, attempt, None, run.mark))
+
+
+def _at_rest(run: Run, point: Point, base: Snapshot | None, seed: int) -> atrest.Applied | None:
+    """After a halted attempt 0: the corruption or the power loss; None when the point never fired."""
+    halt = atrest.halt_record(read_traces(run.scratch, run.out), point.rank)
+    if halt is None:
+        return None
+    if point.mode == "power":
+        return atrest.power_loss(point, run.out, run.scratch, halt, base or Snapshot(), seed)
+    return atrest.corrupt(point, run.out, run.scratch, halt, seed)
+
+
+def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
+    """Attempt 0 on a ``point.size``-byte tmpfs {out}, grown before the restarts; skipped where none mounts."""
+    size = int(point.size or 0)
+    ok, why = diskfull.available()
+    if not ok:
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs", {"size_bytes": size},
+                                 skipped=f"a real full disk cannot be made here: {why}", outcome="unsupported")
+        return PointRecord(point, run.out, run.attempts, {}, None, applied)
+    grown = diskfull.grown_size(size)
+    stack = contextlib.ExitStack()
+    try:
+        fs = stack.enter_context(diskfull.tmpfs_out(run.out, size, run.scratch))
+    except (OSError, FaultError) as exc:
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs", {"size_bytes": size},
+                                 skipped=f"the tmpfs could not be mounted over {{out}}: {exc}", outcome="unsupported")
+        return PointRecord(point, run.out, run.attempts, {}, None, applied)
+    with stack:
+        run.attempts.append(launch.run_attempt(job, run.out, run.scratch, 0, point, run.mark))
+        fs.grow(grown)
+        after_kill = checkpoint_state(run.out, job.checkpoint_glob)
+        _restarts(job, run, point)
+    traces = read_traces(run.scratch, run.out)
+    hit = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
+                  if r.get("event") == "op" and r.get("error") == errno.ENOSPC), key=lambda r: r.get("ts", 0))
+    record = {"size_bytes": size, "mount": fs.record, "remounted_to": grown}
+    if not hit:
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs", record, outcome="no_effect",
+                                 skipped=f"the job never hit ENOSPC on a {size}-byte tmpfs {{out}} (no traced "
+                                         "event failed with it): the full disk did nothing")
+    else:
+        first = hit[0]
+        record["first_enospc"] = {k: first.get(k) for k in ("rank", "ord", "op", "rel", "seq")}
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs: rank {first['rank']}'s {first['op']} of "
+                                 f"{first.get('rel')} (event {first.get('ord')}) got ENOSPC; remounted at "
+                                 f"{grown} bytes before the restart", record)
+    return PointRecord(point, run.out, run.attempts, traces, after_kill, applied)
+
+
+def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0) -> PointRecord:
+    """Attempt 0 (the point armed), the at-rest fault if any, then the restarts (``_restarts``)."""
+    if point is not None and point.family == "diskfull":
+        return _diskfull_chain(job, run, point)
+    base = Snapshot.capture(run.out) if point is not None and point.mode == "power" else None
     first = launch.run_attempt(job, run.out, run.scratch, 0, point, run.mark)
     run.attempts.append(first)
+    applied = _at_rest(run, point, base, seed) if point is not None and point.mode in HALT_MODES else None
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
-    if point is not None and not job.torchrun:
-        for attempt in range(1, job.max_restarts + 1):
-            if run.attempts[-1].ok:
-                break
-            run.attempts.append(launch.run_attempt(job, run.out, run.scratch, attempt, None, run.mark))
+    if point is not None and not (applied is not None and applied.skipped):
+        _restarts(job, run, point)
     return PointRecord(point or Point(0, "none"), run.out, run.attempts, read_traces(run.scratch, run.out),
-                       after_kill)
+                       after_kill, applied)
 
 
 @dataclass
@@ -131,38 +199,32 @@ class Reference:
     seconds: float
     untraced: list[str]
     events: dict[int, int]  # rank -> traced file events in the first fault-free run
+    kinds: tuple[str, ...] = ()  # the --faults kinds explored
+    traces: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    facts: Facts = field(default_factory=Facts, repr=False)
+
+    def lookup(self, job: JobSpec, point: Point) -> Point:
+        """A replayed point with what the fault-free run did there (any kind, asked for or not)."""
+        known = {p.id: p for p in self.points}
+        if point.id not in known and point.family not in self.kinds:
+            known = {p.id: p for p in pointset.enumerate_points(job, self.traces, self.facts, (point.family,))}
+        return known.get(point.id, point)
 
     def to_dict(self) -> dict[str, Any]:
         return {"tolerance_mode": self.golden.tolerance, "result_files": self.golden.results,
                 "checkpoints": sorted(self.golden.checkpoints), "acknowledged_saves": self.golden.acks,
                 "notes": self.notes, "seconds": round(self.seconds, 3), "untraced_files": self.untraced,
-                "file_events": {str(r): n for r, n in sorted(self.events.items())}}
+                "file_events": {str(r): n for r, n in sorted(self.events.items())},
+                "peak_out_bytes": self.facts.peak or None}
 
 
-def enumerate_points(job: JobSpec, traces: dict[tuple[int, int], list[dict[str, Any]]]) -> list[Point]:
-    """Every file event of every rank x each mode (torn: writes only), then a kill at every announced step."""
-    points: list[Point] = []
-    steps: list[Point] = []
-    for (rank, attempt), recs in sorted(traces.items()):
-        if attempt != 0:
-            continue
-        seen: dict[tuple[str, str], int] = {}
-        for r in recs:
-            if r.get("event") == "op" and r.get("ord") is not None:
-                key = (r["op"], r.get("rel") or r.get("path") or "")
-                seen[key] = seen.get(key, 0) + 1
-                for mode in job.modes:
-                    if mode == "torn" and (r["op"] != "write" or (r.get("length") or 0) < 2):
-                        continue
-                    points.append(Point(rank, mode, op=r["ord"], kind=r["op"], path=key[1], seq=r.get("seq"),
-                                        nth=seen[key]))
-        announced = sorted({r["info"]["n"] for r in recs if r.get("event") == "phase"
-                            and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in ("step", "regex")})
-        steps += [Point(rank, "kill", step=n) for n in announced]
-    return points + steps
+def enumerate_points(job: JobSpec, traces: dict[tuple[int, int], list[dict[str, Any]]],
+                     facts: Facts | None = None, kinds: tuple[str, ...] = ("kill",)) -> list[Point]:
+    """The points of ``kinds`` (default: the kills) in the fault-free traces (``pointset.enumerate_points``)."""
+    return pointset.enumerate_points(job, traces, facts, kinds)
 
 
-def reference(job: JobSpec, root: str, jobs: int) -> tuple[Reference, Run]:
+def reference(job: JobSpec, root: str, jobs: int, seed: int = 0) -> tuple[Reference, Run]:
     """Two fault-free runs (concurrently when ``jobs`` > 1); JobError if either fails or nothing is traced."""
     started = time.monotonic()
     runs = [_new_run(root, "golden-0"), _new_run(root, "golden-1")]
@@ -207,8 +269,12 @@ def reference(job: JobSpec, root: str, jobs: int) -> tuple[Reference, Run]:
                for recs_ in traces.values() for x in recs_)
     golden = Golden(out=runs[0].out, results=results, tolerance=tolerance,
                     checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks)
-    points = enumerate_points(job, traces)
-    return Reference(golden, points, notes, time.monotonic() - started, untraced, events), runs[0]
+    kinds, left_out = pointset.kinds_to_explore(job)
+    facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
+    points = pointset.enumerate_points(job, traces, facts, kinds)
+    notes += left_out + pointset.notes(job, traces, facts, kinds, points)
+    return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, traces,
+                     facts), runs[0]
 
 
 @dataclass
@@ -232,25 +298,21 @@ class PointResult:
         drift = None
         if fired and self.point.kind and fired[0].get("op") not in (self.point.kind, "step"):
             drift = f"the fault-free run's event {self.point.op} was {self.point.kind}, this run's {fired[0].get('op')}"
+        extra: dict[str, Any] = {}
+        if self.point.family in ("corrupt", "power"):
+            extra["seed"] = atrest.point_seed(self.seed, self.point)
+        if self.point.family == "term":
+            extra["grace_s"] = self.job.grace_s
         return {
             "id": self.point.id, "seed": self.seed, "checkpointer": "job", "backend": "file",
-            "world_size": self.job.world_size, "faults": [self.point.to_fault()], "fired": fired,
+            "world_size": self.job.world_size, "faults": [self.point.to_fault(**extra)], "fired": fired,
+            "fault_applied": v.fault,
             "verdict": v.verdict, "outcome": v.outcome, "summary": v.summary,
             "oracles": {n: o.to_dict() for n, o in v.oracles.items()}, "replay": self.replay,
             "error": v.summary if v.verdict == "error" else None, "seconds": round(self.seconds, 3),
             "attempts": [a.to_dict() for a in self.record.attempts], "drift": drift,
             "scenario": {"kind": "job", "job": self.job.to_dict(), "point": self.point.id},
         }
-
-
-def sample(points: list[Point], max_points: int | None, seed: int) -> list[Point]:
-    """A seeded sample of at most ``max_points``, in a seeded order (so a budget cut is spread out)."""
-    rng = random.Random(seed)
-    chosen = list(points)
-    if max_points is not None and len(chosen) > max_points:
-        chosen = [points[i] for i in sorted(rng.sample(range(len(points)), max_points))]
-    rng.shuffle(chosen)
-    return chosen
 
 
 @dataclass
@@ -261,15 +323,20 @@ class Exploration:
     chosen: int
     budget_s: float | None
     seconds: float
+    job_faults: tuple[str, ...] | None = None  # --faults as given (None: the default)
 
     @property
     def coverage(self) -> float:
         return len(self.results) / self.found if self.found else 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        ref = self.reference
         return {"points_found": self.found, "points_chosen": self.chosen, "points_tried": len(self.results),
                 "coverage": round(self.coverage, 4), "budget_s": self.budget_s, "seconds": round(self.seconds, 3),
-                "reference": self.reference.to_dict()}
+                "faults": {"asked": list(self.job_faults) if self.job_faults is not None else "all that apply",
+                           "explored": list(ref.kinds), "found": pointset.by_kind(ref.points),
+                           "tried": pointset.by_kind(r.point for r in self.results)},
+                "reference": ref.to_dict()}
 
 
 def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budget_s: float | None = None,
@@ -280,12 +347,11 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
     root = tempfile.mkdtemp(prefix="chaos-job-", dir=scratch_base)
     started = time.monotonic()
     try:
-        ref, _golden_run = reference(job, root, jobs)
+        ref, _golden_run = reference(job, root, jobs, seed)
         if on_reference:
             on_reference(ref)
         if only is not None:
-            known = {p.id: p for p in ref.points}
-            chosen = [known.get(only.id, only)]
+            chosen = [ref.lookup(job, only)]
         else:
             if not ref.points:
                 raise JobError("the fault-free run showed no point to break: no file event under {out} was "
@@ -302,7 +368,7 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
             if budget_s is not None and time.monotonic() - started + estimate() > budget_s:
                 return None
             t0 = time.monotonic()
-            rec = run_chain(job, _new_run(root, f"point-{i:05d}"), point)
+            rec = run_chain(job, _new_run(root, f"point-{i:05d}"), point, seed)
             res = PointResult(job, point, judge(job, ref.golden, rec), rec, seed, time.monotonic() - t0)
             with lock:
                 durations.append(res.seconds)
@@ -325,8 +391,10 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
                 raise
         order = {p.id: i for i, p in enumerate(ref.points)}
         results.sort(key=lambda r: order.get(r.point.id, len(order)))
-        return Exploration(ref, results, len(ref.points), len(chosen), budget_s, time.monotonic() - started)
+        return Exploration(ref, results, len(ref.points), len(chosen), budget_s, time.monotonic() - started,
+                           job.faults)
     finally:
         launch.kill_all()
+        disk.unmount_all(root)  # a full-disk point's tmpfs, if an interrupt cut its own unmount short
         if not keep:
             shutil.rmtree(root, ignore_errors=True)

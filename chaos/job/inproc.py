@@ -13,6 +13,22 @@ subclassing, not by editing it:
 - a point fires *before* event N (the event is not performed), *after* it (its record
   is on disk, then SIGKILL), or *torn* (a write stores the first half of its bytes,
   then SIGKILL, through the interposer's own ``short_write`` rule);
+- a corruption or power-loss point *halts* right after event N: the rank records it,
+  leaves a request in the trace directory and waits, frozen, until the launcher has
+  stopped every copy (torchrun's agent included, so it cannot restart the workers
+  before the harness has edited {out}); SIGKILL itself after ``HALT_WAIT_S`` without one;
+- an ``enospc`` / ``eio`` point makes event N raise ``OSError`` instead of being
+  performed, through the interposer's own rule actions (``fsync_fail`` for an fsync);
+  the job sees the error and carries on as it will. EIO is one bad event; a full disk
+  stays full, so after an ``enospc`` every later event that needs space (a write, a
+  file created, mkdir, rename, link) raises ENOSPC too — Python's retry of a failed
+  buffered write at ``close()`` included. If the job is still running at its next
+  announced step, it is killed there, so the restart shows whether what it acknowledged
+  after the error was really saved;
+- a ``term`` step point leaves a request for the launcher (which sends SIGTERM to every
+  copy, then SIGKILL after ``--grace``) and waits, up to ``TERM_WAIT_S``, for its answer,
+  outside the interposer's lock, so the job's own SIGTERM handler runs (and its saves
+  are traced) as it would under a real preemption;
 - ``chaos.probe`` calls and lines of the job's stdout/stderr matching
   ``--step-regex`` become ``{"event":"phase","name":"chaos.probe",...}`` records in the
   same trace, in order with the file events; a step point fires at such a record.
@@ -28,6 +44,7 @@ import json
 import os
 import re
 import sys
+import time
 from typing import Any
 
 from chaos import phases
@@ -35,22 +52,38 @@ from chaos.job import spec as S
 from faults.interposer import Interposer, IORule
 
 _installed: JobInterposer | None = None
+HALT_WAIT_S = 20.0  # a halted rank waits this long for the launcher to stop it, then SIGKILLs itself
+TERM_WAIT_S = 10.0  # a term point waits this long for the launcher's SIGTERM, then carries on
+_FSYNCS = ("fsync", "fdatasync")
+_NEEDS_SPACE = ("write", "mkdir", "rename", "link")  # and an open that creates its file
+
+
+def _rules(mode: str | None) -> list[IORule]:
+    """The interposer rules a point's mode needs; ``_match`` decides when they fire."""
+    if mode == "torn":
+        return [IORule("short_write", op="write", keep=None, then="kill", times=None)]
+    if mode == "enospc":
+        return [IORule("enospc", times=None)]
+    if mode == "eio":
+        return [IORule("eio", times=None), IORule("fsync_fail", times=None)]
+    return []
 
 
 class JobInterposer(Interposer):
     """The interposer, numbering file events and firing one ``Point`` given as a dict."""
 
     def __init__(self, root: str, rank: int, trace_path: str, point: dict[str, Any] | None) -> None:
-        torn = point is not None and point.get("mode") == "torn"
-        rules = [IORule("short_write", op="write", keep=None, then="kill", times=None)] if torn else []
-        super().__init__(root, rank=rank, trace_path=trace_path, rules=rules, keep_records=False)
+        super().__init__(root, rank=rank, trace_path=trace_path, rules=_rules(point and point.get("mode")),
+                         keep_records=False)
         self.point = point
         self._ord = 0
         self._cur: int | None = None
+        self._errored = False  # an enospc / eio point fired: kill at the next announced step
+        self._requests = os.path.dirname(trace_path)
 
-    def _target(self, mode: str) -> bool:
+    def _target(self, *modes: str) -> bool:
         p = self.point
-        return p is not None and p.get("mode") == mode and p.get("op") == self._cur
+        return p is not None and p.get("mode") in modes and p.get("op") == self._cur
 
     def _match(self, kind: str, paths: tuple[str, ...], offset: int | None = None,
                length: int | None = None) -> list[int]:
@@ -63,19 +96,50 @@ class JobInterposer(Interposer):
             self._cut(kind, paths, "before", note="torn point on a non-write or 1-byte event: killed before it")
         if self._target("before"):
             self._cut(kind, paths, "before")
+        if self._target("enospc", "eio"):
+            self._errored = True
+            # _act_before / _do_write fire the rule: the op is not performed and raises OSError
+            return [1] if self.point["mode"] == "eio" and kind in _FSYNCS else [0]  # type: ignore[index]
+        if self._errored and self.point["mode"] == "enospc" and (  # type: ignore[index]
+                kind in _NEEDS_SPACE or kind == "open" and paths and not os.path.lexists(paths[0])):
+            return [0]  # the disk is still full
         return []
 
     def _op(self, kind: str, **fields: Any) -> dict[str, Any]:
         fields.setdefault("ord", self._cur)
         rec = super()._op(kind, **fields)
-        if self._target("after") and fields["ord"] == self._cur:
-            self._cut(kind, (fields.get("path"),), "after")
+        if fields["ord"] == self._cur:
+            if self._target("after"):
+                self._cut(kind, (fields.get("path"),), "after")
+            elif self._target(*S.HALT_MODES):
+                self._halt(kind, fields)
         return rec
 
     def _fire(self, i: int, kind: str, paths: tuple[str, ...], **point: Any) -> dict[str, Any]:
         point.setdefault("ord", self._cur)
-        point.setdefault("when", "torn")
+        point.setdefault("when", self.point.get("mode") if self.point else "torn")
         return super()._fire(i, kind, paths, **point)
+
+    def _request(self, name: str, info: dict[str, Any]) -> None:
+        """Leave a request for the launcher's poll loop (written whole, then renamed into view)."""
+        final = os.path.join(self._requests, f"{name}-r{self.rank}-p{os.getpid()}.json")
+        tmp = final + ".tmp"
+        fd = self._o["open"](tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self._write_all(fd, json.dumps(info, default=str).encode())
+        finally:
+            self._o["close"](fd)
+        self._o["rename"](tmp, final)
+
+    def _halt(self, kind: str, fields: dict[str, Any]) -> None:
+        """Right after event N of a corruption / power-loss point: freeze until every copy is stopped."""
+        rec = self._emit({"event": "fired", "action": "halt", "op": kind, "when": self.point["mode"],  # type: ignore[index]
+                          "ord": self._cur, "path": fields.get("path"), "dst": fields.get("dst")})
+        self._request(S.HALT_REQUEST, {"rank": self.rank, "ord": self._cur, "ts": rec["ts"]})
+        deadline = time.monotonic() + HALT_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.005)
+        self._die()
 
     def _cut(self, kind: str, paths: tuple[Any, ...], when: str, note: str | None = None) -> None:
         rec: dict[str, Any] = {"event": "fired", "action": "kill", "op": kind, "when": when, "ord": self._cur,
@@ -88,8 +152,20 @@ class JobInterposer(Interposer):
     def _on_phase(self, name: str, info: dict[str, Any]) -> None:
         super()._on_phase(name, info)
         p = self.point
-        if (p is None or p.get("step") is None or name != "chaos.probe"
-                or info.get("kind") not in ("step", "regex") or info.get("n") != p["step"]):
+        if p is None or name != "chaos.probe" or info.get("kind") not in ("step", "regex"):
+            return
+        if self._errored:  # still running after the injected error: crash it at its next step
+            self._enter()
+            try:
+                self._emit({"event": "fired", "action": "kill", "op": "step", "when": "after_error",
+                            "step_n": info.get("n"), "source": info.get("kind")})
+            finally:
+                self._leave()
+            self._die()
+        if p.get("step") is None or info.get("n") != p["step"]:
+            return
+        if p.get("mode") == "term":
+            self._term(p["step"], info.get("kind"))
             return
         self._enter()
         try:
@@ -98,6 +174,28 @@ class JobInterposer(Interposer):
         finally:
             self._leave()
         self._die()
+
+    def _term(self, step: int, source: Any) -> None:
+        """Ask the launcher for SIGTERM and wait for it here, outside the lock (the job's handler runs)."""
+        self._enter()
+        try:
+            rec = self._emit({"event": "fired", "action": "term", "op": "step", "when": "term", "step_n": step,
+                              "source": source})
+            self._request(S.TERM_REQUEST, {"rank": self.rank, "step": step, "ts": rec["ts"]})
+        finally:
+            self._leave()
+        sent = os.path.join(self._requests, S.TERM_SENT)
+        deadline = time.monotonic() + TERM_WAIT_S
+        while time.monotonic() < deadline:
+            if os.path.exists(sent):
+                time.sleep(0.05)  # the signal is already pending: its Python handler runs in this sleep
+                return
+            time.sleep(0.005)
+        self._enter()
+        try:
+            self._emit({"event": "note", "note": f"no SIGTERM came within {TERM_WAIT_S:g} s: the job carried on"})
+        finally:
+            self._leave()
 
 
 class _StepScanner:
@@ -142,9 +240,15 @@ class _StepScanner:
 
 
 def _rank_attempt(env: os._Environ[str] | dict[str, str]) -> tuple[int, int]:
+    """(rank, attempt). A torchrun worker's attempt is torchelastic's restart count, offset by
+    ``TORCHRUN_STRIDE`` per relaunch of torchrun itself by the harness."""
     rank = env.get("RANK", env.get(S.ENV_RANK, "0"))
     attempt = env.get("TORCHELASTIC_RESTART_COUNT", env.get(S.ENV_ATTEMPT, "0"))
-    return (int(rank) if rank.isdigit() else 0, int(attempt) if attempt.isdigit() else 0)
+    n = int(attempt) if attempt.isdigit() else 0
+    base = env.get(S.ENV_ATTEMPT, "0")
+    if env.get(S.ENV_RANKS_ONLY) == "1" and "TORCHELASTIC_RESTART_COUNT" in env and base.isdigit():
+        n += S.TORCHRUN_STRIDE * int(base)
+    return (int(rank) if rank.isdigit() else 0, n)
 
 
 def should_install(env: os._Environ[str] | dict[str, str]) -> bool:
@@ -158,6 +262,25 @@ def should_install(env: os._Environ[str] | dict[str, str]) -> bool:
     return True
 
 
+def _own_temp_dir(env: os._Environ[str] | dict[str, str], rank: int) -> None:
+    """TMPDIR = a folder of the point's temp dir for this rank alone (``ENV_TMP``/rank<R>).
+
+    The interposer traces the temp dir too (a file written there and moved into {out} is
+    part of a save), and event ordinals are point identities: ranks sharing one temp
+    dir race for what lands there first (torch's import makes its cache folder in
+    whichever rank gets there first), which would shift every later ordinal of the
+    loser between runs.
+    """
+    base = env.get(S.ENV_TMP)
+    if not base:
+        return
+    own = os.path.join(base, f"rank{rank}")
+    os.makedirs(own, exist_ok=True)
+    env["TMPDIR"] = own
+    if "tempfile" in sys.modules:
+        sys.modules["tempfile"].tempdir = None  # re-read TMPDIR on next use
+
+
 def install() -> JobInterposer | None:
     """Install the tracer in this process if the environment says so; None otherwise."""
     global _installed
@@ -165,6 +288,7 @@ def install() -> JobInterposer | None:
     if _installed is not None or not should_install(env):
         return None
     rank, attempt = _rank_attempt(env)
+    _own_temp_dir(env, rank)
     point: dict[str, Any] | None = None
     if env.get(S.ENV_POINT):
         p = json.loads(env[S.ENV_POINT])

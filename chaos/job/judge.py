@@ -17,10 +17,23 @@ Three oracles, each with its evidence, named as the built-in workload's are:
   ``probe.step(n)`` minus one, else the first ``--step-regex`` match after the restart;
   none of them: from scratch (0). Otherwise *lost_work*.
   Each is judged only with what it needs; without it the summary says what is missing.
+
+What the harness did besides the kill is evidence too, and bounds what the job could
+rely on. A corrupted file (``atrest.corrupt``) is no checkpoint to rely on: a
+``--checkpoint-glob`` match holding it does not count, nor does an acknowledgement the
+rank made at or after the step it was saving when it stopped (a careful job that
+detects the damage and resumes from the checkpoint before passes). After a power loss
+only acknowledgements made before the cut count: the other ranks' later ones never
+happened. Every verdict of such a point starts with what was done ("ckpt.json: bit 5 of
+byte 40 flipped ...", "SIGTERM at rank 0's step 8: exited 0 within the 5 s grace"), and
+the liveness evidence carries the full record (``fault``). A point whose fault changed
+nothing, or could not be made here, is *skipped* with the reason, never passed.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +41,7 @@ from typing import Any
 
 from chaos.job.compare import first_difference
 from chaos.job.launch import AttemptOutcome
-from chaos.job.spec import JobSpec, Point
+from chaos.job.spec import TORCHRUN_STRIDE, JobSpec, Point
 
 OUTCOMES = ("pass", "hard_failure", "silent_divergence", "lost_work")
 
@@ -70,6 +83,7 @@ class PointRecord:
     attempts: list[AttemptOutcome]
     traces: dict[tuple[int, int], list[dict[str, Any]]]
     after_kill: dict[str, dict[str, int]] | None = None  # --checkpoint-glob matches between kill and restart
+    applied: Any = None  # atrest.Applied: what the harness did to {out} (corruption, power loss, full disk)
 
     def fired(self) -> list[dict[str, Any]]:
         return [{**r, "attempt": a, "rank": rk} for (rk, a), recs in sorted(self.traces.items())
@@ -88,13 +102,15 @@ class PointRecord:
 
 def _liveness(job: JobSpec, rec: PointRecord) -> Oracle:
     last = rec.attempts[-1]
-    restarts = sorted({a for (_r, a) in rec.traces if a > 0})
+    # a torchrun worker's attempt: TORCHRUN_STRIDE x the harness's relaunches + torchelastic's restarts
+    restarts = sorted({a for (_r, a) in rec.traces if a % TORCHRUN_STRIDE > 0})
     evidence: dict[str, Any] = {"attempts": [a.to_dict() for a in rec.attempts]}
+    relaunched = f" (the harness relaunched torchrun {len(rec.attempts) - 1} time(s))" if len(rec.attempts) > 1 else ""
     if job.torchrun:
         evidence["torchelastic_restarts"] = len(restarts)
     if last.ok:
-        how = (f"torchelastic restarted the workers {len(restarts)} time(s) and the job finished" if job.torchrun
-               else f"the job finished after {len(rec.attempts) - 1} restart(s)")
+        how = (f"torchelastic restarted the workers {len(restarts)} time(s){relaunched} and the job finished"
+               if job.torchrun else f"the job finished after {len(rec.attempts) - 1} restart(s)")
         return Oracle("liveness", "pass", how, evidence)
     evidence["output_tail"] = last.tail()
     if job.torchrun:
@@ -170,23 +186,50 @@ def _resumed_at(rec: PointRecord, rank: int) -> tuple[int, str]:
     return 0, "no resume seen (no probe call, no --step-regex match): from scratch"
 
 
+def _saving_step(rec: PointRecord) -> int | None:
+    """The step the halted rank was at (its last announced step before the halt), if it announced any."""
+    n = None
+    for r in rec.traces.get((rec.point.rank, 0), []):
+        if r.get("event") == "fired" and r.get("action") == "halt":
+            return n
+        if r.get("event") == "phase" and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in (
+                "step", "regex"):
+            n = r["info"]["n"]
+    return n
+
+
+def _holds(name: str, files: list[str]) -> bool:
+    return any(f == name or f.startswith(name.rstrip(os.sep) + os.sep) for f in files)
+
+
 def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
     """Per rank: each rank's restart must start at or after the newest checkpoint *it* could rely on."""
     if not golden.acks and rec.after_kill is None:
         return Oracle("durability", "not_judged", "which checkpoints the job could rely on is unknown: "
                       "call chaos.probe.saved(n) or give --checkpoint-glob")
+    applied = rec.applied
+    cut = applied.cut_ts if applied is not None else None
+    excluded = list(applied.excluded) if applied is not None else []
+    saving = _saving_step(rec) if excluded else None
+    evidence: dict[str, Any] = {}
+    if cut is not None:
+        evidence["acknowledged_before"] = {"cut_ts": cut, "why": "a power loss: later acknowledgements never happened"}
+    if excluded:
+        evidence["not_relied_on"] = {"files": excluded, "acknowledged_from_step": saving,
+                                     "why": "corrupted by the harness after the job completed them"}
     newest: dict[int, tuple[int, str]] = {}
     for (rank, a), recs in rec.traces.items():
         if a != 0:
             continue
         acked = [r["info"]["n"] for r in recs if r.get("event") == "phase" and r.get("name") == "chaos.probe"
-                 and r.get("info", {}).get("kind") == "saved"]
+                 and r.get("info", {}).get("kind") == "saved" and (cut is None or r.get("ts", 0.0) <= cut)
+                 and not (saving is not None and rank == rec.point.rank and r["info"]["n"] >= saving)]
         if acked:
             newest[rank] = (max(acked), "chaos.probe.saved")
-    evidence: dict[str, Any] = {}
     if rec.after_kill is not None:
         complete = sorted(s for name, files in rec.after_kill.items()
-                          if golden.checkpoints.get(name) == files and (s := _step_of(name)) is not None)
+                          if golden.checkpoints.get(name) == files and not _holds(name, excluded)
+                          and (s := _step_of(name)) is not None)
         evidence["complete_checkpoints_after_kill"] = complete
         if complete:  # a checkpoint on disk is every rank's to resume from
             for rank in {r for (r, _a) in rec.traces}:
@@ -219,14 +262,53 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
 @dataclass
 class PointVerdict:
     verdict: str   # pass | fail | skipped | error (the results schema's)
-    outcome: str   # pass | hard_failure | silent_divergence | lost_work | not_reached | error
+    outcome: str   # pass | hard_failure | silent_divergence | lost_work | not_reached | no_effect | unsupported | error
     summary: str
     oracles: dict[str, Oracle]
+    fault: dict[str, Any] | None = None  # what the harness did beyond the kill (corruption, crash state, ...)
+
+
+def _fault(rec: PointRecord, fired: list[dict[str, Any]]) -> tuple[str | None, dict[str, Any] | None]:
+    """One line and the record of what the point did beyond a plain kill (None, None for a kill)."""
+    p = rec.point
+    if rec.applied is not None:
+        return rec.applied.what, rec.applied.to_dict()
+    if p.mode == "term" and rec.attempts and rec.attempts[0].term is not None:
+        return rec.attempts[0].describe, {"what": rec.attempts[0].describe, **rec.attempts[0].term}
+    if p.family == "errno" and fired:
+        f = fired[0]
+        code = {"enospc": errno.ENOSPC, "eio": errno.EIO, "fsync_fail": errno.EIO}.get(f.get("action"), errno.EIO)
+        what = (f"rank {p.rank}'s {f.get('op')} of {_short(f.get('path'), rec.out)} (event {f.get('ord')}) raised "
+                f"{errno.errorcode[code]}{' (a failed fsync)' if f.get('action') == 'fsync_fail' else ''}")
+        later = [x for x in fired[1:] if x.get("action") == "enospc"]
+        if later:
+            what += (f"; the disk staying full, {len(later)} later event(s) failed too "
+                     f"({', '.join(sorted({str(x.get('op')) for x in later}))})")
+        after = next((x for x in fired[1:] if x.get("when") == "after_error"), None)
+        if after is not None:
+            what += f"; the job carried on and was killed at its next step ({after.get('step_n')})"
+        return what, {"what": what, "fired": fired}
+    return None, None
+
+
+def _short(path: Any, out: str) -> str:
+    root = os.path.realpath(out)
+    if path == root:
+        return "{out}"
+    if isinstance(path, str) and path.startswith(root + os.sep):
+        return os.path.relpath(path, root)
+    return str(path)
 
 
 def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
-    """The verdict of one point. A point that never fired is *skipped*, never a pass."""
-    fired = [f for f in rec.fired() if f["attempt"] == 0 and f["rank"] == rec.point.rank]
+    """The verdict of one point. A point that never fired, or whose fault did nothing, is *skipped*, never a pass."""
+    p = rec.point
+    fired = [f for f in rec.fired() if f["attempt"] == 0 and f["rank"] == p.rank]
+    applied = rec.applied
+    if p.family == "diskfull":
+        if applied is None:
+            return PointVerdict("error", "error", "the full-disk point left no record", {})
+        fired = [{"action": "diskfull", **applied.record}]
     if not fired:
         traced = any(a == 0 for (_r, a) in rec.traces)
         why = ("the point was not reached: the job's file events differed from the fault-free run's" if traced
@@ -234,17 +316,29 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
         live = _liveness(job, rec)
         return PointVerdict("skipped" if traced else "error", "not_reached" if traced else "error", why,
                             {"liveness": live})
+    what, fault = _fault(rec, fired)
+    if applied is not None and applied.skipped:
+        oracles = {"liveness": _liveness(job, rec)} if rec.attempts else {}
+        return PointVerdict("skipped", applied.outcome, applied.skipped, oracles, fault)
+    if p.mode == "term" and rec.attempts and rec.attempts[0].term is None:
+        return PointVerdict("skipped", "not_reached", f"rank {p.rank} asked for SIGTERM at step {p.step}, but the "
+                            "launcher never sent it", {"liveness": _liveness(job, rec)})
     oracles = {"liveness": _liveness(job, rec)}
+    if fault is not None:
+        oracles["liveness"].evidence["fault"] = fault
+
+    def verdict(v: str, outcome: str, summary: str) -> PointVerdict:
+        return PointVerdict(v, outcome, f"{what}; then {summary}" if what else summary, oracles, fault)
+
     if oracles["liveness"].failed:
         oracles["result_files"] = Oracle("result_files", "not_judged", "the job did not finish")
         oracles["durability"] = _durability(job, golden, rec) if rec.attempts else Oracle(
             "durability", "not_judged", "the job did not finish")
-        return PointVerdict("fail", "hard_failure", oracles["liveness"].summary, oracles)
+        return verdict("fail", "hard_failure", oracles["liveness"].summary)
     oracles["result_files"] = _results(job, golden, rec)
     oracles["durability"] = _durability(job, golden, rec)
     if oracles["result_files"].failed:
-        return PointVerdict("fail", "silent_divergence", oracles["result_files"].summary, oracles)
+        return verdict("fail", "silent_divergence", oracles["result_files"].summary)
     if oracles["durability"].failed:
-        return PointVerdict("fail", "lost_work", oracles["durability"].summary, oracles)
-    return PointVerdict("pass", "pass", "; ".join(o.summary for o in oracles.values() if o.result == "pass"),
-                        oracles)
+        return verdict("fail", "lost_work", oracles["durability"].summary)
+    return verdict("pass", "pass", "; ".join(o.summary for o in oracles.values() if o.result == "pass"))

@@ -6,10 +6,18 @@ file of the point's scratch root, and ``CHAOS_JOB_MARK`` in its environment, so
 everything it started — torchrun's workers start their own sessions — is found and
 SIGKILLed when the attempt ends, times out, or the harness is interrupted. Like
 torchrun's agent, when one rank fails the others are stopped at once.
+
+The poll loop also answers the requests a rank of an armed point leaves in the trace
+directory (``inproc.py``): *halt* (a corruption or power-loss point fired: every copy
+is SIGKILLed at once, torchrun's agent with its workers, so nothing restarts before the
+harness has edited {out}) and *term* (SIGTERM to every copy's main process, to torchrun
+itself for a torchrun COMMAND, which forwards it to its workers; then up to ``--grace``
+seconds for them to exit, and SIGKILL for whatever is left).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -40,15 +48,28 @@ class AttemptOutcome:
     logs: list[str] = field(default_factory=list)
     leftovers: list[int] = field(default_factory=list)  # pids still alive after the attempt, then killed
     stopped: list[int] = field(default_factory=list)  # copies the harness stopped (another failed, or timeout)
+    halted: dict[str, Any] | None = None  # a halt request answered: which rank, after which event
+    term: dict[str, Any] | None = None    # a term request answered: SIGTERM sent, who exited within the grace
 
     @property
     def ok(self) -> bool:
-        return not self.timed_out and all(rc == 0 for rc in self.returncodes)
+        return not self.timed_out and self.halted is None and all(rc == 0 for rc in self.returncodes)
 
     @property
     def describe(self) -> str:
         if self.timed_out:
             return "timed out"
+        if self.halted is not None:
+            return f"stopped by the harness right after rank {self.halted.get('rank')}'s event {self.halted.get('ord')}"
+        if self.term is not None:
+            t = self.term
+            head = f"SIGTERM at rank {t['rank']}'s step {t['step']}: "
+            if t["killed_after_grace"]:
+                who = ", ".join(f"copy {i}" for i in t["killed_after_grace"]) if len(self.returncodes) > 1 else "it"
+                return head + f"still running after the {t['grace_s']:g} s grace, SIGKILLed ({who})"
+            codes = sorted({rc for rc in self.returncodes if rc is not None})
+            how = " / ".join(f"killed by {signal.Signals(-c).name}" if c < 0 else f"exited {c}" for c in codes)
+            return head + f"{how} within the {t['grace_s']:g} s grace"
         bad = [(i, rc) for i, rc in enumerate(self.returncodes) if rc != 0 and i not in self.stopped]
         if not bad:
             return "stopped by the harness" if self.stopped else "exited 0"
@@ -73,8 +94,13 @@ class AttemptOutcome:
         return "\n".join(out)[-chars:]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "outcome": self.describe, "returncodes": self.returncodes,
-                "timed_out": self.timed_out, "seconds": round(self.seconds, 3), "leftovers": self.leftovers}
+        d = {"attempt": self.attempt, "outcome": self.describe, "returncodes": self.returncodes,
+             "timed_out": self.timed_out, "seconds": round(self.seconds, 3), "leftovers": self.leftovers}
+        if self.halted is not None:
+            d["halted"] = self.halted
+        if self.term is not None:
+            d["term"] = self.term
+        return d
 
 
 def free_port() -> int:
@@ -93,6 +119,7 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env["TMPDIR"] = tmp  # the job's scratch (and torchrun's) stays in the point's root
+    env[S.ENV_TMP] = tmp  # each traced rank moves to its own folder in it (inproc.install)
     env.setdefault("OMP_NUM_THREADS", "1")
     env[S.ENV_OUT] = out
     env[S.ENV_TRACE_DIR] = trace_dir
@@ -102,9 +129,7 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
         env[S.ENV_RANKS_ONLY] = "1"
     if job.step_regex:
         env[S.ENV_STEP_REGEX] = job.step_regex
-    if point is not None and attempt == 0:
-        import json
-
+    if point is not None and attempt == 0 and point.in_rank:
         env[S.ENV_POINT] = json.dumps(point.env())
     return env
 
@@ -127,6 +152,36 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _requests(trace_dir: str, name: str) -> list[dict[str, Any]]:
+    """The requests of one kind ranks left in ``trace_dir`` (``inproc.JobInterposer._request``)."""
+    found = []
+    for entry in sorted(os.listdir(trace_dir)):
+        if entry.startswith(name + "-") and entry.endswith(".json"):
+            try:
+                with open(os.path.join(trace_dir, entry)) as f:
+                    found.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _send_term(procs: list[subprocess.Popen[bytes]], trace_dir: str, req: dict[str, Any],
+               grace_s: float) -> dict[str, Any]:
+    """SIGTERM to every copy's main process (torchrun forwards it), then tell the waiting rank."""
+    sent = []
+    for i, p in enumerate(procs):
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+                sent.append(i)
+            except ProcessLookupError:
+                pass
+    with open(os.path.join(trace_dir, S.TERM_SENT), "w") as f:
+        f.write(json.dumps({"sent_to": sent}))
+    return {"signal": "SIGTERM", "rank": req.get("rank"), "step": req.get("step"), "grace_s": grace_s,
+            "sent_to": sent, "exited_within_grace": [], "killed_after_grace": []}
 
 
 def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None,
@@ -163,11 +218,23 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                 _live[proc.pid] = mark
             procs.append(proc)
         deadline = started + job.timeout_s
+        armed = point is not None and attempt == 0 and (point.mode in S.HALT_MODES or point.mode == "term")
+        grace_end: float | None = None
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
-            if any(c not in (None, 0) for c in codes):
+            if armed and point is not None:
+                if point.mode in S.HALT_MODES and (halt := _requests(trace_dir, S.HALT_REQUEST)):
+                    outcome.halted = halt[0]
+                    break  # every copy is killed below, at once
+                if point.mode == "term" and outcome.term is None and (req := _requests(trace_dir, S.TERM_REQUEST)):
+                    outcome.term = _send_term(procs, trace_dir, req[0], job.grace_s)
+                    grace_end = time.monotonic() + job.grace_s
+            if grace_end is not None:
+                if time.monotonic() > grace_end:
+                    break  # the grace is over: SIGKILL below
+            elif any(c not in (None, 0) for c in codes):
                 break  # one rank failed: stop the others, as torchrun's agent does
             if time.monotonic() > deadline:
                 outcome.timed_out = True
@@ -179,6 +246,9 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         raise ConfigError(f"cannot start COMMAND {argv[0]!r}: {exc.strerror}") from None
     finally:
         outcome.stopped = [i for i, p in enumerate(procs) if p.poll() is None]
+        if outcome.term is not None:
+            outcome.term["killed_after_grace"] = list(outcome.stopped)
+            outcome.term["exited_within_grace"] = [i for i in range(len(procs)) if i not in outcome.stopped]
         for p in procs:
             _killpg(p.pid)
         for p in procs:

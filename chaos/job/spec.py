@@ -2,10 +2,12 @@
 
 A *job* is a user's own training command: the second kind of target beside a
 checkpointer in the built-in workload. ``JobSpec`` says how to launch and judge it;
-``Point`` is one place to break it (a kill before, after or in the middle of one traced
-file event of one rank, or at a step). Both round-trip through text: a point's ``id``
-(``rank0:op17:before``) is what ``--point`` takes, so every failing point's replay
-command reruns exactly that point.
+``Point`` is one place to break it: a kill before, after or in the middle of one traced
+file event of one rank; a corruption of the file an event completed; a power loss
+there; an injected ENOSPC / EIO at an event; a SIGKILL or a SIGTERM with a grace period
+at a step; a real full disk. Both round-trip through text: a point's ``id``
+(``rank0:op17:before``, ``rank0:op9:bitflip``, ``disk:full:8192``) is what ``--point``
+takes, so every failing point's replay command reruns exactly that point.
 
 The ``ENV_*`` names are the contract between the harness (``launch.py``) and the boot
 path it puts on ``PYTHONPATH`` (``boot/sitecustomize.py`` -> ``inproc.py``).
@@ -22,7 +24,15 @@ from typing import Any
 from chaos.errors import ConfigError
 
 OUT = "{out}"
-MODES = ("before", "after", "torn")  # file-event points; a step point's mode is "kill"
+MODES = ("before", "after", "torn")  # kill points at a file event (``--modes``); a step point's mode is kill or term
+CORRUPT_FAMILIES = ("bitflip", "truncate", "zero", "delete")  # at-rest corruption of a file the job completed
+ERRNO_MODES = ("enospc", "eio")          # the event raises OSError instead of being performed (fsync: fsync_fail)
+HALT_MODES = (*CORRUPT_FAMILIES, "power")  # every copy is stopped right after the event, then {out} is edited
+OP_MODES = (*MODES, *CORRUPT_FAMILIES, "power", *ERRNO_MODES)
+STEP_MODES = ("kill", "term")
+# ``--faults``: the families a job is explored with (default: every one that applies here).
+FAULT_KINDS = ("kill", "corrupt", "power", "errno", "term", "diskfull")
+DEFAULT_GRACE_S = 5.0
 
 # Set by the harness for every process of a job; read by the boot path.
 ENV_OUT = "CHAOS_JOB_OUT"                # the job's {out}: the interposer traces under it
@@ -35,19 +45,38 @@ ENV_BOOTED = "CHAOS_JOB_BOOTED"          # pid of the traced ancestor (set by th
 ENV_RANK = "CHAOS_JOB_RANK"              # rank when the launcher sets no RANK (a plain command)
 ENV_ATTEMPT = "CHAOS_JOB_ATTEMPT"        # attempt when no TORCHELASTIC_RESTART_COUNT is set
 ENV_MARK = "CHAOS_JOB_MARK"              # every process of a point carries it: cleanup finds them
+ENV_TMP = "CHAOS_JOB_TMP"                # the point's temp dir: each rank's TMPDIR is its own folder in it
 PROBE_FILE_ENV = "CHAOS_PROBE_FILE"      # chaos.probe writes its JSON lines here
 
-_POINT_RE = re.compile(r"rank(\d+):(?:op(\d+):(before|after|torn)|step(\d+):kill)")
+# A torchrun COMMAND relaunched by the harness (after a SIGTERM, a corruption, a power loss):
+# its workers' attempt is TORCHRUN_STRIDE * the harness's attempt + torchelastic's restart count.
+TORCHRUN_STRIDE = 100
+
+# Requests a rank leaves in the trace directory for the launcher's poll loop (launch.py):
+HALT_REQUEST = "halt-request"  # stop every copy now (a corruption or power-loss point fired)
+TERM_REQUEST = "term-request"  # send SIGTERM to every copy, then SIGKILL after the grace
+TERM_SENT = "term-sent"        # the launcher's answer: SIGTERM was sent
+
+_POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})|rank(\d+):step(\d+):({'|'.join(STEP_MODES)})"
+                       r"|disk:full:(\d+)")
 
 
 @dataclass(frozen=True)
 class Point:
-    """One place to break a job: ``op`` (ordinal of the rank's traced file events in
-    attempt 0, counted from 0) with ``mode`` before/after/torn, or ``step`` with mode kill.
+    """One place to break a job.
 
-    ``kind``, ``path`` (relative to {out}), ``seq`` (trace sequence number) and ``nth``
-    (how many events of this kind on this path came before, plus one) describe what the
-    fault-free run did there; they are evidence, not identity.
+    - ``op`` (ordinal of the rank's traced file events in attempt 0, counted from 0) with
+      ``mode``: before / after / torn (a kill), a corruption family (stop every copy right
+      after the event, corrupt the file it completed, restart), ``power`` (stop every copy
+      there and replace {out} by a power-loss crash state), ``enospc`` / ``eio`` (the event
+      raises instead of being performed);
+    - ``step`` with mode ``kill`` (SIGKILL) or ``term`` (SIGTERM, SIGKILL after the grace);
+    - ``size`` with mode ``diskfull``: {out} is a tmpfs of that many bytes for attempt 0.
+
+    ``kind``, ``path`` (relative to {out}; for a corruption the file corrupted), ``seq``
+    (trace sequence number) and ``nth`` (how many events of this kind on this path came
+    before, plus one) describe what the fault-free run did there; they are evidence, not
+    identity.
     """
 
     rank: int
@@ -58,35 +87,72 @@ class Point:
     path: str | None = None
     seq: int | None = None
     nth: int | None = None
+    size: int | None = None
 
     @property
     def id(self) -> str:
+        if self.mode == "diskfull":
+            return f"disk:full:{self.size}"
         if self.step is not None:
-            return f"rank{self.rank}:step{self.step}:kill"
+            return f"rank{self.rank}:step{self.step}:{self.mode}"
         return f"rank{self.rank}:op{self.op}:{self.mode}"
+
+    @property
+    def family(self) -> str:
+        """Which ``--faults`` kind this point belongs to."""
+        if self.mode == "diskfull":
+            return "diskfull"
+        if self.mode == "term":
+            return "term"
+        if self.mode in CORRUPT_FAMILIES:
+            return "corrupt"
+        if self.mode == "power":
+            return "power"
+        if self.mode in ERRNO_MODES:
+            return "errno"
+        return "kill"
+
+    @property
+    def in_rank(self) -> bool:
+        """Whether a rank fires it (everything but a full disk, which the harness mounts)."""
+        return self.mode != "diskfull"
 
     def env(self) -> dict[str, Any]:
         """What the boot path needs to fire this point."""
         return {"rank": self.rank, "mode": self.mode, "op": self.op, "step": self.step}
 
-    def to_fault(self) -> dict[str, Any]:
-        """The point as an entry of the results' ``faults`` list (the existing schema)."""
-        params = {k: v for k, v in (("op", self.op), ("when", self.mode), ("event", self.kind),
-                                    ("path", self.path), ("seq", self.seq), ("nth", self.nth))
-                  if v is not None}
-        kind = "crash" if self.step is None else "kill"
-        return {"kind": kind, "rank": self.rank, "step": self.step, "attempt": 0, "params": params,
-                "spec": self.id}
+    def to_fault(self, **extra: Any) -> dict[str, Any]:
+        """The point as an entry of the results' ``faults`` list (the existing schema).
+
+        ``kind``: crash (before/after/torn), kill, term, corrupt, powerloss, ioerror or
+        diskfull; ``params.when`` the finer mode (``corrupt`` + ``bitflip``, ...).
+        """
+        fam = self.family
+        kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
+                "errno": "ioerror", "term": "term", "diskfull": "diskfull"}[fam]
+        when = None if fam in ("power", "diskfull") else self.mode
+        params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
+                                    ("path", self.path), ("seq", self.seq), ("nth", self.nth),
+                                    ("size_bytes", self.size)) if v is not None}
+        params.update({k: v for k, v in extra.items() if v is not None})
+        return {"kind": kind, "rank": None if fam == "diskfull" else self.rank, "step": self.step, "attempt": 0,
+                "params": params, "spec": self.id}
 
 
 def parse_point(text: str) -> Point:
-    """``rank0:op17:before`` | ``rank1:op3:torn`` | ``rank0:step5:kill``."""
+    """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
+    ``rank0:step5:kill`` | ``rank0:step5:term`` | ``disk:full:8192``."""
     m = _POINT_RE.fullmatch(text.strip())
     if not m:
-        raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:before|after|torn or rankR:stepN:kill")
-    rank, op, mode, step = m.groups()
+        raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:MODE (MODE one of {', '.join(OP_MODES)}), "
+                          "rankR:stepN:kill|term or disk:full:BYTES")
+    rank, op, mode, srank, step, smode, size = m.groups()
+    if size is not None:
+        if int(size) < 1:
+            raise ConfigError(f"malformed --point {text!r}: a full disk needs a size of at least one byte")
+        return Point(0, "diskfull", size=int(size))
     if step is not None:
-        return Point(int(rank), "kill", step=int(step))
+        return Point(int(srank), smode, step=int(step))
     return Point(int(rank), mode, op=int(op))
 
 
@@ -118,6 +184,8 @@ class JobSpec:
     timeout_s: float = 300.0
     rtol: float = 1e-3
     modes: tuple[str, ...] = MODES
+    faults: tuple[str, ...] | None = None  # --faults; None: every kind that applies here
+    grace_s: float = DEFAULT_GRACE_S        # --grace: SIGTERM to SIGKILL at a term point
     cwd: str = field(default_factory=os.getcwd)
 
     def __post_init__(self) -> None:
@@ -138,6 +206,12 @@ class JobSpec:
         bad = [m for m in self.modes if m not in MODES]
         if bad or not self.modes:
             raise ConfigError(f"--modes {','.join(self.modes)!r}: choose from {','.join(MODES)}")
+        if self.faults is not None:
+            bad = [f for f in self.faults if f not in FAULT_KINDS]
+            if bad or not self.faults:
+                raise ConfigError(f"--faults {','.join(self.faults)!r}: choose from {','.join(FAULT_KINDS)}")
+        if not self.grace_s >= 0:
+            raise ConfigError(f"--grace must be a non-negative number of seconds, got {self.grace_s:g}")
         if self.step_regex is not None:
             try:
                 rx = re.compile(self.step_regex)
@@ -192,6 +266,12 @@ class JobSpec:
             args += ["--timeout", repr(self.timeout_s)]
         if self.rtol != 1e-3:
             args += ["--rtol", repr(self.rtol)]
+        if self.modes != MODES:
+            args += ["--modes", ",".join(self.modes)]
+        if self.faults is not None:
+            args += ["--faults", ",".join(self.faults)]
+        if self.grace_s != DEFAULT_GRACE_S:
+            args += ["--grace", repr(self.grace_s)]
         return args
 
     def replay_command(self, point: Point | None = None) -> str:
@@ -205,4 +285,5 @@ class JobSpec:
                 "ranks": self.ranks, "world_size": self.world_size, "torchrun": self.torchrun,
                 "result_files": list(self.result_globs), "step_regex": self.step_regex,
                 "checkpoint_glob": self.checkpoint_glob, "max_restarts": self.max_restarts,
-                "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes)}
+                "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes),
+                "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s}

@@ -1,0 +1,232 @@
+"""What the harness does to a job's {out} between a halted attempt and its restart.
+
+Called by ``explore.run_chain`` after attempt 0 of a corruption or power-loss point
+stopped every copy right after rank R's event N (``inproc.JobInterposer._halt``).
+Each function edits {out} in place and returns an :class:`Applied` record (what was
+done, exactly, with the seed), or a reason why the fault would change nothing or
+cannot be made, which makes the point *skipped*, never passed.
+
+- :func:`corrupt` — one seeded ``faults.corrupt`` family on the file event N completed:
+  ``bitflip`` (one bit, anywhere in the file), ``truncate`` (to a seeded length shorter
+  than the file), ``zero`` (up to 64 bytes from a seeded offset), ``delete``. Example:
+  ``rank0:op14:bitflip`` on a 71-byte ``ckpt.json`` with seed 3 might flip bit 5 of
+  byte 40, recorded as ``changes: [{"start": 40, "end": 41, "old": "36", "new": "16"}]``.
+- :func:`power_loss` — {out} replaced by a power-loss crash state
+  (``faults.crashstate.CrashModel``) of the merged attempt-0 traces of every rank up to
+  the moment rank R halted: the state where every pending change is lost (data written
+  since its file's last fsync, directory entries created, renamed or removed since
+  their directory's last fsync). The base is {out} as it was before attempt 0. A trace
+  the model cannot represent (``FaultError``) is a skip with the model's reason; so is
+  a moment when nothing was pending (the state is what a kill leaves: the ``after``
+  point of the same event covers it). The job's TMPDIR is emptied too, as a reboot
+  empties /tmp.
+- :func:`pending_after` — for the enumeration: after which events of the fault-free
+  run a power loss would lose anything at all.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.job.spec import Point
+from faults import FaultError
+from faults import corrupt as C
+from faults.crashstate import CrashModel, Snapshot, clear, merge_traces
+from faults.interposer import read_trace
+
+ZERO_BYTES = 64  # a zero corruption blanks up to this many bytes
+
+
+@dataclass
+class Applied:
+    """What a harness-side fault did (``record``), or why it was not done (``skipped``)."""
+
+    what: str                                   # one line for the verdict's summary
+    record: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None                  # the reason the point is skipped
+    outcome: str = "no_effect"                  # the skipped point's outcome: no_effect | unsupported
+    excluded: list[str] = field(default_factory=list)  # files (under {out}) no longer to be relied on
+    cut_ts: float | None = None                 # power loss: acknowledgements after this never happened
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"what": self.what, **self.record}
+        if self.skipped:
+            d["skipped"] = self.skipped
+        if self.excluded:
+            d["excluded"] = self.excluded
+        return d
+
+
+def point_seed(seed: int, point: Point) -> int:
+    """The seed of one point's fault: the run's ``--seed`` and the point's id, nothing else."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{point.id}".encode()).digest()[:4], "big")
+
+
+def halt_record(traces: dict[tuple[int, int], list[dict[str, Any]]], rank: int) -> dict[str, Any] | None:
+    """The ``halt`` record of rank ``rank`` in attempt 0 (the moment and event it stopped at)."""
+    return next((r for r in traces.get((rank, 0), []) if r.get("event") == "fired" and r.get("action") == "halt"),
+                None)
+
+
+def _target(point: Point, halt: dict[str, Any], out: str) -> str | None:
+    """The file to corrupt: the point's file, else what the halted event completed."""
+    if point.path:
+        return point.path
+    path = halt.get("dst") or halt.get("path")
+    root = os.path.realpath(out)
+    if isinstance(path, str) and path.startswith(root + os.sep):
+        return os.path.relpath(path, root)
+    return None
+
+
+def corrupt(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
+    """Corrupt the file rank ``point.rank``'s event ``point.op`` completed, with ``point.mode``'s family."""
+    rel = _target(point, halt, out)
+    if rel is None:
+        return Applied(f"{point.mode} of nothing", skipped=f"event {point.op} ({halt.get('op')}) completed no file "
+                       "under {out}: nothing to corrupt")
+    path = os.path.join(out, rel)
+    s = point_seed(seed, point)
+    base = {"family": point.mode, "file": rel, "seed": s}
+    if not os.path.isfile(path):
+        return Applied(f"{point.mode} of {rel}", base, skipped=f"{rel} was absent when the job stopped after event "
+                       f"{point.op}: nothing to corrupt", excluded=[rel])
+    size = os.path.getsize(path)
+    rng = random.Random(s)
+    try:
+        if point.mode == "bitflip":
+            rec = C.flip_bits(path, n=1, seed=s, scratch_root=scratch)
+        elif point.mode == "truncate":
+            rec = C.truncate(path, size=rng.randrange(size) if size else 0, scratch_root=scratch)
+        elif point.mode == "zero":
+            if not size:
+                return Applied(f"zero of {rel}", base, skipped=f"{rel} is empty: no byte to zero", excluded=[rel])
+            n = min(ZERO_BYTES, size)
+            start = rng.randrange(size - n + 1)
+            rec = C.zero_range(path, start, start + n, scratch_root=scratch)
+        else:
+            rec = C.delete(path, scratch_root=scratch)
+    except FaultError as exc:  # e.g. a bit flip in an empty file
+        return Applied(f"{point.mode} of {rel}", base, skipped=f"{rel}: {exc}", excluded=[rel])
+    rec.seed = s
+    record = {**base, "corruption": rec.to_dict()}
+    record["corruption"]["path"] = rel
+    if not rec.changed:
+        return Applied(f"{point.mode} of {rel}", record, skipped=f"{rel}: {C.why_unchanged(rec)}", excluded=[rel])
+    return Applied(f"{rel}: {_describe(point.mode, rec)} after event {point.op} completed it", record,
+                   excluded=[rel])
+
+
+def _describe(family: str, rec: C.CorruptionRecord) -> str:
+    p = rec.params
+    if family == "bitflip":
+        return ", ".join(f"bit {b} of byte {o} flipped" for o, b in p["bits"])
+    if family == "truncate":
+        return f"truncated from {rec.size_before} to {rec.size_after} bytes"
+    if family == "zero":
+        return f"bytes [{p['start']}, {p['end']}) zeroed"
+    return f"deleted ({rec.size_before} bytes)"
+
+
+def _trace_files(scratch: str, attempt: int) -> list[str]:
+    return sorted(glob.glob(os.path.join(scratch, "trace", f"trace-r*-a{attempt}-p*.jsonl")))
+
+
+def merged_records(scratch: str, attempt: int = 0, cut_ts: float | None = None) -> list[dict[str, Any]]:
+    """Every rank's records of one attempt, with write data, in one order (up to ``cut_ts``)."""
+    traces = [read_trace(p, with_data=True) for p in _trace_files(scratch, attempt)]
+    merged = merge_traces(traces)
+    if cut_ts is not None:
+        merged = [r for r in merged if r.get("ts", 0.0) <= cut_ts]
+    return merged
+
+
+def _all_lost(model: CrashModel, seed: int) -> Any:
+    """The crash state after the whole trace in which every pending change is lost."""
+    last = model.n_prefixes - 1
+    states = model.generate(seed=seed, exhaustive_limit=0, samples=2).states
+    for st in states:
+        if st.prefix == last and all(v == 0 for v in st.dirs.values()) and all(
+                tuple(v) == (0, 0) for v in st.data.values()):
+            return st
+    raise FaultError("the crash model offered no all-pending-lost state of the last prefix")
+
+
+def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base: Snapshot, seed: int) -> Applied:
+    """Replace {out} by the all-pending-lost crash state at rank R's halt; skip if the model cannot."""
+    cut = halt.get("ts")
+    s = point_seed(seed, point)
+    record: dict[str, Any] = {"seed": s, "cut": {"rank": point.rank, "event": point.op, "op": halt.get("op"),
+                                                "ts": cut}, "choice": "all-pending-lost",
+                              "base_files": sorted(base.files)}
+    try:
+        model = CrashModel(out, base, merged_records(scratch, 0, cut), seed=s)
+        last = model.n_prefixes - 1
+        record["combinations_at_cut"] = model.count(last)
+        record["ops_replayed"] = len(model.ops)
+        if model.count(last) == 1:
+            return Applied("power loss with nothing pending", record, cut_ts=cut,
+                           skipped=f"nothing was pending after rank {point.rank}'s event {point.op}: a power loss "
+                                   f"there leaves what a kill does (point rank{point.rank}:op{point.op}:after)")
+        state = _all_lost(model, s)
+        before = {os.path.relpath(p, out) for p in _files(out)}
+        clear(out)
+        model.materialize(state, out)
+    except FaultError as exc:
+        return Applied("power loss", record, skipped=f"the crash-state model cannot represent this trace: {exc}",
+                       outcome="unsupported", cut_ts=cut)
+    tmp = os.path.join(scratch, "tmp")
+    if os.path.isdir(tmp):
+        clear(tmp)
+    after = {os.path.relpath(p, out) for p in _files(out)}
+    record.update(state=state.id, lost=state.lost, files_before=sorted(before), files_after=sorted(after))
+    lost = "; ".join(_lost_line(x) for x in state.lost[:4]) + (" ..." if len(state.lost) > 4 else "")
+    return Applied(f"power loss right after rank {point.rank}'s event {point.op}: {lost}", record, cut_ts=cut)
+
+
+def _lost_line(x: dict[str, Any]) -> str:
+    if x.get("what") == "data":
+        return f"{x.get('path')}: {x.get('pending', 0) - x.get('persisted', 0)} unsynced byte(s) lost"
+    op = x.get("op")
+    if op == "rename":
+        return f"rename {x.get('src')} -> {x.get('path')} lost (directory not fsynced)"
+    return f"{op} of {x.get('path')} lost (directory not fsynced)"
+
+
+def _files(root: str) -> list[str]:
+    return [os.path.join(d, f) for d, _s, files in os.walk(root) for f in files]
+
+
+def pending_after(out: str, records: list[dict[str, Any]]) -> set[tuple[int, int]] | str:
+    """(rank, ord) of every event after which a power loss would lose something (fault-free run).
+
+    A string instead: the model's reason why it cannot represent the trace (every event
+    then gets a power point, and each is judged, or skipped, at its own cut).
+    """
+    try:
+        model = CrashModel(out, Snapshot(), records)
+    except FaultError as exc:
+        return str(exc)
+    if model.n_prefixes != len(model.ops) + 1:  # some op made no prefix: events cannot be matched to them
+        return "the crash-state model skipped some events of the trace"
+    found = set()
+    for i, rec in enumerate(model.ops):
+        if rec.get("ord") is not None and model.count(i + 1) > 1:
+            found.add((rec.get("rank", 0), rec["ord"]))
+    return found
+
+
+def empty_out(out: str) -> None:
+    """Empty {out} (keeping the directory); used before a restart on a fresh tmpfs copy-back."""
+    for name in os.listdir(out):
+        p = os.path.join(out, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        else:
+            os.unlink(p)

@@ -1,0 +1,220 @@
+"""The points of a job: which fault families apply, where each can strike, and the sample run.
+
+Called by ``explore.reference`` with the first fault-free run's traces and the facts
+this module gathers from that run (:func:`gather`). Everything here is a pure function
+of those, so the same run and seed always give the same points in the same order:
+
+- ``kill``: every traced file event of every rank x each of ``--modes`` (before,
+  after; torn for writes of two bytes or more), then a SIGKILL at every announced step;
+- ``term``: a SIGTERM (then SIGKILL after ``--grace``) at every announced step;
+- ``errno``: ``eio`` at every event (an fsync's is a failed fsync), ``enospc`` at every
+  event that can need space (writes, file creation, mkdir, rename, link);
+- ``corrupt``: for each checkpoint file the job left under {out} — matching
+  ``--checkpoint-glob`` when given, else every file a traced event completed — each
+  family of ``spec.CORRUPT_FAMILIES`` at the event that completed it (its last close,
+  or the rename that put it, or its directory, in place);
+- ``power``: every event after which something was pending (unsynced data, an
+  un-fsynced directory entry), so a power loss there differs from a kill; every event
+  when the crash-state model cannot say (each point then finds out at its own cut);
+- ``diskfull``: one ``disk:full:<BYTES>``, a seeded size below the run's peak usage of
+  {out}, where a tmpfs can be mounted (asked for explicitly elsewhere: one point, which
+  is skipped with the reason).
+
+:func:`sample` then draws ``--max-points`` of them, spread over the families.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.job import atrest, diskfull
+from chaos.job.spec import CORRUPT_FAMILIES, FAULT_KINDS, JobSpec, Point
+
+ENOSPC_EVENTS = ("write", "mkdir", "rename", "link")  # plus an open that creates its file
+Traces = dict[tuple[int, int], list[dict[str, Any]]]
+
+
+@dataclass
+class Facts:
+    """What the fault-free run shows beyond its traces' events (for corrupt, power, diskfull)."""
+
+    files: list[str] = field(default_factory=list)  # files left under {out}, relative, sorted
+    pending: set[tuple[int, int]] | str | None = None  # (rank, ord) with something pending, or why unknown
+    peak: int = 0                                   # tmpfs bytes {out} needed at its fullest
+    seed: int = 0
+
+
+def kinds_to_explore(job: JobSpec) -> tuple[tuple[str, ...], list[str]]:
+    """The ``--faults`` kinds explored and notes on those left out (default: all that apply here)."""
+    if job.faults is not None:
+        return tuple(k for k in FAULT_KINDS if k in job.faults), []
+    ok, why = diskfull.available()
+    if ok:
+        return FAULT_KINDS, []
+    return tuple(k for k in FAULT_KINDS if k != "diskfull"), [f"a real full disk is not explored: {why}"]
+
+
+def gather(job: JobSpec, out: str, scratch: str, kinds: Iterable[str], seed: int) -> Facts:
+    """Facts of the fault-free run in ``scratch`` (its {out} is ``out``) the asked kinds need."""
+    kinds = set(kinds)
+    facts = Facts(seed=seed)
+    facts.files = sorted(os.path.relpath(os.path.join(d, f), out) for d, _s, names in os.walk(out) for f in names)
+    if kinds & {"power", "diskfull"}:
+        records = atrest.merged_records(scratch, 0)
+        if "power" in kinds:
+            facts.pending = atrest.pending_after(out, records)
+        if "diskfull" in kinds:
+            facts.peak = diskfull.peak_usage(out, records)
+    return facts
+
+
+def _is_checkpoint(job: JobSpec, rel: str) -> bool:
+    """``rel`` matches ``--checkpoint-glob``, or lies in a directory that does."""
+    pattern = (job.checkpoint_glob or "").replace("{out}/", "").replace("{out}", "")
+    parts = rel.split(os.sep)
+    return any(fnmatch.fnmatchcase(os.sep.join(parts[:i]), pattern) for i in range(1, len(parts) + 1))
+
+
+def completions(traces: Traces) -> dict[str, dict[str, Any]]:
+    """file (relative to {out}) -> the attempt-0 event that last completed it: a close of it, or a
+    rename whose destination is it or a directory holding it (``rank`` added to the record)."""
+    events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
+                     if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None
+                     and r.get("op") in ("close", "rename") and r.get("rel")), key=lambda r: r.get("ts", 0))
+    done: dict[str, dict[str, Any]] = {}
+    for r in events:
+        done[r["rel"]] = r  # for a rename, rel is its destination
+    return done
+
+
+def _completer(done: dict[str, dict[str, Any]], rel: str) -> dict[str, Any] | None:
+    parts = rel.split(os.sep)
+    cands = [done[p] for p in (os.sep.join(parts[:i]) for i in range(len(parts), 0, -1)) if p in done
+             and (p == rel or done[p]["op"] == "rename")]
+    return max(cands, key=lambda r: r.get("ts", 0)) if cands else None
+
+
+def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
+                     kinds: Iterable[str] = ("kill",)) -> list[Point]:
+    """Every point of the asked ``kinds``, in a fixed order (family by family, rank by rank, event by event)."""
+    kinds = set(kinds)
+    kill_ops: list[Point] = []
+    kill_steps: list[Point] = []
+    terms: list[Point] = []
+    errnos: list[Point] = []
+    power: list[Point] = []
+    events: list[tuple[int, dict[str, Any], str, int]] = []  # (rank, record, path key, nth)
+    for (rank, attempt), recs in sorted(traces.items()):
+        if attempt != 0:
+            continue
+        seen: dict[tuple[str, str], int] = {}
+        for r in recs:
+            if r.get("event") == "op" and r.get("ord") is not None:
+                key = (r["op"], r.get("rel") or r.get("path") or "")
+                seen[key] = seen.get(key, 0) + 1
+                events.append((rank, r, key[1], seen[key]))
+        announced = sorted({r["info"]["n"] for r in recs if r.get("event") == "phase"
+                            and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in ("step", "regex")})
+        if "kill" in kinds:
+            kill_steps += [Point(rank, "kill", step=n) for n in announced]
+        if "term" in kinds:
+            terms += [Point(rank, "term", step=n) for n in announced]
+    pending = facts.pending if facts is not None else None
+    for rank, r, path, nth in events:
+        def at(mode: str, rank: int = rank, r: dict[str, Any] = r, path: str = path, nth: int = nth) -> Point:
+            return Point(rank, mode, op=r["ord"], kind=r["op"], path=path, seq=r.get("seq"), nth=nth)
+
+        if "kill" in kinds:
+            for mode in job.modes:
+                if mode == "torn" and (r["op"] != "write" or (r.get("length") or 0) < 2):
+                    continue
+                kill_ops.append(at(mode))
+        if "errno" in kinds:
+            errnos.append(at("eio"))
+            if r["op"] in ENOSPC_EVENTS or (r["op"] == "open" and r.get("created")):
+                errnos.append(at("enospc"))
+        if "power" in kinds and facts is not None and (not isinstance(pending, set) or (rank, r["ord"]) in pending):
+            power.append(at("power"))
+    corrupt: list[Point] = []
+    if "corrupt" in kinds and facts is not None:
+        done = completions(traces)
+        for rel in facts.files:
+            if job.checkpoint_glob is not None and not _is_checkpoint(job, rel):
+                continue
+            ev = _completer(done, rel)
+            if ev is None:
+                continue
+            for fam in CORRUPT_FAMILIES:
+                corrupt.append(Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq")))
+    disk: list[Point] = []
+    if "diskfull" in kinds and facts is not None:
+        size = diskfull.choose_size(facts.peak, facts.seed)
+        if size is not None:
+            disk.append(Point(0, "diskfull", size=size))
+    return kill_ops + kill_steps + terms + errnos + corrupt + power + disk
+
+
+def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], points: list[Point]) -> list[str]:
+    """What the user should know about the kinds asked for but (partly) not found."""
+    kinds = set(kinds)
+    out: list[str] = []
+    if "power" in kinds and isinstance(facts.pending, str):
+        out.append(f"power loss: the crash-state model cannot represent the whole fault-free trace ({facts.pending}); "
+                   "every event gets a power point, skipped where its own cut cannot be modelled either")
+    if "corrupt" in kinds:
+        done = completions(traces)
+        ckpts = [f for f in facts.files if job.checkpoint_glob is None or _is_checkpoint(job, f)]
+        orphans = [f for f in ckpts if _completer(done, f) is None]
+        if job.checkpoint_glob is not None and orphans:
+            out.append(f"{len(orphans)} checkpoint file(s) were completed by no traced event and are not corrupted: "
+                       f"{', '.join(orphans[:5])}")
+        if job.checkpoint_glob is not None and not ckpts:
+            out.append(f"--checkpoint-glob {job.checkpoint_glob} matched no file the fault-free run left: "
+                       "nothing to corrupt")
+    if "diskfull" in kinds and not any(p.family == "diskfull" for p in points):
+        out.append(f"a real full disk is not explored: {{out}} never held more than {facts.peak} byte(s) of tmpfs "
+                   "pages, too little to fill a smaller one")
+    if "term" in kinds and not any(p.family == "term" for p in points):
+        out.append("SIGTERM is not explored: the job announced no step (chaos.probe.step or --step-regex)")
+    return out
+
+
+def by_kind(points: Iterable[Point]) -> dict[str, int]:
+    """Points per ``--faults`` kind, in FAULT_KINDS order (kinds with none left out)."""
+    counts: dict[str, int] = {}
+    for p in points:
+        counts[p.family] = counts.get(p.family, 0) + 1
+    return {k: counts[k] for k in FAULT_KINDS if k in counts}
+
+
+def sample(points: list[Point], max_points: int | None, seed: int) -> list[Point]:
+    """A seeded sample of at most ``max_points``, in a seeded order (so a budget cut is spread out).
+
+    With several families the sample is spread over them: each gets an equal share (a
+    family with fewer points gives the rest to the others), drawn uniformly within it.
+    """
+    rng = random.Random(seed)
+    chosen = list(points)
+    if max_points is not None and len(chosen) > max_points:
+        groups: dict[str, list[int]] = {}
+        for i, p in enumerate(points):
+            groups.setdefault(p.family, []).append(i)
+        if len(groups) == 1:
+            chosen = [points[i] for i in sorted(rng.sample(range(len(points)), max_points))]
+        else:
+            quota = dict.fromkeys(groups, 0)
+            left = max_points
+            while left:
+                for k, members in groups.items():
+                    if left and quota[k] < len(members):
+                        quota[k] += 1
+                        left -= 1
+            picked = sorted(i for k, members in groups.items() for i in rng.sample(members, quota[k]))
+            chosen = [points[i] for i in picked]
+    rng.shuffle(chosen)
+    return chosen
