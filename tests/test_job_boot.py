@@ -106,3 +106,24 @@ def test_the_probe_is_a_no_op_outside_the_harness_and_needs_no_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_the_tracer_is_compiled_once_into_the_scratch_pycache_even_without_bytecode_writing(tmp_path: Path) -> None:
+    """PYTHONDONTWRITEBYTECODE would make every rank recompile the tracer; the boot path compiles
+    it into CHAOS_JOB_PYCACHE instead, and the job's own imports keep the interpreter's setting."""
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    out.mkdir()
+    trace.mkdir()
+    (tmp_path / "helper_mod.py").write_text("X = 1\n")
+    script = tmp_path / "job.py"
+    script.write_text("import sys, os\nsys.path.insert(0, os.path.dirname(__file__))\nimport helper_mod\n"
+                      "open(os.path.join(sys.argv[1], 'a.txt'), 'w').write('x')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_")}
+    env.update({"PYTHONPATH": BOOT_DIR, "PYTHONDONTWRITEBYTECODE": "1", S.ENV_OUT: str(out),
+                S.ENV_TRACE_DIR: str(trace), S.ENV_PYCACHE: str(tmp_path / "pycache")})
+    proc = subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    cached = {p.name.split(".")[0] for p in (tmp_path / "pycache").rglob("*.pyc")}
+    assert {"interposer", "inproc", "spec"} <= cached, cached
+    assert "helper_mod" not in cached and not (tmp_path / "__pycache__").exists()  # the job's import: untouched
+    assert [op for _o, op, _r in _ops(tmp_path)][:2] == ["open", "write"]  # and the tracer really ran

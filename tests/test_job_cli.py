@@ -90,3 +90,12 @@ def test_the_job_schema_version_is_the_results_schema_version() -> None:
 
     assert job_results.SCHEMA_VERSION == results.SCHEMA_VERSION
     assert job_results.VERDICTS == results.VERDICTS
+
+
+def test_a_scratch_directory_that_does_not_exist_is_one_error_line(tmp_path, capsys):
+    from chaos.job import cli_job
+
+    code = cli_job.main(["--scratch", str(tmp_path / "nope"), "--", "python", "x.py", "{out}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == f"chaos: error: --scratch {tmp_path / 'nope'}: not an existing directory"
+    assert not (tmp_path / "nope").exists()

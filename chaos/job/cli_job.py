@@ -80,6 +80,8 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
     command = tuple(argv[cut + 1:])
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.scratch is not None and not os.path.isdir(args.scratch):
+        raise ConfigError(f"--scratch {args.scratch}: not an existing directory")
     if args.max_points is not None and args.max_points < 1:
         raise ConfigError(f"--max-points must be at least 1, got {args.max_points}")
     if args.budget is not None and args.budget <= 0:

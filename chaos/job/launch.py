@@ -194,6 +194,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         os.makedirs(d, exist_ok=True)
     argv = job.argv(out, resume=attempt > 0)
     base = job_env(job, out, trace_dir, tmp, mark, attempt, point)
+    base[S.ENV_PYCACHE] = os.path.join(os.path.dirname(os.path.abspath(scratch)), "pycache")  # one per exploration
     copies = job.ranks if job.ranks is not None else 1
     port = free_port()
     outcome = AttemptOutcome(attempt, argv)

@@ -46,6 +46,7 @@ ENV_RANK = "CHAOS_JOB_RANK"              # rank when the launcher sets no RANK (
 ENV_ATTEMPT = "CHAOS_JOB_ATTEMPT"        # attempt when no TORCHELASTIC_RESTART_COUNT is set
 ENV_MARK = "CHAOS_JOB_MARK"              # every process of a point carries it: cleanup finds them
 ENV_TMP = "CHAOS_JOB_TMP"                # the point's temp dir: each rank's TMPDIR is its own folder in it
+ENV_PYCACHE = "CHAOS_JOB_PYCACHE"        # where the boot path compiles the tracer's modules (scratch root)
 PROBE_FILE_ENV = "CHAOS_PROBE_FILE"      # chaos.probe writes its JSON lines here
 
 # A torchrun COMMAND relaunched by the harness (after a SIGTERM, a corruption, a power loss):

@@ -36,17 +36,29 @@ def _chain() -> None:
 def _boot() -> None:
     if not os.environ.get("CHAOS_JOB_OUT"):
         return
+    # The tracer's own modules are compiled once per exploration into the harness's scratch
+    # root (CHAOS_JOB_PYCACHE) and read from there by every later process: with
+    # PYTHONDONTWRITEBYTECODE set (common in containers and CI) each rank would otherwise
+    # recompile them, ~50-100 ms a process. Only these imports use the prefix; the job's
+    # own imports keep the interpreter's settings.
+    prefix = os.environ.get("CHAOS_JOB_PYCACHE")
+    saved = (sys.pycache_prefix, sys.dont_write_bytecode)
+    if prefix:
+        sys.pycache_prefix, sys.dont_write_bytecode = prefix, False
     try:
-        import chaos.job.inproc  # noqa: F401
-    except ImportError:
-        # A job run by another interpreter: make this project importable, last on the path.
-        sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-    try:
+        try:
+            import chaos.job.inproc  # noqa: F401
+        except ImportError:
+            # A job run by another interpreter: make this project importable, last on the path.
+            sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+                os.path.abspath(__file__))))))
         from chaos.job.inproc import install
 
         install()
     except Exception as exc:  # noqa: BLE001 - never break the user's job; the judge sees no trace
         print(f"chaos: could not install the I/O tracer: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        sys.pycache_prefix, sys.dont_write_bytecode = saved
 
 
 _boot()
