@@ -148,7 +148,7 @@ def make_parser() -> argparse.ArgumentParser:
                           "with --workload nondeterminism=X>0, bit_exact is not judged (tolerance mode)")
     _add_run_options(run)
 
-    replay = sub.add_parser("replay", help="rerun scenarios exactly as recorded in a results JSON")
+    replay = sub.add_parser("replay", help="rerun scenarios (or a job's points) exactly as recorded in a results JSON")
     replay.add_argument("results", help="results JSON written by chaos run --json")
     replay.add_argument("--scenario", action="append", default=[], metavar="ID",
                         help="only these scenario ids (default: every failing one, else all)")
@@ -165,15 +165,40 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_replay(args: argparse.Namespace) -> list[Scenario]:
+def _read_results(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.results)
     try:
         doc = json.loads(path.read_text())
-        entries = doc["scenarios"]
+        doc["scenarios"]
     except FileNotFoundError:
         raise ConfigError(f"results file not found: {path}") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path} is not a chaos results JSON: {exc}") from None
+    return doc
+
+
+def _replay_job(args: argparse.Namespace, doc: dict[str, Any]) -> int:
+    """``chaos replay`` of a job's results (``chaos run -- COMMAND``): its failing points (or
+    ``--scenario`` ids) rerun exactly, in the directory the job ran in, by job mode itself."""
+    from chaos.job.cli_job import main as job_main
+    from chaos.job.cli_job import replay_argv
+
+    if args.html:
+        raise ConfigError("chaos replay of a job run writes --json/--junit/--summary; render HTML with chaos report")
+    argv, cwd = replay_argv(doc, args.scenario, args.results)
+    extra: list[str] = []
+    for flag, value in (("--json", args.json), ("--junit", args.junit), ("--summary", args.summary),
+                        ("--scratch", args.scratch)):
+        if value:
+            extra += [flag, value]
+    if args.keep:
+        extra.append("--keep")
+    return job_main([*extra, *argv], cwd=cwd)
+
+
+def _load_replay(args: argparse.Namespace, doc: dict[str, Any]) -> list[Scenario]:
+    path = Path(args.results)
+    entries = doc["scenarios"]
     if args.scenario:
         chosen = [e for e in entries if e.get("id") in args.scenario]
         missing = set(args.scenario) - {e.get("id") for e in chosen}
@@ -327,7 +352,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _run(args, build_scenarios(args))
         if args.command == "replay":
-            return _run(args, _load_replay(args))
+            doc = _read_results(args)
+            if "job" in doc:
+                return _replay_job(args, doc)
+            return _run(args, _load_replay(args, doc))
         return int(args.handler(args))
     except ConfigError as exc:
         print(f"chaos: error: {exc}", file=sys.stderr)

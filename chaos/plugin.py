@@ -314,7 +314,7 @@ class ChaosRunner:
         if scratch:
             os.makedirs(scratch, exist_ok=True)
         exploration = explore(spec, seed=args.seed, max_points=args.max_points, budget_s=args.budget,
-                              jobs=args.jobs, only=parse_point(args.point) if args.point else None,
+                              jobs=args.jobs, only=[parse_point(p) for p in args.point] or None,
                               scratch_base=scratch, keep=keep)
         result = JobResult(spec, exploration, results_document(spec, exploration, exploration.results))
         self.session.jobs.append(result)

@@ -96,7 +96,7 @@ def test_faults_and_grace_are_validated_and_replayed() -> None:
     job = JobSpec(command=("python", "t.py", "{out}"), faults=("corrupt", "term"), grace_s=1.5)
     cmd = shlex.split(job.replay_command(Point(0, "term", step=3)))
     args, again = build(cmd[2:])
-    assert again == job and args.point == "rank0:step3:term"
+    assert again == job and args.point == ["rank0:step3:term"]
 
 
 def test_run_help_shows_the_job_options() -> None:

@@ -54,7 +54,7 @@ def test_the_replay_command_names_the_point_and_rebuilds_the_spec() -> None:
     from chaos.job.cli_job import build
 
     args, again = build(cmd[2:])
-    assert again == job and args.point == "rank1:op4:after"
+    assert again == job and args.point == ["rank1:op4:after"]
 
 
 def test_bad_job_options_exit_2_with_one_line() -> None:

@@ -11,6 +11,7 @@ error or bad input (one line on stderr).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -43,7 +44,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=None, metavar="S", help="start no point after S seconds")
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="points run concurrently")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--point", default=None, metavar="ID", help="run only this point (a replay)")
+    p.add_argument("--point", action="append", default=[], metavar="ID",
+                   help="run only this point (a replay; repeatable)")
     p.add_argument("--modes", default=",".join(MODES), metavar="M,...",
                    help="kill points at a file event: before, after, torn (default all)")
     p.add_argument("--faults", default=None, metavar="K,...",
@@ -99,12 +101,51 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def main(argv: list[str]) -> int:
-    """Run a job's exploration; every error is one line on stderr and exit 2."""
+def replay_argv(doc: dict[str, Any], ids: list[str], source: str) -> tuple[list[str], str | None]:
+    """``chaos replay RESULTS.json`` of a job run: the options and COMMAND that rerun its failing
+    points (or ``ids``) exactly, and the directory the job ran in. Called by ``chaos.cli``."""
+    try:
+        spec = doc["job"]["spec"]
+        entries = doc["scenarios"]
+        command = [str(a) for a in spec["command"]]
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"{source}: not a job results JSON (missing {exc})") from None
+    known = [e.get("id") for e in entries if isinstance(e, dict)]
+    if ids:
+        missing = sorted(set(ids) - set(known))
+        if missing:
+            raise ConfigError(f"{source} has no point {', '.join(missing)}")
+        chosen = list(ids)
+    else:
+        chosen = [e["id"] for e in entries if e.get("verdict") in ("fail", "error")] or known
+    if not chosen:
+        raise ConfigError(f"{source}: no point to replay (the run tried none)")
+    job = JobSpec(command=tuple(command), resume_command=tuple(spec["resume_command"]) if spec.get("resume_command")
+                  else None, ranks=spec.get("ranks"), result_globs=tuple(spec.get("result_files") or ()),
+                  step_regex=spec.get("step_regex"), checkpoint_glob=spec.get("checkpoint_glob"),
+                  max_restarts=int(spec.get("max_restarts", 1)), timeout_s=float(spec.get("timeout_s", 300.0)),
+                  rtol=float(spec.get("rtol", 1e-3)), modes=tuple(spec.get("modes") or MODES),
+                  faults=tuple(spec["faults"]) if spec.get("faults") is not None else None,
+                  grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)))
+    argv = job.replay_args()
+    for point in chosen:
+        argv += ["--point", point]
+    return [*argv, "--", *command], spec.get("cwd")
+
+
+def main(argv: list[str], cwd: str | None = None) -> int:
+    """Run a job's exploration; every error is one line on stderr and exit 2.
+
+    ``cwd``: where COMMAND runs (a replay runs it where the recorded run did); default here.
+    """
     from chaos.job import launch
 
     try:
         args, job = build(argv)
+        if cwd is not None:
+            if not os.path.isdir(cwd):
+                raise ConfigError(f"the recorded job ran in {cwd}, which does not exist here")
+            job = dataclasses.replace(job, cwd=cwd)
         return _run(args, job)
     except ConfigError as exc:
         print(f"chaos: error: {exc}", file=sys.stderr)
@@ -131,7 +172,7 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
     from chaos.job.pointset import by_kind
     from chaos.job.results import exit_status, results_document, write_results
 
-    only = parse_point(args.point) if args.point else None
+    only = [parse_point(p) for p in args.point] or None
     _check_ci_outputs(args)
     results: list[Any] = []
     started = time.monotonic()
@@ -145,7 +186,7 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
         _say("  points by kind: " + (", ".join(f"{n} {k}" for k, n in by_kind(ref.points).items()) or "none"))
         for note in ref.notes:
             _say(f"  note: {note}")
-        progress["planned"] = 1 if only else min(len(ref.points), args.max_points or len(ref.points))
+        progress["planned"] = len(only) if only else min(len(ref.points), args.max_points or len(ref.points))
 
     def on_result(res: Any) -> None:
         results.append(res)

@@ -340,18 +340,21 @@ class Exploration:
 
 
 def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budget_s: float | None = None,
-            jobs: int = 1, only: Point | None = None, scratch_base: str | None = None, keep: bool = False,
+            jobs: int = 1, only: Point | list[Point] | None = None, scratch_base: str | None = None, keep: bool = False,
             on_reference: Callable[[Reference], None] | None = None,
             on_result: Callable[[PointResult], None] | None = None) -> Exploration:
-    """The whole exploration in one scratch root (removed afterwards unless ``keep``)."""
+    """The whole exploration in one scratch root (removed afterwards unless ``keep``).
+
+    ``only``: run exactly these points (``--point``, ``chaos replay``) instead of a sample.
+    """
     root = tempfile.mkdtemp(prefix="chaos-job-", dir=scratch_base)
     started = time.monotonic()
     try:
         ref, _golden_run = reference(job, root, jobs, seed)
         if on_reference:
             on_reference(ref)
-        if only is not None:
-            chosen = [ref.lookup(job, only)]
+        if only is not None:  # a replay: exactly these points, in this order
+            chosen = [ref.lookup(job, p) for p in (only if isinstance(only, list) else [only])]
         else:
             if not ref.points:
                 raise JobError("the fault-free run showed no point to break: no file event under {out} was "

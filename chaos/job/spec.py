@@ -287,4 +287,5 @@ class JobSpec:
                 "result_files": list(self.result_globs), "step_regex": self.step_regex,
                 "checkpoint_glob": self.checkpoint_glob, "max_restarts": self.max_restarts,
                 "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes),
-                "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s}
+                "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
+                "cwd": self.cwd}
