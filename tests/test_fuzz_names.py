@@ -79,7 +79,7 @@ def hostile_name(fake: Seeded, joiners: tuple[str, ...] = ("", " ", "_", "/", ".
 
 def hostile_component(fake: Seeded) -> str:
     """One path component (no ``/``, never ``.`` or ``..``, no NUL, no blank at either end:
-    see the xfail tests at the end for those two)."""
+    the tests at the end check that those are refused)."""
     name = hostile_name(fake, joiners=("", " ", "_", "-", ".")).strip()
     return name if name.strip(".") else name + "x"
 
@@ -166,9 +166,12 @@ def test_a_faker_path_resolves_to_itself_or_is_refused(fake):
     # Written naively, '#' and '?' are URL syntax: refused, never silently cut off.
     naive = "file://" + path
     if "#" in path or "?" in path:
-        with pytest.raises(StorageConfigError, match="fragment|no parameters|malformed query"):
+        with pytest.raises(StorageConfigError, match="fragment|no parameters|malformed query|control character"):
             parse_url(naive)
-    elif not set(URL_STRIPPED) & set(path):  # those: see the xfail test at the end
+    elif set(URL_STRIPPED) & set(path):  # urlsplit would delete them: refused instead
+        with pytest.raises(StorageConfigError, match="control character"):
+            parse_url(naive)
+    else:
         assert parse_url(naive).location == urllib.parse.unquote(path)
     # A relative path resolves under the working directory, unless it starts like a scheme.
     rel = "/".join(parts)
@@ -235,18 +238,12 @@ def test_a_checkpointer_on_a_faker_url_writes_only_where_it_names(tmp_path, monk
         assert not stray, f"{how} {url!r} wrote outside {c.root}: {stray}"
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="parse_url accepts a NUL byte; ReferenceCheckpointer then fails in os.makedirs with a bare "
-                          "ValueError instead of the typed StorageConfigError naming the URL")
 @pytest.mark.parametrize("url", ["/tmp/never\x00made", "file:///tmp/never%00made"])
 def test_a_nul_byte_in_a_path_is_the_typed_url_error(tmp_path, url):
     with pytest.raises(StorageConfigError):
         ReferenceCheckpointer(url.replace("/tmp", str(tmp_path)), 0, 1)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="parse_url strips surrounding blanks, so a path whose last component ends in a blank "
-                          "(a legal directory name) resolves to another directory")
 def test_a_path_ending_in_a_blank_names_that_path_or_is_refused(tmp_path):
     target = str(tmp_path / "run ")
     try:
@@ -256,9 +253,6 @@ def test_a_path_ending_in_a_blank_names_that_path_or_is_refused(tmp_path):
     assert location == target
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="urllib.parse.urlsplit deletes raw tabs and newlines from a URL, so parse_url resolves "
-                          "file:///x/a<TAB>b to /x/ab (another directory) instead of refusing it")
 @pytest.mark.parametrize("char", list(URL_STRIPPED))
 def test_a_raw_tab_or_newline_in_a_url_names_that_path_or_is_refused(tmp_path, char):
     target = f"{tmp_path}/a{char}b"

@@ -70,10 +70,21 @@ def parse_url(url: str) -> StorageURL:
     merely starts like one (``a:b/c``): write ``./a:b/c`` for a relative path with a colon.
     ``file:`` URLs need an absolute path and take no query; no URL may carry a
     ``#fragment`` (percent-encode ``#`` as ``%23``); ``local://`` needs an absolute path.
+    A NUL byte, control characters in a URL (``urlsplit`` would silently delete tabs and
+    newlines) and surrounding whitespace are refused, never dropped.
     """
     if not isinstance(url, str) or not url.strip():
         raise StorageConfigError(f"storage URL {url!r}: empty or not a string; {ACCEPTED}")
-    url = url.strip()
+    if url != url.strip():
+        # "/x/run " is a legal directory, but far more often a stray blank; never guess which.
+        raise _refuse(url, "leading or trailing whitespace (a path that really ends in a blank cannot be given)")
+    if "\x00" in url:
+        raise _refuse(url, "a NUL byte cannot be part of a path")
+    bad = next((c for c in url if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None and "://" in url:
+        # urlsplit silently deletes tabs and newlines (file:///x/a<TAB>b would become /x/ab): in a
+        # URL a control character is refused, never dropped. A plain path keeps it as written.
+        raise _refuse(url, f"control character {bad!r} in the URL (percent-encode it if it is really meant)")
     scheme_like = _SCHEME.match(url)
     if "://" not in url:
         if scheme_like:
@@ -96,7 +107,10 @@ def parse_url(url: str) -> StorageURL:
             raise _refuse(url, "file URLs need an absolute path (file:///path)")
         if parts.query or url.endswith("?"):
             raise _refuse(url, f"file URLs take no parameters, got ?{parts.query}")
-        return StorageURL("file", urllib.parse.unquote(parts.path), raw=url)
+        path = urllib.parse.unquote(parts.path)
+        if "\x00" in path:
+            raise _refuse(url, "%00 (a NUL byte) cannot be part of a path")
+        return StorageURL("file", path, raw=url)
     if scheme == "s3":
         bucket = parts.netloc
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket or ""):
