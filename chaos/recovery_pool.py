@@ -155,6 +155,9 @@ class _Fingerprinter:
         import torch
         import xxhash
 
+        from chaos import statehash
+
+        leaf = statehash.global_value(leaf)  # a DTensor (parallel=fsdp|hsdp|tp): its gathered global value
         if isinstance(leaf, np.ndarray):
             arr = np.ascontiguousarray(leaf)
             return ("np", arr.dtype.str, arr.shape, xxhash.xxh3_128_digest(arr.reshape(-1).view(np.uint8)))

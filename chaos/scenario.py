@@ -206,6 +206,7 @@ class Scenario:
     def validate(self) -> None:
         if self.world_size < 1:
             raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
+        self.workload.check_world_size(self.world_size)  # hsdp needs an even world size, tp a divisor
         if self.workload.steps < 1:
             raise ConfigError(f"--steps must be at least 1, got {self.workload.steps}")
         if self.workload.save_every < 0:
@@ -226,6 +227,9 @@ class Scenario:
                 raise ConfigError(f"fault {f.spec()!r}: attempt {f.attempt} exceeds --max-restarts {self.max_restarts}")
             if f.param("lost") is not None and not (f.param("lost") is True and self.world_size > 1):
                 raise ConfigError(f"fault {f.spec()!r}: lost=true needs --world-size 2 or more (a rank must remain)")
+        lost = sum(1 for f in self.faults if f.param("lost") is True)
+        if lost and self.world_size - lost >= 1:
+            self.workload.check_world_size(self.world_size - lost)  # the world the job resumes on
 
     def replay_command(self) -> str:
         w = self.workload

@@ -6,6 +6,13 @@ other leaf is hashed through a canonical JSON encoding that keeps int/float/bool
 apart and encodes floats exactly (``float.hex``). Paths keep key types apart too: the
 int key ``0`` renders as ``[0]`` and the string key ``"0"`` as ``0``, so a checkpointer
 that turns optimizer state keys into strings does not fingerprint the same.
+
+A DTensor (FSDP2 / tensor-parallel state) is fingerprinted as its *global* value, exactly
+as the plain tensor it stands for: its shards are gathered (``full_tensor()``, a collective
+over its mesh, so every rank of the mesh must fingerprint the same tree at the same
+point, as the workload does at every save, resume and final check). A sharded state
+therefore fingerprints the same at any world size, and an oracle comparing a resized
+resume with the save it came from compares whole tensors, not one rank's slice.
 """
 
 from __future__ import annotations
@@ -76,8 +83,20 @@ def _canonical(value: Any) -> Any:
     return {"repr": f"{type(value).__module__}.{type(value).__qualname__}:{value!r}"}
 
 
+def _is_dtensor(value: Any) -> bool:
+    return type(value).__name__ == "DTensor" and hasattr(value, "full_tensor") and hasattr(value, "placements")
+
+
+def global_value(tensor: Any) -> Any:
+    """The tensor a fingerprint hashes: a DTensor's gathered global value (collective), else ``tensor``.
+
+    For other fingerprinters of the same states (chaos.recovery_pool's cached one)."""
+    return tensor.detach().full_tensor() if _is_dtensor(tensor) else tensor
+
+
 def tensor_digest(tensor: Any) -> str:
-    """SHA-256 over dtype, shape and the bytes of a tensor or numpy array."""
+    """SHA-256 over dtype, shape and the bytes of a tensor or numpy array (a DTensor: its global value)."""
+    tensor = global_value(tensor)
     h = hashlib.sha256()
     if isinstance(tensor, np.ndarray):
         arr = np.ascontiguousarray(tensor)

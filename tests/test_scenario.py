@@ -103,3 +103,17 @@ def test_unfired_io_fault_blames_c_level_writers_only_when_nothing_was_traced():
     fired = RunRecord(2, [], io={"ops": {"rename": 1}, "fired": [{"rule": 0, "rank": 1, "attempt": 0}],
                                  "untraced_files": []})
     assert _unfired_io_faults(sc, fired) is None
+
+
+def test_a_parallelism_that_cannot_run_on_the_world_size_is_refused_before_any_launch():
+    from chaos.errors import ConfigError
+    from chaos.scenario import Scenario, parse_fault
+    from chaos.workload.config import WorkloadConfig
+
+    with pytest.raises(ConfigError, match="parallel=hsdp needs an even world size"):
+        Scenario("reference", world_size=3, workload=WorkloadConfig(parallel="hsdp")).validate()
+    shrink = Scenario("reference", world_size=4, workload=WorkloadConfig(parallel="hsdp"),
+                      faults=[parse_fault("kill:rank=1,step=5,lost=true")])
+    with pytest.raises(ConfigError, match="got 3"):  # the resized world of the restart, not only the first
+        shrink.validate()
+    Scenario("reference", world_size=4, workload=WorkloadConfig(parallel="hsdp")).validate()

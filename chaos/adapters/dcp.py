@@ -6,6 +6,19 @@ marker, so "latest" is the newest directory that has one. DCP deduplicates tenso
 believes replicated (same key on every rank), which would hand rank 0's RNG state to
 every rank; per-rank entries are therefore stored under rank-qualified keys, as careful
 users do (``per_rank_keys``).
+
+Sharded workloads (``--workload parallel=fsdp|hsdp|tp``) hand over what torch's
+``get_state_dict(model, optimizer)`` gives — DTensor parameters and AdamW moments, the
+optimizer keyed by parameter name — and load back through ``set_state_dict``. That is
+torchtitan's arrangement (its ``ModelWrapper`` / ``OptimizersContainer`` are Stateful
+wrappers around ``get_model_state_dict`` / ``get_optimizer_state_dict``, which ``dcp.save``
+calls, and ``dcp.load`` fills their state dicts in place before their
+``set_*_state_dict``): here the harness plays the wrappers' part. ``dcp.save`` writes each
+rank's local shards with their global offsets; ``dcp.load`` into the template — DTensors
+placed for the *loading* world — reads and reshards what each rank needs, so a resume
+at another world size needs nothing extra from the adapter. (torchtitan also flattens
+the optimizer state, ``flatten_optimizer_state_dict=True``, to merge several optimizers
+and pipeline stages; with one optimizer the nested form loads the same.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The reference checkpointer: safetensors shards + manifest, two-phase commit, verified load.
 
 Modules, one job each: ``engine`` (the class), ``saver`` (save pipeline), ``planner``
-(who writes what), ``loader`` (verified load with fallback), ``async_writer``, ``policy``
+(who writes what), ``loader`` (verified load with fallback), ``reshard`` (sharded
+tensors: ranged, verified reads at any world size), ``async_writer``, ``policy``
 (retention, Young/Daly cadence), ``metrics`` (events, Prometheus, alerts), ``comm`` (JSON
 over a private gloo group). The format itself (errors, hashing, tree, manifest, shard,
 POSIX commit) is :mod:`chaos.ckptformat`, below this package and ``chaos.storage``.

@@ -22,7 +22,12 @@ ones another rank wrote last time; a changed replication pattern aborts that one
 
 Observability: ``events`` (list of dicts: saves, loads, rejections, alerts),
 ``prometheus_text()`` and ``cadence`` (a :class:`~chaos.checkpoint.policy.Cadence` fed
-with measured stalls). Sharded tensors (DTensor) are stored per rank, not resharded.
+with measured stalls).
+
+Sharded tensors (DTensor: FSDP2, HSDP, tensor parallel) are saved as pieces — each rank
+writes only its local shards, the manifest records every piece's global box, placement
+and per-block checksums — and load at any world size, each rank reading and verifying
+only the byte ranges its template's shards need (``chaos.checkpoint.reshard``).
 """
 
 from __future__ import annotations

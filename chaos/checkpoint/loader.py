@@ -9,7 +9,9 @@ and the verdicts are exchanged: the first step valid on *every* rank is loaded
 everywhere. Rejections are logged and recorded as events, never deleted.
 
 Resharding: replicated entries load from whichever shard holds them, so any world size
-reads them. Per-rank values (RNG states, data positions) load this rank's copy when the
+reads them. Sharded tensors (a manifest with a ``dtensors`` section) load through
+``chaos.checkpoint.reshard``: each rank reads only the byte ranges its template's boxes
+need, verified per entry and per block. Per-rank values (RNG states, data positions) load this rank's copy when the
 saving world had this rank; otherwise the template's value is kept and logged
 (``kept_from_template``), because inventing another rank's RNG stream would be worse.
 """
@@ -84,6 +86,7 @@ class Loaded:
     state: Any
     bytes_read: int = 0
     kept_from_template: list[str] = field(default_factory=list)
+    bytes_needed: int | None = None  # sharded loads: the bytes of the slices decoded (the rest is block rounding)
 
 
 # Below this, a separate read per tensor costs more than the page faults it saves.
@@ -133,6 +136,15 @@ def load_step(root: Any, step: int, template: Any, rank: int, world_size: int, v
     algorithm = m["hash"]
     if verify and algorithm not in ("xxh3", "sha256", "crc32c"):
         raise ManifestError(file, f"unknown hash algorithm {algorithm[:40]!r}")
+    if "dtensors" in m:
+        from chaos.checkpoint.reshard import load_sharded
+
+        state, reader, decoder = load_sharded(store, step, m, file, template, rank, verify)
+        if decoder.kept_from_template:
+            log.info("step %d was saved by %d rank(s); rank %d kept its template value for %d per-rank path(s): %s",
+                     step, m["world_size"], rank, len(decoder.kept_from_template), ", ".join(decoder.kept_from_template[:5]))
+        return Loaded(step=step, state=state, bytes_read=reader.bytes_read, kept_from_template=decoder.kept_from_template,
+                      bytes_needed=reader.bytes_needed)
     shards: dict[str, LoadedShard] = {}
     index = tree.template_index(template)
     targets = _in_place_targets(m, index) if in_place else {}

@@ -5,14 +5,18 @@ tensors (xxh3-128 over the bytes, plus dtype and shape) and the ranks exchange t
 maps: a tensor identical on every rank is *replicated* and written once, by the rank
 with the fewest bytes so far (largest tensors first, so shards come out balanced); any
 other tensor is *per-rank* and every rank holding it writes its own copy under
-``path@r<rank>``. Sharded tensors (DTensor/ShardedTensor) are not special-cased yet:
-each rank's local shard is treated as a per-rank tensor, which is correct for a resume
-at the same world size but is not resharded.
+``path@r<rank>``.
+
+Sharded tensors (DTensor) arrive as *pieces* (``chaos.ckptformat.dtensor``): a piece
+held by one rank is that rank's to write; a piece several ranks hold (HSDP's replicate
+dimension) is ``shared`` and, when its holders agree byte for byte, written once by the
+least-loaded holder under its own name, like a replicated tensor. The saver refuses a
+save whose holders of a piece disagree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 
@@ -43,24 +47,35 @@ def _replicated(values: list) -> bool:
     return len(digests) == 1
 
 
-def make_plan(metas: Sequence[dict[str, list]]) -> Plan:
-    """``metas[r]`` maps tensor path -> ``[digest, nbytes, dtype, shape]`` for rank ``r``."""
+def make_plan(metas: Sequence[dict[str, list]], shared: Collection[str] = ()) -> Plan:
+    """``metas[r]`` maps tensor path -> ``[digest, nbytes, dtype, shape]`` for rank ``r``.
+
+    Paths in ``shared`` (DTensor pieces) held by several ranks with equal bytes are written
+    once by one of their holders.
+    """
     world = len(metas)
     plan = Plan(world_size=world, owned=[{} for _ in range(world)], load=[0] * world)
     paths = sorted(set().union(*metas)) if metas else []
     replicated: list[str] = []
+    holders: dict[str, list[int]] = {}
     for path in paths:
         values = [m.get(path) for m in metas]
         if _replicated(values):
             replicated.append(path)
             continue
+        held = [r for r, v in enumerate(values) if v is not None]
+        if path in shared and len(held) > 1 and _replicated([values[r] for r in held]):
+            replicated.append(path)
+            holders[path] = held
+            continue
         for r, v in enumerate(values):
             if v is not None:
                 plan.owned[r][per_rank_name(path, r)] = path
                 plan.load[r] += int(v[1])
-    for path in sorted(replicated, key=lambda p: (-int(metas[0][p][1]), p)):
-        r = min(range(world), key=lambda i: (plan.load[i], i))
+    for path in sorted(replicated, key=lambda p: (-int(metas[holders.get(p, [0])[0]][p][1]), p)):
+        nbytes = int(metas[holders.get(path, [0])[0]][path][1])
+        r = min(holders.get(path, range(world)), key=lambda i: (plan.load[i], i))
         plan.owned[r][path] = path
-        plan.load[r] += int(metas[0][path][1])
+        plan.load[r] += nbytes
         plan.replicated.add(path)
     return plan

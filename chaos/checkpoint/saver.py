@@ -11,6 +11,7 @@ after the commit and raises on every rank when it did not happen.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from chaos.checkpoint.comm import Comm
 from chaos.checkpoint.options import Options
 from chaos.checkpoint.planner import TRUSTED, make_plan
 from chaos.ckptformat import commit, manifest, tree
+from chaos.ckptformat.dtensor import block_checksums, describe, is_dtensor, local_box, piece_name
 from chaos.ckptformat.errors import CommitError
 from chaos.ckptformat.hashing import digest, tensor_bytes
 from chaos.ckptformat.shard import Throttle, write_shard
@@ -40,6 +42,30 @@ class Snapshot:
     # Async dedup: replicated tensors another rank wrote last time are only hashed
     # (path -> [digest, nbytes, dtype, shape]), not copied.
     hashed_only: dict[str, list] = field(default_factory=dict)
+    # Sharded tensors: path -> {dtype, shape, placements, mesh, piece: {name, offset, shape} | None};
+    # the piece (this rank's local tensor) is in ``tensors`` under its piece name.
+    dtensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def split_dtensors(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
+    """Replace every DTensor in ``tensors`` by this rank's piece of it; return their descriptions.
+
+    An empty piece (a rank holding no rows of an unevenly sharded tensor) is left out.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for path in [p for p, t in tensors.items() if is_dtensor(t)]:
+        t = tensors.pop(path)
+        offset, shape = local_box(t)
+        local = t.to_local()
+        if list(local.shape) != shape:
+            raise manifest.ManifestError(path, f"DTensor local shape {list(local.shape)} is not its box {shape}")
+        info: dict[str, Any] = {"dtype": manifest.dtype_name(t.dtype), **describe(t), "piece": None}
+        if math.prod(shape) > 0:
+            name = piece_name(path, offset)
+            tensors[name] = local
+            info["piece"] = {"name": name, "offset": offset, "shape": shape}
+        out[path] = info
+    return out
 
 
 def _meta(t: torch.Tensor) -> list:
@@ -74,6 +100,9 @@ def take_snapshot(step: int, state: Any, staging: Any | None, skip: frozenset[st
     try:
         phase("snapshot", step=step)
         skeleton, tensors = tree.encode(state)
+        # dtype and shape of every tensor as the state has it (a DTensor: global), for the structure checks
+        shapes = {p: [manifest.dtype_name(t.dtype), list(t.shape)] for p, t in tensors.items()}
+        snap.dtensors = split_dtensors(tensors)
         for path, t in tensors.items():
             manifest.dtype_name(t.dtype)
             if t.layout != torch.strided:
@@ -91,8 +120,6 @@ def take_snapshot(step: int, state: Any, staging: Any | None, skip: frozenset[st
             tensors = {p: t.detach().cpu().contiguous() for p, t in tensors.items()}
         snap.skeleton, snap.tensors = skeleton, tensors
         if isinstance(state, dict) and "model" in state:
-            shapes = {p: [manifest.DTYPE_NAMES[t.dtype], list(t.shape)] for p, t in tensors.items()}
-            shapes.update({p: m[2:] for p, m in snap.hashed_only.items()})
             snap.model_structure = {p[len("model/"):]: v for p, v in sorted(shapes.items()) if p.startswith("model/")}
         if isinstance(state, dict) and "optimizer" in state:
             snap.optimizer_structure = optimizer_structure(state["optimizer"])
@@ -129,13 +156,21 @@ def run_save(root: str, comm: Comm, opts: Options, snap: Snapshot, store: Any = 
         try:
             msg["meta"] = {p: _meta(t) for p, t in snap.tensors.items()} | snap.hashed_only
             msg["skeleton"] = snap.skeleton
+            if snap.dtensors:
+                msg["dtensors"] = snap.dtensors
         except Exception as exc:  # noqa: BLE001
             msg = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     if rank == 0:
         msg["nonce"] = commit.new_nonce()
     replies = comm.all_gather_json(msg)
     _raise_if_failed(step, "snapshot", replies)
-    plan = make_plan([m["meta"] for m in replies])
+    pieces = {d["piece"]["name"] for m in replies for d in m.get("dtensors", {}).values() if d["piece"]}
+    plan = make_plan([m["meta"] for m in replies], shared=pieces)
+    torn = sorted(n for n in pieces if n not in plan.replicated)
+    torn = [n for n in torn if sum(n in m["meta"] for m in replies) > 1]
+    if torn:
+        raise CommitError(f"save of step {step} aborted, nothing committed: ranks holding replicas of the same "
+                          f"DTensor piece disagree on its bytes ({torn[:3]})")
     tmp_name = commit.tmp_dirname(step, replies[0]["nonce"])
     shard_name = f"shard-r{rank:05d}.safetensors"
 
@@ -153,6 +188,9 @@ def run_save(root: str, comm: Comm, opts: Options, snap: Snapshot, store: Any = 
         meta = {"format": manifest.FORMAT, "step": str(step), "rank": str(rank), "world_size": str(comm.world_size)}
         with store.create_shard(tmp_name, shard_name) as f:  # POSIX: makedirs + open(..., "wb")
             info = write_shard(f, shard_name, owned, meta, opts.hash, checksums, Throttle(opts.throttle_mb_s), opts.serializer)
+            for name, path in plan.owned[rank].items():
+                if path in pieces:  # a slice of it may be all a resharded load reads: checksums per block
+                    info.entries[name]["blocks"] = block_checksums(opts.hash, tensor_bytes(owned[name]))
             phase("fsync_shards", step=step)
             store.durable(f)  # POSIX: flush + fsync; S3: complete the upload, read back its size
         vote = {"ok": True, "file": shard_name, "size": info.size, "checksum": info.checksum, "entries": info.entries}
@@ -185,6 +223,24 @@ def run_save(root: str, comm: Comm, opts: Options, snap: Snapshot, store: Any = 
     return SaveResult(bytes_written=votes[rank]["size"], checkpoint_bytes=sum(v["size"] for v in votes), written_by_others=others)
 
 
+def dtensor_section(replies: list, plan: Any) -> dict[str, Any]:
+    """The manifest's ``dtensors`` section: every sharded tensor and all its pieces, from every rank's report."""
+    section: dict[str, Any] = {}
+    pieces: dict[str, dict[str, dict[str, Any]]] = {}
+    for r, m in enumerate(replies):
+        for path, d in m.get("dtensors", {}).items():
+            head = {k: d[k] for k in ("dtype", "shape", "placements", "mesh")}
+            if section.setdefault(path, head) != head:
+                raise CommitError(f"ranks disagree on what DTensor {path!r} is: {section[path]} vs {head} (rank {r})")
+            piece = d["piece"]
+            if piece is not None:
+                pieces.setdefault(path, {}).setdefault(piece["name"], {
+                    "entry": plan.entry_of(r, piece["name"]), "offset": piece["offset"], "shape": piece["shape"]})
+    for path, head in section.items():
+        head["pieces"] = sorted(pieces.get(path, {}).values(), key=lambda p: p["offset"])
+    return section
+
+
 def _safe_latest(store: Any) -> int | None:
     try:
         return store.read_latest()
@@ -214,6 +270,10 @@ def build_manifest(step: int, world: int, opts: Options, snap: Snapshot, replies
         "tree": tree.merge(skeletons),
         "replicated_entries": len(plan.replicated),
     }
+    section = dtensor_section(replies, plan)
+    if section:
+        body["format_version"] = manifest.FORMAT_VERSION_SHARDED
+        body["dtensors"] = section
     if snap.model_structure is not None:
         body["model_structure"] = snap.model_structure
         body["model_fingerprint"] = manifest.fingerprint_structure(snap.model_structure)

@@ -5,7 +5,9 @@ A checkpoint directory ``step-0000000010/`` holds one safetensors shard per rank
 it: format version, step, world size, hash algorithm, every shard's size and checksum,
 every tensor entry's shard, dtype, shape, absolute byte range and checksum, the typed
 tree of the state (non-tensor values inline), the model-structure fingerprint, the
-torch version and the creation time.
+torch version and the creation time. A checkpoint of sharded tensors (DTensor) adds a
+``dtensors`` section — global shape, dtype, placements and every piece's box — and is
+format version 2 (:mod:`chaos.ckptformat.dtensor`); one without is version 1, unchanged.
 
 :func:`parse_manifest` trusts nothing: sizes are checked before reading, JSON with
 duplicate keys, NaN or oversized numbers is refused, shard names must be plain file
@@ -26,10 +28,15 @@ from typing import Any
 import torch
 
 from chaos.ckptformat import tree
+from chaos.ckptformat.dtensor import validate_section
 from chaos.ckptformat.errors import ManifestError
 
 FORMAT = "chaos-ckpt"
 FORMAT_VERSION = 1
+# A checkpoint holding sharded tensors (a ``dtensors`` section, chaos.ckptformat.dtensor)
+# is version 2; one without stays version 1, byte for byte what it always was.
+FORMAT_VERSION_SHARDED = 2
+READABLE_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_SHARDED)
 MANIFEST_NAME = "manifest.json"
 MAX_DIM = 1 << 62
 MAX_RANKS = 1 << 20
@@ -176,8 +183,8 @@ def validate(m: Any, file: str, expect_step: int | None = None) -> dict[str, Any
     if m.get("format") != FORMAT:
         raise ManifestError(file, f"not a {FORMAT} manifest (format={str(m.get('format'))[:40]!r})")
     version = _need(m, "format_version", int, file)
-    if version != FORMAT_VERSION:
-        raise ManifestError(file, f"unsupported format version {version} (this reader knows {FORMAT_VERSION})")
+    if version not in READABLE_VERSIONS:
+        raise ManifestError(file, f"unsupported format version {version} (this reader knows {list(READABLE_VERSIONS)})")
     step = _need(m, "step", int, file)
     if step < 0:
         raise ManifestError(file, f"negative step {step}")
@@ -205,11 +212,20 @@ def validate(m: Any, file: str, expect_step: int | None = None) -> dict[str, Any
     node = _need(m, "tree", dict, file)
     try:
         referenced = set(tree.iter_entries(node))
+        sharded = set(tree.iter_dtensors(node))
     except (KeyError, TypeError, AttributeError, RecursionError):
         raise ManifestError(file, "tree is malformed") from None
     missing = sorted(referenced - set(entries))
     if missing:
         raise ManifestError(file, f"tree references undefined entr{'y' if len(missing) == 1 else 'ies'} {missing[:3]}")
+    if sharded or "dtensors" in m:
+        if version != FORMAT_VERSION_SHARDED:
+            raise ManifestError(file, f"sharded tensors need format version {FORMAT_VERSION_SHARDED}, manifest says {version}")
+        section = _need(m, "dtensors", dict, file)
+        validate_section(section, entries, file)
+        undefined = sorted(sharded - set(section))
+        if undefined:
+            raise ManifestError(file, f"tree references undefined dtensor(s) {undefined[:3]}")
     for key in ("model_structure", "optimizer_structure"):
         if key in m and not isinstance(m[key], dict):
             raise ManifestError(file, f"{key} must be an object")

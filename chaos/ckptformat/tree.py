@@ -6,6 +6,9 @@ and floats, and the exact bits of a float. Every node therefore carries its type
 payloads, ``-0.0`` and ``inf`` survive) and ints as decimal strings (no precision
 loss in other JSON readers). Tensors are replaced by references to manifest entries.
 
+A DTensor leaf becomes ``{"t": "dtensor", "key": path}``: its pieces are described in
+the manifest's ``dtensors`` section (:mod:`chaos.ckptformat.dtensor`), not by one entry.
+
 Nodes that differ between ranks are merged into ``{"t": "per_rank", "values": [...]}``
 at the shallowest point where they differ, so identical values are stored once.
 Decoding validates every node: a hostile manifest yields :class:`ManifestError`,
@@ -21,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from chaos.ckptformat.dtensor import is_dtensor
 from chaos.ckptformat.errors import ManifestError, UnsupportedValueError
 
 MAX_DEPTH = 200
@@ -75,7 +79,7 @@ def encode(state: Any, path: str = "", tensors: dict[str, Any] | None = None) ->
         tensors = {}
     if isinstance(state, torch.Tensor):
         tensors[path] = state
-        return {"t": "tensor", "path": path}, tensors
+        return {"t": "dtensor" if is_dtensor(state) else "tensor", "path": path}, tensors
     if isinstance(state, np.ndarray):
         if state.dtype.kind not in "biufc":
             raise UnsupportedValueError(f"state path {path}: numpy dtype {state.dtype} is not storable")
@@ -121,6 +125,8 @@ def resolve(node: Any, entry_of: Callable[[str], str]) -> Any:
     t = node["t"]
     if t in ("tensor", "ndarray"):
         return {"t": t, "entry": entry_of(node["path"])}
+    if t == "dtensor":
+        return {"t": t, "key": node["path"]}
     if t in ("list", "tuple"):
         return {"t": t, "items": [resolve(n, entry_of) for n in node["items"]]}
     if t == "dict":
@@ -144,6 +150,22 @@ def merge(nodes: list[Any]) -> Any:
     return {"t": "per_rank", "values": nodes}
 
 
+def iter_dtensors(node: Any) -> Iterator[str]:
+    """Every ``dtensors`` key a (resolved, merged) node references."""
+    t = node.get("t") if isinstance(node, dict) else None
+    if t == "dtensor":
+        yield node["key"]
+    elif t in ("list", "tuple"):
+        for n in node["items"]:
+            yield from iter_dtensors(n)
+    elif t == "dict":
+        for _, v in node["items"]:
+            yield from iter_dtensors(v)
+    elif t == "per_rank":
+        for n in node["values"]:
+            yield from iter_dtensors(n)
+
+
 def iter_entries(node: Any) -> Iterator[str]:
     """Every entry name a (resolved, merged) node references."""
     t = node.get("t") if isinstance(node, dict) else None
@@ -165,7 +187,8 @@ class Decoder:
 
     ``load(entry) -> tensor`` supplies tensors; ``fallback(path)`` supplies the template's
     value where a per-rank node has no value for this rank (loading at a larger world
-    size) and returns ``(found, value)``.
+    size) and returns ``(found, value)``; ``load_dtensor(key, path)`` assembles this
+    rank's part of a sharded tensor (a checkpoint without any needs none).
     """
 
     def __init__(
@@ -174,11 +197,13 @@ class Decoder:
         rank: int,
         load: Callable[[str], torch.Tensor],
         fallback: Callable[[str], tuple[bool, Any]] | None = None,
+        load_dtensor: Callable[[str, str], Any] | None = None,
     ) -> None:
         self.file = file
         self.rank = rank
         self.load = load
         self.fallback = fallback
+        self.load_dtensor = load_dtensor
         self.kept_from_template: list[str] = []
 
     def _bad(self, path: str, problem: str) -> ManifestError:
@@ -241,6 +266,11 @@ class Decoder:
             entry = self._field(node, "entry", str, path)
             tensor = self.load(entry)
             return tensor.numpy() if t == "ndarray" else tensor
+        if t == "dtensor":
+            key = self._field(node, "key", str, path)
+            if self.load_dtensor is None:
+                raise self._bad(path, "sharded tensor in a checkpoint without a dtensors section")
+            return self.load_dtensor(key, path)
         if t in ("list", "tuple"):
             items = self._field(node, "items", list, path)
             out = [self.decode(n, f"{path}[{i}]", depth + 1) for i, n in enumerate(items)]

@@ -1,4 +1,4 @@
-"""The deterministic training program every rank runs (tiny decoder-only LM, DDP)."""
+"""The deterministic training program every rank runs (tiny decoder-only LM; DDP, FSDP2, HSDP or tensor parallel)."""
 
 from chaos.workload.config import WorkloadConfig
 

@@ -14,6 +14,7 @@ import random
 import numpy as np
 import torch
 
+from chaos.errors import ConfigError
 from chaos.workload.config import WorkloadConfig
 
 
@@ -75,13 +76,72 @@ class ResumableSampler:
         self._start_epoch()
 
 
-class Loader:
-    """Turns sampled rows into (input, target) batches with random crops and token noise."""
+class GlobalSampler:
+    """The sharded modes' sampler: one global sample stream, whatever the world size.
 
-    def __init__(self, cfg: WorkloadConfig, rank: int, world_size: int) -> None:
+    Every rank draws the same per-epoch permutation of the corpus; a training step
+    consumes the next ``dp_size * batch_size`` samples of it and data-parallel rank
+    ``dp_rank`` takes its ``batch_size`` of them. The state — epoch, *global* position
+    (samples consumed this epoch) and the generator state before the epoch's permutation
+    — is the same on every rank, so a resume at another world size continues exactly the
+    same stream (only how the next samples are split over ranks changes). An epoch ends
+    when fewer than a whole step's samples remain. The per-rank crop offsets and token
+    noise still come from each rank's own RNGs (``Loader``), so a resized run is judged
+    by loss continuity, not bit for bit.
+    """
+
+    def __init__(self, n: int, dp_rank: int, dp_size: int, batch_size: int, seed: int) -> None:
+        self.n, self.dp_rank, self.dp_size, self.batch_size = n, dp_rank, dp_size, batch_size
+        if dp_size * batch_size > n:
+            raise ConfigError(f"workload: a step needs {dp_size * batch_size} samples but the corpus has {n} "
+                              "(raise corpus_sequences)")
+        self.gen = torch.Generator().manual_seed(seed + 104729)
+        self.epoch = 0
+        self.position = 0
+        self._start_epoch()
+
+    def _start_epoch(self) -> None:
+        self._epoch_rng = self.gen.get_state()
+        self._perm = torch.randperm(self.n, generator=self.gen)
+
+    def next_indices(self) -> torch.Tensor:
+        step = self.dp_size * self.batch_size
+        if self.position + step > self.n:
+            self.epoch += 1
+            self.position = 0
+            self._start_epoch()
+        begin = self.position + self.dp_rank * self.batch_size
+        self.position += step
+        return self._perm[begin : begin + self.batch_size]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "sampler_rng": self._epoch_rng.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self.gen.set_state(state["sampler_rng"].clone())
+        self._start_epoch()
+
+
+class Loader:
+    """Turns sampled rows into (input, target) batches with random crops and token noise.
+
+    DDP keeps its per-rank sampler (``ResumableSampler``, unchanged since the first golden
+    runs); the sharded modes read the global stream (``GlobalSampler``) at their
+    data-parallel coordinates.
+    """
+
+    def __init__(self, cfg: WorkloadConfig, rank: int, world_size: int, dp_rank: int | None = None,
+                 dp_size: int | None = None) -> None:
         self.cfg = cfg
         self.corpus = make_corpus(cfg)
-        self.sampler = ResumableSampler(cfg.corpus_sequences, rank, world_size, cfg.batch_size, cfg.seed)
+        self.sampler: ResumableSampler | GlobalSampler
+        if cfg.parallel == "ddp":
+            self.sampler = ResumableSampler(cfg.corpus_sequences, rank, world_size, cfg.batch_size, cfg.seed)
+        else:
+            self.sampler = GlobalSampler(cfg.corpus_sequences, rank if dp_rank is None else dp_rank,
+                                         world_size if dp_size is None else dp_size, cfg.batch_size, cfg.seed)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg

@@ -18,6 +18,12 @@ import tempfile
 
 import torch
 
+# The sharded modes' machinery (chaos.workload.parallel imports it lazily): a few hundred
+# milliseconds once here instead of in every forked rank.
+import torch.distributed.checkpoint.state_dict  # noqa: F401
+import torch.distributed.fsdp  # noqa: F401
+import torch.distributed.tensor.parallel  # noqa: F401
+
 import chaos.workload.train  # noqa: F401 - the import is the point
 
 _had = os.environ.get("TORCHINDUCTOR_CACHE_DIR")

@@ -21,16 +21,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.nn import functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from chaos import phases, statehash
 from chaos.errors import ConfigError
 from chaos.protocol import auxiliary_files, load_checkpointer
-from chaos.workload import rng
+from chaos.workload import parallel, rng
 from chaos.workload.config import WorkloadConfig
 from chaos.workload.data import Loader
 from chaos.workload.log import EventLog
-from chaos.workload.model import build_model
 from chaos.workload.spec import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, SCENARIO_ENV, RankSpec
 
 # The pid that imported this module (and torch with it). In a rank forked from the warm
@@ -77,20 +75,26 @@ def lr_lambda_factory(cfg: WorkloadConfig):
 
 
 class Trainer:
-    """The training state of one rank and how it maps to the checkpoint state dict."""
+    """The training state of one rank and how it maps to the checkpoint state dict.
+
+    The model's layout over the ranks (DDP, FSDP2, HSDP, tensor parallel) is
+    ``cfg.parallel``; :mod:`chaos.workload.parallel` builds it and says what the state of
+    ``model`` and ``optimizer`` is in each mode.
+    """
 
     def __init__(self, cfg: WorkloadConfig, rank: int, world_size: int) -> None:
         self.cfg = cfg
-        rng.seed_all(cfg.seed * 1000 + rank)
-        self.model = DDP(build_model(cfg))
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
-        )
+        self.layout = parallel.layout(cfg, rank, world_size)
+        # Tensor parallel ranks share a batch and must draw the same dropout masks on the
+        # replicated activations: they seed by data-parallel rank (0), the others by rank.
+        rng.seed_all(cfg.seed * 1000 + self.layout.dp_rank)
+        self.model = parallel.wrap(cfg, self.layout)
+        self.optimizer = parallel.make_optimizer(cfg, self.model)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda_factory(cfg))
-        self.loader = Loader(cfg, rank, world_size)
+        self.loader = Loader(cfg, rank, world_size, self.layout.dp_rank, self.layout.dp_size)
         self.step = 0
         self.tokens = 0
-        self.tokens_per_step = cfg.batch_size * cfg.seq_len * world_size
+        self.tokens_per_step = cfg.batch_size * cfg.seq_len * self.layout.dp_size
         self.noise = None
         if cfg.nondeterminism > 0:
             # Seeded from the OS, never checkpointed (it is hardware, not state), the same on
@@ -100,9 +104,10 @@ class Trainer:
             self.noise = torch.Generator().manual_seed(int(seed.item()))
 
     def state_dict(self) -> dict[str, Any]:
+        model, optimizer = parallel.model_and_optimizer_state(self.cfg, self.model, self.optimizer)
         return {
-            "model": self.model.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model,
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "rng": rng.capture(),
             "data": self.loader.sampler.state_dict(),
@@ -114,21 +119,20 @@ class Trainer:
 
         A fresh AdamW has no per-parameter state yet; checkpointers that load in place
         (DCP) need the moments' shapes up front, so the template carries zero-filled
-        entries of the right shape and dtype, exactly as AdamW creates them.
+        entries of the right shape and dtype (and, sharded, placement), exactly as AdamW
+        creates them — built without stepping the optimizer (see chaos.workload.parallel).
         """
-        state = self.state_dict()
-        opt = state["optimizer"]
-        if not opt["state"]:
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
-            opt["state"] = {
-                i: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
-                for i, p in enumerate(params)
-            }
-        return state
+        return {
+            "model": parallel.model_state(self.cfg, self.model),
+            "optimizer": parallel.optimizer_template(self.cfg, self.model, self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng.capture(),
+            "data": self.loader.sampler.state_dict(),
+            "progress": {"step": self.step, "tokens": self.tokens},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        parallel.load_model_and_optimizer(self.cfg, self.model, self.optimizer, state["model"], state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.loader.sampler.load_state_dict(state["data"])
         self.step = int(state["progress"]["step"])
@@ -145,7 +149,8 @@ class Trainer:
         if self.noise is not None:
             for p in self.model.parameters():
                 if p.grad is not None:
-                    p.grad.mul_(1.0 + self.cfg.nondeterminism * torch.randn(p.grad.shape, generator=self.noise))
+                    grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # a DTensor: its shard
+                    grad.mul_(1.0 + self.cfg.nondeterminism * torch.randn(grad.shape, generator=self.noise))
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
