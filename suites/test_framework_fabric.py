@@ -1,0 +1,96 @@
+"""Lightning Fabric under chaos: ``chaos/examples/frameworks/fabric_loop.py`` (CPU).
+
+The job trains 12 steps and every 3 calls ``fabric.save("checkpoint.ckpt", state)``;
+on start ``fabric.load`` restores it when it exists. Fabric saves through
+``_atomic_save``: ``torch.save`` into memory, then an fsspec transaction that writes a
+temp file in the system temp directory (the job's ``$TMPDIR``) and moves it over
+``checkpoint.ckpt``, fsyncing neither the file nor a directory. One checkpoint file, so
+nothing older to fall back to.
+
+Recorded exploration (lightning 2.6.6, torch 2.13.0 CPU, one process, seed 0, every
+family, ``--max-points 24`` sampled spread over them): 185 points, 24 tried: 16
+passes, 6 lost work, 2 hard failures.
+
+- kills (before / after any event, temp file included) and SIGTERM at a step: pass;
+  the temp file + move never leaves a half-written ``checkpoint.ckpt``.
+- power loss after any save: lost work, from scratch. The moved-in file's bytes were
+  never fsynced (``checkpoint.ckpt: 7283 unsynced byte(s) lost``) and the rename not
+  either (``rename .../tmp/tmp... -> checkpoint.ckpt lost (directory not fsynced)``).
+  This is the "temp file in the system temp directory, never fsynced" concern about
+  ``_atomic_save``: on a real machine /tmp may be another file system (a tmpfs), and the
+  move then copies without any fsync.
+- at-rest corruption of ``checkpoint.ckpt``: a truncation or 64 zeroed bytes are a hard
+  failure (``OSError: [Errno 22] Invalid argument``, ``PytorchStreamReader failed reading
+  file data/12``), with no older copy; a deletion is lost work (from scratch); the one
+  flipped bit sampled landed where it changed nothing (pass).
+- ENOSPC on the move into place in the first save: Fabric raises, the restart starts
+  over: pass. In a later save it destroys the previous checkpoint: fsspec's commit is
+  ``shutil.move``, which on a failed ``rename`` copies the temp file *over*
+  ``checkpoint.ckpt`` in place (open ``wb``, truncating it, then write): the write fails
+  too on the full disk and the restart finds an empty ``checkpoint.ckpt`` (``EOFError``):
+  hard failure. The same copy over the checkpoint is what every save does when the system
+  temp directory is another file system than the checkpoint's (a tmpfs /tmp), so a crash
+  during it, not only a full disk, leaves a torn checkpoint.
+
+Two ranks (``--ranks 2 --devices 2``, 12 points): 7 passes, 2 lost work (power), 3 hard
+failures (the ENOSPC above, a zeroed and a truncated ``checkpoint.ckpt``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from framework_jobs import At, need, python_job, run_point
+
+from chaos.plugin import job_failed
+
+lightning = need("lightning")
+
+pytestmark = pytest.mark.chaos
+
+FABRIC = python_job("fabric_loop.py")
+OPTIONS = {"result_files": ["final.pt"], "checkpoint_glob": "checkpoint.ckpt"}
+REPLAY = ("chaos run --result-file final.pt --checkpoint-glob checkpoint.ckpt --point {point} "
+          "-- python chaos/examples/frameworks/fabric_loop.py --out '{{out}}'")
+
+
+def test_a_kill_while_the_temp_file_is_written_resumes_from_the_previous_save(chaos):
+    result = run_point(chaos, FABRIC, At("write", None, 4, "before", "rank0:op23:before"), **OPTIONS)
+    chaos.check(result)
+
+
+def test_a_sigterm_at_a_step_resumes_bit_for_bit(chaos):
+    result = run_point(chaos, FABRIC, "rank0:step7:term", **OPTIONS)
+    chaos.check(result)
+
+
+@pytest.mark.xfail(strict=True, raises=job_failed("lost_work"), reason=(
+    f"lightning {lightning.__version__}: point rank0:op15:power (power loss just after the step-6 save "
+    "opened its temp file): fabric.save's _atomic_save fsyncs neither the temp file in $TMPDIR nor the "
+    "directory it is moved into, so the crash state has lost checkpoint.ckpt's 7283 bytes and the rename; "
+    "the restart trains from scratch though the step-3 save was acknowledged (lost_work; the _atomic_save "
+    "no-fsync concern, not reported upstream as a bug). Replay: " + REPLAY.format(point="rank0:op15:power")))
+def test_a_power_loss_after_an_acknowledged_save_loses_it(chaos):
+    result = run_point(chaos, FABRIC, At("open", None, 5, "power", "rank0:op15:power"), **OPTIONS)
+    chaos.check(result)
+
+
+@pytest.mark.xfail(strict=True, raises=job_failed("hard_failure"), reason=(
+    f"lightning {lightning.__version__}: point rank0:op32:truncate (checkpoint.ckpt truncated from 7283 "
+    "to 4735 bytes right after the rename that put the step-12 save in place): fabric.load raises OSError: [Errno 22] Invalid argument, every "
+    "restart too; Fabric keeps one checkpoint file and no checksum, so there is nothing to fall back to "
+    "(hard_failure; Lightning #21431 reports such corrupt saves). Replay: "
+    + REPLAY.format(point="rank0:op32:truncate")))
+def test_a_truncated_checkpoint_stops_the_job(chaos):
+    result = run_point(chaos, FABRIC, At("rename", "checkpoint.ckpt", 4, "truncate", "rank0:op32:truncate"), **OPTIONS)
+    chaos.check(result)
+
+
+@pytest.mark.xfail(strict=True, raises=job_failed("hard_failure"), reason=(
+    f"lightning {lightning.__version__}: point rank0:op32:enospc (the rename that moves the step-12 save "
+    "into place raises ENOSPC; found at 2 ranks as the same id): fsspec's commit falls back to shutil.move's "
+    "copy, which opens checkpoint.ckpt 'wb' (truncating the good step-9 checkpoint) and fails to write it, so "
+    "the restart's fabric.load raises EOFError (hard_failure; not reported upstream). Replay: "
+    + REPLAY.format(point="rank0:op32:enospc")))
+def test_an_enospc_on_the_move_into_place_destroys_the_previous_checkpoint(chaos):
+    result = run_point(chaos, FABRIC, At("rename", "checkpoint.ckpt", 4, "enospc", "rank0:op32:enospc"), **OPTIONS)
+    chaos.check(result)
