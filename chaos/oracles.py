@@ -279,6 +279,9 @@ def _injured_saves(record: RunRecord) -> tuple[list[dict[str, Any]], list[dict[s
             hit = f.get("save_changes")
             if _auxiliary(record, f.get("path")):
                 aside.append(entry)
+            elif f.get("existed"):
+                aside.append({**entry, "why": "the directory already existed (another rank had made it), so "
+                                              "makedirs(exist_ok=True) rightly carried on"})
             elif hit is not None and all(_auxiliary(record, h) for h in hit):
                 aside.append({**entry, "why": "it hit nothing the save made that was not already durable "
                                               "(e.g. removing an older checkpoint)"

@@ -114,6 +114,7 @@ def _io_summary(result: ClusterResult, log_dir: str, world_size: int, ckpt_root:
     fired: list[dict[str, Any]] = []
     enospc: list[dict[str, Any]] = []  # real ENOSPC errors of traced ops (a full disk), with the save they hit
     written: set[str] = set()
+    made: dict[tuple[Any, str], float] = {}  # (attempt, directory) -> when some rank first made it
     traced = False
     for a in result.attempts:
         for r in range(world_size):
@@ -131,6 +132,9 @@ def _io_summary(result: ClusterResult, log_dir: str, world_size: int, ckpt_root:
                 if rec.get("event") == "fired":
                     fired.append({**rec, "attempt": a.attempt, **scope.injury(rec)})
                 elif rec.get("event") == "op":
+                    if rec.get("op") == "mkdir" and rec.get("error") is None and rec.get("path"):
+                        key = (a.attempt, rec["path"])
+                        made[key] = min(made.get(key, float("inf")), float(rec.get("ts", 0.0)))
                     if rec.get("error") == errno.ENOSPC:
                         enospc.append({"attempt": a.attempt, "rank": r, "step": scope.step, "op": rec["op"],
                                        "path": rec.get("path")})
@@ -140,6 +144,13 @@ def _io_summary(result: ClusterResult, log_dir: str, world_size: int, ckpt_root:
                             written.add(rec[key])
     if not traced:
         return {}
+    for f in fired:
+        # A failed mkdir of a directory another rank had already made (the shared temp dir of
+        # a save): makedirs(exist_ok=True) rightly carries on, and nothing of the save is lost.
+        if f.get("op") == "mkdir" and f.get("save_changes") and \
+                made.get((f["attempt"], f.get("path")), float("inf")) < float(f.get("ts", 0.0)):
+            f["save_changes"] = []
+            f["existed"] = True
     untraced = []
     if ckpt_root and Path(ckpt_root).is_dir():
         root = Path(ckpt_root).resolve()

@@ -1,5 +1,8 @@
 """Oracles judged on hand-built records: each one passes the right history and fails the wrong one."""
 
+import json
+from pathlib import Path
+
 from chaos.golden import GoldenRun
 from chaos.oracles import (
     checksum_detection,
@@ -295,3 +298,32 @@ def test_a_full_disk_injures_only_the_saves_a_traced_enospc_hit():
     assert not result.passed and "ENOSPC at write of /ckpt/.tmp-20/shard" in result.summary
     blind = record([FIRST], outcomes=("ok",), fired={0: [fill]}, io={"traced": False, "fired": []})
     assert not no_false_ack(GOLD, blind).passed
+
+
+def test_a_failed_mkdir_of_a_directory_another_rank_already_made_hurts_nothing(tmp_path):
+    """Seeds 4 and 5 of the default campaign: rank 1's mkdir of the save's shared temp dir fails
+    after rank 0 made it; makedirs(exist_ok=True) carries on and the save is whole."""
+    from types import SimpleNamespace
+
+    from chaos.cluster import trace_path
+    from chaos.record import _io_summary
+
+    d = "/ckpt/.tmp-20"
+    traces = {0: [{"event": "phase", "name": "save", "info": {"step": 20}},
+                  {"event": "op", "op": "mkdir", "path": d, "ts": 1.0}],
+              1: [{"event": "phase", "name": "save", "info": {"step": 20}},
+                  {"event": "fired", "action": "enospc", "op": "mkdir", "path": d, "step": 20, "ts": 2.0}]}
+    for rank, recs in traces.items():
+        path = Path(trace_path(str(tmp_path), rank, 0))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    io = _io_summary(SimpleNamespace(attempts=[SimpleNamespace(attempt=0)]), str(tmp_path), 2, None)
+    assert io["fired"][0]["save_changes"] == [] and io["fired"][0]["existed"] is True
+    result = no_false_ack(GOLD, record([FIRST], outcomes=("ok",), io=io))
+    assert result.passed and "already existed" in result.evidence["auxiliary"][0]["why"]
+    # made only after the failure: the failing rank's makedirs raised, so it is an injury
+    traces[0][1]["ts"] = 3.0
+    Path(trace_path(str(tmp_path), 0, 0)).write_text("".join(json.dumps(r) + "\n" for r in traces[0]))
+    late = _io_summary(SimpleNamespace(attempts=[SimpleNamespace(attempt=0)]), str(tmp_path), 2, None)
+    assert late["fired"][0]["save_changes"] == [d]
+    assert not no_false_ack(GOLD, record([FIRST], outcomes=("ok",), io=late)).passed
