@@ -11,6 +11,7 @@ the reason.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
 import math
@@ -157,6 +158,24 @@ class Environment:
         return done
 
     # -- at-rest corruption ------------------------------------------------------------
+    @staticmethod
+    def _auxiliary_globs(log_paths: list[str]) -> list[str]:
+        """The ``auxiliary_files`` globs the checkpointer declared (its ``ckpt_ready`` event)."""
+        globs: list[str] = []
+        for path in log_paths:
+            try:
+                lines = Path(path).read_text().splitlines()
+            except FileNotFoundError:
+                continue
+            for line in lines:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if ev.get("ev") == "ckpt_ready":
+                    globs += [g for g in ev.get("auxiliary") or () if g not in globs]
+        return globs
+
     def _last_save_window(self, log_paths: list[str]) -> float | None:
         """Start time of the newest save that returned on every rank (its files are the targets)."""
         calls: dict[int, list[float]] = {}
@@ -218,6 +237,9 @@ class Environment:
 
         pattern = fault.param("file")
         files = [f for f in checkpoint_files(root, pattern) if not os.path.basename(f).startswith(FILLER_PREFIX)]
+        if pattern is None:  # not the files the checkpointer declared auxiliary (metrics): no load reads them
+            aux = self._auxiliary_globs(log_paths)
+            files = [f for f in files if not any(fnmatch.fnmatchcase(os.path.relpath(f, root), g) for g in aux)]
         if not files:
             return f"no file under the checkpoint root matches file={pattern!r}"
         since = self._last_save_window(log_paths)
@@ -238,6 +260,15 @@ class Environment:
         if isinstance(files, str):
             return _idle("no target", files)
         seed = int(fault.param("seed", 0))
+        if fault.kind in ("bitflip", "zero"):  # never draw a file the edit cannot change (a `latest` pointer)
+            from faults.corrupt import corruptible
+
+            able = corruptible(files, fault.kind, region=fault.param("region", "any"), offset=fault.param("offset"),
+                               at=fault.param("at"))
+            if not able:
+                return _idle("no target", f"no file of the newest checkpoint has a non-empty "
+                                          f"{fault.param('region', 'any')} region")
+            files = able
         target = random.Random(f"{seed}:{fault.kind}:target").choice(files)
         rel = os.path.relpath(target, root)
         if fault.kind == "payload":

@@ -315,6 +315,26 @@ def checkpoint_files(ckpt_dir: str | os.PathLike[str], pattern: str | None = Non
     return sorted(out, key=lambda q: os.path.relpath(q, root))
 
 
+def corruptible(files: list[str], kind: str, *, region: str = "any", header_bytes: int | None = None,
+                offset: int | None = None, at: float | None = None) -> list[str]:
+    """The files a ``kind`` corruption can change: for bitflip and zero, those whose ``region``
+    (or placed byte) is non-empty — a ``latest`` pointer has no data region; others: all.
+    Called by :func:`plan_corruption` and by the harness before it draws a target."""
+    if kind not in ("bitflip", "zero"):
+        return list(files)
+    placed = offset is not None or at is not None
+
+    def has_region(f: str) -> bool:
+        data = _read(f)
+        if placed:
+            p = placed_offset(len(data), offset=offset, at=at)
+            return p is not None and p < len(data)
+        lo, hi = region_range(data, region, header_bytes)
+        return hi > lo
+
+    return [f for f in files if has_region(f)]
+
+
 def plan_corruption(ckpt_dir: str | os.PathLike[str], kind: str, seed: int, *,
                     scratch_root: str | os.PathLike[str], pattern: str | None = None,
                     region: str = "any", n_bits: int = 1, fraction: float | None = None,
@@ -337,14 +357,7 @@ def plan_corruption(ckpt_dir: str | os.PathLike[str], kind: str, seed: int, *,
         raise FaultError(f"no files to corrupt in {root} (pattern {pattern!r})")
     placed = offset is not None or at is not None
     if kind in ("bitflip", "zero"):  # only files where the asked-for region (or byte) exists
-        def has_region(f: str) -> bool:
-            data = _read(f)
-            if placed:
-                p = placed_offset(len(data), offset=offset, at=at)
-                return p is not None and p < len(data)
-            lo, hi = region_range(data, region, header_bytes)
-            return hi > lo
-        files = [f for f in files if has_region(f)]
+        files = corruptible(files, kind, region=region, header_bytes=header_bytes, offset=offset, at=at)
         if not files:
             where = f"byte {offset}" if offset is not None else f"at={at}" if placed else f"a non-empty {region} region"
             raise FaultError(f"no file in {root} (pattern {pattern!r}) has {where}")

@@ -18,3 +18,14 @@ def test_an_eio_on_the_metrics_rename_after_the_commit_is_set_aside(tmp_path):
     assert result.verdict == "pass", (result.error, [(o.name, o.summary) for o in result.failing()])
     aside = result.oracles["no_false_ack"].evidence["auxiliary"]
     assert [a["step"] for a in aside] == [40] and "metrics.prom." in aside[0]["what"]
+
+
+def test_an_undirected_corruption_never_targets_an_auxiliary_file_or_the_pointer(tmp_path):
+    """Default campaign seed 6: a seeded bitflip (no file=) drew `latest`, then metrics.prom;
+    it must land on a file a load reads: a shard of the newest checkpoint."""
+    scenario = Scenario(checkpointer="reference", world_size=2, workload=WorkloadConfig(seed=6),
+                        faults=[parse_fault("bitflip:step=23,bits=16,region=data,seed=6")])
+    result = run_scenario(scenario, RunOptions(cache_dir=tmp_path / "cache", scratch_base=str(tmp_path)))
+    case = result.oracles["checksum_detection"].evidence["cases"][0]
+    assert result.verdict == "pass" and case["changed"], (result.error, case)
+    assert case["target"].endswith(".safetensors"), case

@@ -389,3 +389,17 @@ def test_flips_drawn_over_the_whole_file_find_where_a_partial_checksum_ends(tmp_
         assert step == 1, f"a flip at byte {offset} of {size}, inside the checksummed head, was not detected"
     else:  # the defect the corruption suite catches: past the head, the flipped tensor loads silently
         assert step == 2 and not torch.equal(state["model"]["w"], states[2]["model"]["w"])
+
+
+def test_a_bitflip_is_never_drawn_on_a_file_it_cannot_change(tmp_path: pathlib.Path) -> None:
+    """Default campaign seed 6 drew the 7-byte `latest` pointer for region=data, tested nothing and was
+    skipped: only files with a non-empty region are candidates; truncate and delete take any file."""
+    from faults.corrupt import corruptible
+
+    (tmp_path / "latest").write_text("step-20")
+    shard = tmp_path / "shard.safetensors"
+    shard.write_bytes(b"\x00" * 4096)
+    files = [str(tmp_path / "latest"), str(shard)]
+    assert corruptible(files, "bitflip", region="data") == [str(shard)]
+    assert corruptible(files, "zero", offset=100) == [str(shard)]
+    assert corruptible(files, "truncate") == files
