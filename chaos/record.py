@@ -38,6 +38,18 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
 _ERRORS = ("enospc", "eio", "fsync_fail", "short_write")
 
 
+_WRITE_FLAGS = frozenset({"O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND"})
+
+
+def _writes(rec: dict[str, Any]) -> bool:
+    """Whether a traced open (its ``mode`` or ``flags``) could write; unknown: assume it could."""
+    if rec.get("mode") is not None:
+        return bool(set(str(rec["mode"])) & set("wax+"))
+    if rec.get("flags") is not None:
+        return bool(set(rec["flags"]) & _WRITE_FLAGS)
+    return True
+
+
 class _SaveScope:
     """Which paths the save in progress made, read from one rank's trace in order.
 
@@ -93,8 +105,10 @@ class _SaveScope:
             return {}
         op, path = rec.get("op"), rec.get("path")
         first = (rec.get("paths") or [path])[0]
-        if op == "open" and path in self.dirs:
-            hit = sorted(self.unsynced.get(path, ()))  # opened to fsync it: as if that fsync failed
+        if op == "open" and (path in self.dirs or not _writes(rec)):
+            # A directory opened to fsync it, or a read-only open (rmtree walking an older
+            # checkpoint): it hurts only what a following fsync of that path would have covered.
+            hit = sorted(self.unsynced.get(path, ()))
         elif op in ("write", "truncate", "open", "close") or rec.get("action") == "short_write":
             hit = [path]
         elif op in ("fsync", "fdatasync"):

@@ -327,3 +327,14 @@ def test_a_failed_mkdir_of_a_directory_another_rank_already_made_hurts_nothing(t
     late = _io_summary(SimpleNamespace(attempts=[SimpleNamespace(attempt=0)]), str(tmp_path), 2, None)
     assert late["fired"][0]["save_changes"] == [d]
     assert not no_false_ack(GOLD, record([FIRST], outcomes=("ok",), io=late)).passed
+
+
+def test_a_failed_read_only_open_of_an_older_checkpoint_hurts_nothing():
+    """Default campaign seed 5: ENOSPC on rmtree's read-only open of the older checkpoint moved aside
+    (.del-5) during retention; an open that writes is still an injury of the save."""
+    ro = _scope_fired(SAVE20 + [{"event": "fired", "action": "enospc", "op": "open", "path": "/ckpt/.del-5",
+                                 "flags": ["O_RDONLY", "O_DIRECTORY"]}])[0]
+    assert ro["save_changes"] == []
+    rw = _scope_fired(SAVE20 + [{"event": "fired", "action": "enospc", "op": "open", "path": "/ckpt/latest",
+                                 "mode": "w"}])[0]
+    assert rw["save_changes"] == ["/ckpt/latest"]
