@@ -54,13 +54,16 @@ def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:
     saves = cfg.save_steps() or [cfg.steps]
     mid_save = saves[len(saves) // 2]
     last = world_size - 1
+    # At-rest faults once two saves exist: destroying the only checkpoint leaves nothing a
+    # correct checkpointer could resume (the reference then rightly refuses to start over).
+    at_rest = min(cfg.steps, max(between(0.575), saves[1] + 1 if len(saves) > 1 else 0))
     return [
         [f"kill:rank={last},step={between(0.575)}"],
         [f"term:rank=0,step={between(0.45)},grace=2"],
         [f"crash:rank={last},step={mid_save},op=write,nth=2"],
         [f"kill:rank={last},phase=save,step={saves[-2] if len(saves) > 1 else mid_save},linger=3"],
-        [f"bitflip:step={between(0.575)},bits=16,region=data,seed={cfg.seed}"],
-        [f"payload:step={between(0.575)},format=pickle,seed={cfg.seed}"],
+        [f"bitflip:step={at_rest},bits=16,region=data,seed={cfg.seed}"],
+        [f"payload:step={at_rest},format=pickle,seed={cfg.seed}"],
         [f"diskfull:step={max(1, mid_save - 1)},free=4096"],
         [f"netdrop:rank={last},step={between(0.575)}"],
         [f"powerloss:step={mid_save},seed={cfg.seed},max_states=60"],

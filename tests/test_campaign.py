@@ -181,7 +181,7 @@ def test_budget_without_hypothesis_is_one_error_line_and_exit_2(tmp_path):
 
 @pytest.mark.chaos
 def test_a_real_budget_campaign_skips_no_drawn_point_and_reports_coverage(tmp_path, capsys):
-    """The reference, a tiny workload, 30 s of generated schedules after the seven families."""
+    """The reference, a tiny workload, 30 s of generated schedules after the nine families."""
     out = tmp_path / "campaign.json"
     code = cli.main(["run", "--steps", "12", "--save-every", "4", "--workload", "d_model=32",
                      "--workload", "n_layers=1", "--seed", "1", "--budget", "30", "--json", str(out),
