@@ -109,6 +109,8 @@ class _SaveScope:
             # A directory opened to fsync it, or a read-only open (rmtree walking an older
             # checkpoint): it hurts only what a following fsync of that path would have covered.
             hit = sorted(self.unsynced.get(path, ()))
+        elif op == "close" and path not in self.created:
+            hit = sorted(self.unsynced.get(path, ()))  # closing what the save never wrote (rmtree's dir fds)
         elif op in ("write", "truncate", "open", "close") or rec.get("action") == "short_write":
             hit = [path]
         elif op in ("fsync", "fdatasync"):

@@ -338,3 +338,9 @@ def test_a_failed_read_only_open_of_an_older_checkpoint_hurts_nothing():
     rw = _scope_fired(SAVE20 + [{"event": "fired", "action": "enospc", "op": "open", "path": "/ckpt/latest",
                                  "mode": "w"}])[0]
     assert rw["save_changes"] == ["/ckpt/latest"]
+    # seed 9: the close of that directory's fd; closing a file the save wrote still hurts it
+    closed = _scope_fired(SAVE20 + [{"event": "fired", "action": "enospc", "op": "close", "path": "/ckpt/.del-5"}])
+    assert closed[0]["save_changes"] == []
+    shard = _scope_fired(SAVE20[:4] + [{"event": "fired", "action": "eio", "op": "close",
+                                        "path": "/ckpt/.tmp-20/shard"}])
+    assert shard[0]["save_changes"] == ["/ckpt/.tmp-20/shard"]
