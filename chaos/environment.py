@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,9 +160,8 @@ class Environment:
 
     # -- at-rest corruption ------------------------------------------------------------
     @staticmethod
-    def _auxiliary_globs(log_paths: list[str]) -> list[str]:
-        """The ``auxiliary_files`` globs the checkpointer declared (its ``ckpt_ready`` event)."""
-        globs: list[str] = []
+    def _events(log_paths: list[str]) -> Iterator[dict[str, Any]]:
+        """Every event of these rank logs, in order; a missing log or a torn line is skipped."""
         for path in log_paths:
             try:
                 lines = Path(path).read_text().splitlines()
@@ -169,31 +169,27 @@ class Environment:
                 continue
             for line in lines:
                 try:
-                    ev = json.loads(line)
+                    yield json.loads(line)
                 except ValueError:
                     continue
-                if ev.get("ev") == "ckpt_ready":
-                    globs += [g for g in ev.get("auxiliary") or () if g not in globs]
+
+    def _auxiliary_globs(self, log_paths: list[str]) -> list[str]:
+        """The ``auxiliary_files`` globs the checkpointer declared (its ``ckpt_ready`` event)."""
+        globs: list[str] = []
+        for ev in self._events(log_paths):
+            if ev.get("ev") == "ckpt_ready":
+                globs += [g for g in ev.get("auxiliary") or () if g not in globs]
         return globs
 
     def _last_save_window(self, log_paths: list[str]) -> float | None:
         """Start time of the newest save that returned on every rank (its files are the targets)."""
         calls: dict[int, list[float]] = {}
         returned: dict[int, int] = {}
-        for path in log_paths:
-            try:
-                lines = Path(path).read_text().splitlines()
-            except FileNotFoundError:
-                continue
-            for line in lines:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if ev["ev"] == "save_call":
-                    calls.setdefault(ev["step"], []).append(ev["t"])
-                elif ev["ev"] == "save_return":
-                    returned[ev["step"]] = returned.get(ev["step"], 0) + 1
+        for ev in self._events(log_paths):
+            if ev["ev"] == "save_call":
+                calls.setdefault(ev["step"], []).append(ev["t"])
+            elif ev["ev"] == "save_return":
+                returned[ev["step"]] = returned.get(ev["step"], 0) + 1
         complete = [s for s, n in returned.items() if n == len(log_paths)]
         return min(calls[max(complete)]) if complete else None
 
