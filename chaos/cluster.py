@@ -200,7 +200,9 @@ class _Attempt:
             elif f.family in ("process", "net") and f.rank == rank:
                 triggers.append({"index": i, "step": f.step, "phase": f.param("phase")})
             elif f.family in ("rest", "disk") and rank == (f.rank or 0):
-                triggers.append({"index": i, "step": f.step, "phase": None})
+                # At rest means no save in flight: an async checkpointer's last save must
+                # have committed first, or which checkpoint is "newest" is a race.
+                triggers.append({"index": i, "step": f.step, "phase": None, "settle": f.family == "rest"})
             elif f.family == "powerloss":
                 triggers.append({"index": i, "step": f.step, "phase": "save"})
         addr, netns, env = self.env.rank_network(rank, port)

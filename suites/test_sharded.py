@@ -39,7 +39,8 @@ SILENT, NO_FALLBACK = "silent", "no-fallback"
 # where they hit a record DCP parses (seen here with seed 3: CheckpointException on rank 1)
 # every restart fails on the same newest checkpoint. Either is the documented defect. Which
 # bytes the flip hits is not fixed for dcp-async (its background writer's file layout
-# varies from run to run; one run here even flipped bits nothing loads), so a bit flip
+# varies from run to run; before at-rest faults waited for the save in flight, one run here
+# flipped bits of a step-8 save that never committed), so a bit flip
 # against DCP is an imperative, non-strict xfail when the defect shows and a pass otherwise.
 FLIP = "DCP has no checksums and no fallback: a bit-flipped shard of one FSDP rank loads silently or fails every restart"
 DELETE = "DCP loads the newest .metadata directory only: a deleted rank shard fails every restart"

@@ -183,6 +183,11 @@ class FaultTrigger:
         self.conn.send(("fault", trigger["index"]))
         self.conn.recv()  # the supervisor answers only if the rank is meant to go on
 
+    def settles_before(self, step: int) -> bool:
+        """Whether the fault before ``step`` wants saves in flight acknowledged first (at-rest faults)."""
+        trigger = self.by_step.get(step)
+        return bool(trigger and trigger.get("settle") and trigger["index"] not in self.fired)
+
     def at_step(self, step: int) -> None:
         trigger = self.by_step.get(step)
         if trigger is not None:
@@ -260,6 +265,16 @@ def _verify(ckpt: Any, trainer: Trainer, log: EventLog) -> None:
     dist.destroy_process_group()
 
 
+def _acknowledge(ckpt: Any, log: EventLog, pending: list[int]) -> list[int]:
+    """Wait for the saves in flight; only then are they acknowledged (the ``ack`` event the
+    durability oracles hold the checkpointer to). Returns what is still pending: nothing."""
+    t0 = time.time()
+    ckpt.wait()
+    if pending:
+        log.emit("ack", steps=pending, wait_seconds=time.time() - t0)
+    return []
+
+
 def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
     cfg = WorkloadConfig.from_dict(spec.workload)
     torch.set_num_threads(1)
@@ -291,16 +306,15 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
 
     pending: list[int] = []
     while trainer.step < cfg.steps:
+        if ckpt is not None and pending and trigger.settles_before(trainer.step + 1):
+            pending = _acknowledge(ckpt, log, pending)
         trigger.at_step(trainer.step + 1)
         loss, lr = trainer.train_step()
         log.emit("step", step=trainer.step, loss=loss, loss_hex=loss.hex(), lr=lr)
         trigger.heartbeat(trainer.step)
         if ckpt is not None and cfg.save_every and trainer.step % cfg.save_every == 0:
             if pending:
-                t0 = time.time()
-                ckpt.wait()
-                log.emit("ack", steps=pending, wait_seconds=time.time() - t0)
-                pending = []
+                pending = _acknowledge(ckpt, log, pending)
             state = trainer.state_dict()
             log.emit("save_call", step=trainer.step, fingerprint=statehash.fingerprint(state))
             phases.phase("save", step=trainer.step)
@@ -310,10 +324,7 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
             trigger.saved(trainer.step, time.time() - t0)
             pending.append(trainer.step)
     if ckpt is not None:
-        t0 = time.time()
-        ckpt.wait()
-        if pending:
-            log.emit("ack", steps=pending, wait_seconds=time.time() - t0)
+        _acknowledge(ckpt, log, pending)
         ckpt.close()
     log.emit("final", step=trainer.step, fingerprint=statehash.fingerprint(trainer.state_dict()))
     dist.barrier()
