@@ -20,15 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
-
-try:  # torch is optional here so the parent process can stay light.
-    import torch
-except ImportError:  # pragma: no cover - torch is a hard dependency of the package
-    torch = None  # type: ignore[assignment]
 
 
 def _escape(key: str) -> str:
@@ -44,6 +40,9 @@ def _render_key(key: Any) -> str:
 
 
 def _is_tensor(value: Any) -> bool:
+    # torch is never imported here, so the harness process stays light: a tensor can only
+    # exist once its owner imported torch.
+    torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 
 
@@ -109,7 +108,7 @@ def tensor_digest(tensor: Any) -> str:
     t = t.contiguous()
     h.update(f"torch:{t.dtype}:{list(t.shape)}|".encode())
     if t.numel():
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(sys.modules["torch"].uint8).numpy().tobytes())
     return "sha256:" + h.hexdigest()
 
 
