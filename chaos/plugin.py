@@ -273,7 +273,8 @@ class ChaosRunner:
 
     def job(self, command: Sequence[str] | str, *, ranks: int | None = None, max_points: int | None = None,
             result_files: Sequence[str] = (), resume_command: Sequence[str] | str | None = None,
-            step_regex: str | None = None, checkpoint_glob: str | None = None, max_restarts: int | None = None,
+            step_regex: str | None = None, loss_regex: str | None = None, loss_band: float | None = None,
+            checkpoint_glob: str | None = None, max_restarts: int | None = None,
             timeout: float | None = None, budget: float | None = None, jobs: int | None = None,
             seed: int | None = None, point: str | None = None, cwd: str | Path | None = None,
             options: Sequence[str] = (), keep: bool = False) -> JobResult:
@@ -301,7 +302,8 @@ class ChaosRunner:
         if resume_command is not None:
             flags += ["--resume-cmd", resume_command if isinstance(resume_command, str)
                       else shlex.join(resume_command)]
-        for name, value in (("--step-regex", step_regex), ("--checkpoint-glob", checkpoint_glob),
+        for name, value in (("--step-regex", step_regex), ("--loss-regex", loss_regex), ("--loss-band", loss_band),
+                            ("--checkpoint-glob", checkpoint_glob),
                             ("--max-restarts", max_restarts), ("--timeout", timeout), ("--budget", budget),
                             ("--jobs", jobs), ("--max-points", max_points), ("--point", point)):
             if value is not None:

@@ -37,6 +37,12 @@ def make_parser() -> argparse.ArgumentParser:
                    help="files under {out} compared with the fault-free run after each point (repeatable)")
     p.add_argument("--step-regex", default=None, metavar="RE",
                    help="a regex with one group: the step, in the job's output (where a resume started)")
+    p.add_argument("--loss-regex", default=None, metavar="RE",
+                   help="a regex for the job's loss lines in its output: groups named step and loss (or the "
+                        "first two, step first); the loss curve is then judged against the fault-free run's")
+    p.add_argument("--loss-band", type=float, default=None, metavar="B",
+                   help="relative band around the fault-free loss (default: exact when the two fault-free runs "
+                        "agree, else 0.005)")
     p.add_argument("--checkpoint-glob", default=None, metavar="GLOB",
                    help="the job's checkpoints under {out} (step = last number in the name); one whose files "
                         "and sizes equal the fault-free run's is complete")
@@ -90,7 +96,8 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
         raise ConfigError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     resume = tuple(shlex.split(args.resume_cmd)) if args.resume_cmd else None
     job = JobSpec(command=command, resume_command=resume, ranks=args.ranks, result_globs=tuple(args.result_file),
-                  step_regex=args.step_regex, checkpoint_glob=args.checkpoint_glob, max_restarts=args.max_restarts,
+                  step_regex=args.step_regex, loss_regex=args.loss_regex, loss_band=args.loss_band,
+                  checkpoint_glob=args.checkpoint_glob, max_restarts=args.max_restarts,
                   timeout_s=args.timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m),
                   faults=tuple(f for f in args.faults.split(",") if f) if args.faults is not None else None,
                   grace_s=args.grace)
@@ -120,13 +127,11 @@ def replay_argv(doc: dict[str, Any], ids: list[str], source: str) -> tuple[list[
         chosen = [e["id"] for e in entries if e.get("verdict") in ("fail", "error")] or known
     if not chosen:
         raise ConfigError(f"{source}: no point to replay (the run tried none)")
-    job = JobSpec(command=tuple(command), resume_command=tuple(spec["resume_command"]) if spec.get("resume_command")
-                  else None, ranks=spec.get("ranks"), result_globs=tuple(spec.get("result_files") or ()),
-                  step_regex=spec.get("step_regex"), checkpoint_glob=spec.get("checkpoint_glob"),
-                  max_restarts=int(spec.get("max_restarts", 1)), timeout_s=float(spec.get("timeout_s", 300.0)),
-                  rtol=float(spec.get("rtol", 1e-3)), modes=tuple(spec.get("modes") or MODES),
-                  faults=tuple(spec["faults"]) if spec.get("faults") is not None else None,
-                  grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)))
+    try:
+        job = JobSpec.from_dict(spec)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: the recorded job spec is not one chaos run wrote ({type(exc).__name__}: "
+                          f"{exc})") from None
     argv = job.replay_args()
     for point in chosen:
         argv += ["--point", point]

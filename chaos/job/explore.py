@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ChaosError
-from chaos.job import atrest, diskfull, launch, pointset
+from chaos.job import atrest, diskfull, launch, losscurve, pointset
 from chaos.job.compare import first_difference
 from chaos.job.judge import Golden, PointRecord, PointVerdict, judge
 from chaos.job.pointset import Facts, sample
@@ -213,6 +213,7 @@ class Reference:
     def to_dict(self) -> dict[str, Any]:
         return {"tolerance_mode": self.golden.tolerance, "result_files": self.golden.results,
                 "checkpoints": sorted(self.golden.checkpoints), "acknowledged_saves": self.golden.acks,
+                "loss_steps": {str(r): len(c) for r, c in sorted(self.golden.losses.items())},
                 "notes": self.notes, "seconds": round(self.seconds, 3), "untraced_files": self.untraced,
                 "file_events": {str(r): n for r, n in sorted(self.events.items())},
                 "peak_out_bytes": self.facts.peak or None}
@@ -267,8 +268,18 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0) -> tuple[Refere
                      f"{', '.join(untraced[:5])}")
     acks = any(x.get("name") == "chaos.probe" and x.get("info", {}).get("kind") == "saved"
                for recs_ in traces.values() for x in recs_)
+    losses, losses1 = losscurve.curves(traces), losscurve.curves(recs[1].traces)
+    if losses != losses1:
+        tolerance = True
+        step = next((s for r in sorted(losses) for s in sorted(losses[r]) if losses1.get(r, {}).get(s) != losses[r][s]),
+                    None)
+        notes.append(f"the two fault-free runs logged different losses (first at step {step}): tolerance mode, "
+                     f"the loss curve judged within {losscurve.band_for(job.loss_band, True):.2%} of the first run's")
+    if job.loss_regex and not losses:
+        notes.append(f"--loss-regex {job.loss_regex!r} matched no line of the fault-free run's output: "
+                     "loss continuity is not judged")
     golden = Golden(out=runs[0].out, results=results, tolerance=tolerance,
-                    checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks)
+                    checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses)
     kinds, left_out = pointset.kinds_to_explore(job)
     facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
     points = pointset.enumerate_points(job, traces, facts, kinds)

@@ -152,7 +152,7 @@ class JobInterposer(Interposer):
     def _on_phase(self, name: str, info: dict[str, Any]) -> None:
         super()._on_phase(name, info)
         p = self.point
-        if p is None or name != "chaos.probe" or info.get("kind") not in ("step", "regex"):
+        if p is None or name != "chaos.probe" or info.get("kind") not in S.STEP_KINDS:
             return
         if self._errored:  # still running after the injected error: crash it at its next step
             self._enter()
@@ -198,16 +198,18 @@ class JobInterposer(Interposer):
             self._leave()
 
 
-class _StepScanner:
-    """A stand-in for sys.stdout/sys.stderr that announces lines matching the step regex.
+class _OutputScanner:
+    """A stand-in for sys.stdout/sys.stderr that announces the lines matching ``--step-regex``
+    (``regex``: where a step ran) and ``--loss-regex`` (``loss``: a step's loss) as probes.
 
     Everything is passed through to the real stream unchanged; attributes it does not
     define (``buffer``, ``fileno``, ``encoding``, ...) are the real stream's.
     """
 
-    def __init__(self, stream: Any, regex: re.Pattern[str]) -> None:
+    def __init__(self, stream: Any, step: re.Pattern[str] | None, loss: re.Pattern[str] | None) -> None:
         self._stream = stream
-        self._regex = regex
+        self._step, self._loss = step, loss
+        self._groups = S.loss_groups(loss.pattern) if loss is not None else None
         self._partial = ""
 
     def write(self, s: str) -> int:
@@ -216,15 +218,25 @@ class _StepScanner:
         if "\n" in self._partial:
             *lines, self._partial = self._partial.split("\n")
             for line in lines:
-                for m in self._regex.finditer(line):
-                    try:
-                        value = int(m.group(1))
-                    except (TypeError, ValueError):
-                        continue
-                    phases.phase("chaos.probe", kind="regex", n=value)
+                self._scan(line)
         if len(self._partial) > 65536:
             self._partial = self._partial[-4096:]
         return n
+
+    def _scan(self, line: str) -> None:
+        for m in self._step.finditer(line) if self._step is not None else ():
+            try:
+                value = int(m.group(1))
+            except (TypeError, ValueError):
+                continue
+            phases.phase("chaos.probe", kind="regex", n=value)
+        for m in self._loss.finditer(line) if self._loss is not None else ():
+            step, loss = self._groups
+            try:
+                n, value = int(m.group(step)), float(m.group(loss))
+            except (TypeError, ValueError):
+                continue
+            phases.phase("chaos.probe", kind="loss", n=n, loss=value)
 
     def flush(self) -> None:
         self._stream.flush()
@@ -303,11 +315,11 @@ def install() -> JobInterposer | None:
     env[S.PROBE_FILE_ENV] = os.path.join(tdir, f"probe-r{rank}-a{attempt}-p{pid}.jsonl")
     if env.get(S.ENV_CHILDREN) != "1":
         os.register_at_fork(after_in_child=_forget)
-    regex = env.get(S.ENV_STEP_REGEX)
-    if regex:
-        rx = re.compile(regex)
-        sys.stdout = _StepScanner(sys.stdout, rx)
-        sys.stderr = _StepScanner(sys.stderr, rx)
+    step_rx, loss_rx = env.get(S.ENV_STEP_REGEX), env.get(S.ENV_LOSS_REGEX)
+    if step_rx or loss_rx:
+        step, loss = (re.compile(step_rx) if step_rx else None), (re.compile(loss_rx) if loss_rx else None)
+        sys.stdout = _OutputScanner(sys.stdout, step, loss)
+        sys.stderr = _OutputScanner(sys.stderr, step, loss)
     return ix
 
 

@@ -2,7 +2,7 @@
 
 Called by ``explore.py`` after a point's last attempt with the ``PointRecord`` (what
 each attempt did, each rank's trace) and the ``Golden`` facts of the fault-free runs.
-Three oracles, each with its evidence, named as the built-in workload's are:
+Four oracles, each with its evidence, named as the built-in workload's are:
 
 - ``liveness``: the job finished (every copy of the last attempt exited 0) within its
   restarts. Otherwise *hard_failure*: the resume raised or never finished; the
@@ -14,8 +14,13 @@ Three oracles, each with its evidence, named as the built-in workload's are:
   attempt's trace, or the newest checkpoint matching ``--checkpoint-glob`` whose files
   and sizes equal the fault-free run's, seen between the kill and the restart.
   Where the resume started is ``chaos.probe.resumed(n)``, else the first
-  ``probe.step(n)`` minus one, else the first ``--step-regex`` match after the restart;
-  none of them: from scratch (0). Otherwise *lost_work*.
+  ``probe.step(n)`` (or ``--loss-regex`` line) minus one, else the first ``--step-regex``
+  match after the restart; none of them: from scratch (0). Otherwise *lost_work*.
+- ``loss_continuity``: every step's loss, in every attempt (``probe.step(n, loss)`` or
+  ``--loss-regex``), equals the fault-free run's — exactly when the two fault-free runs
+  agreed, else within ``--loss-band`` — and does not spike after a resume
+  (``losscurve``, judged by the built-in oracle). Otherwise *silent_divergence*: the
+  job finished, but it trained on something other than what it saved.
   Each is judged only with what it needs; without it the summary says what is missing.
 
 What the harness did besides the kill is evidence too, and bounds what the job could
@@ -39,9 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.job import losscurve
 from chaos.job.compare import first_difference
 from chaos.job.launch import AttemptOutcome
-from chaos.job.spec import TORCHRUN_STRIDE, JobSpec, Point
+from chaos.job.spec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec, Point
 
 OUTCOMES = ("pass", "hard_failure", "silent_divergence", "lost_work")
 
@@ -72,6 +78,7 @@ class Golden:
     tolerance: bool                         # the two fault-free runs differed
     checkpoints: dict[str, dict[str, int]]  # --checkpoint-glob match -> {file: size} at the end
     acks: bool                              # the fault-free run called chaos.probe.saved
+    losses: dict[int, dict[int, float]] = field(default_factory=dict)  # rank -> step -> loss, fault-free run
 
 
 @dataclass
@@ -175,7 +182,7 @@ def _resumed_at(rec: PointRecord, rank: int) -> tuple[int, str]:
         return a == first
 
     resumed = rec.probes(only, "resumed", rank)
-    steps = rec.probes(only, "step", rank)
+    steps = rec.probes(only, "step", rank) or rec.probes(only, "loss", rank)
     regex = rec.probes(only, "regex", rank)
     if resumed:
         return min(i["n"] for i in resumed), "chaos.probe.resumed"
@@ -192,8 +199,7 @@ def _saving_step(rec: PointRecord) -> int | None:
     for r in rec.traces.get((rec.point.rank, 0), []):
         if r.get("event") == "fired" and r.get("action") == "halt":
             return n
-        if r.get("event") == "phase" and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in (
-                "step", "regex"):
+        if r.get("event") == "phase" and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS:
             n = r["info"]["n"]
     return n
 
@@ -257,6 +263,20 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
     summary = ", ".join(f"rank {r} at step {v['resumed_at']} (newest complete: {v['newest_complete']})"
                         for r, v in ranks.items())
     return Oracle("durability", "pass", f"resumed at or after the newest complete checkpoint: {summary}", evidence)
+
+
+def _loss(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
+    """Every step's loss of every attempt against the fault-free curve (``losscurve``)."""
+    if not golden.losses:
+        why = (f"--loss-regex {job.loss_regex!r} matched no line of the fault-free run" if job.loss_regex else
+               "no loss seen: call chaos.probe.step(n, loss) or give --loss-regex")
+        return Oracle("loss_continuity", "not_judged", why)
+    band = losscurve.band_for(job.loss_band, golden.tolerance)
+    got = losscurve.continuity(golden.losses, job.world_size, rec.traces, band)
+    summary = got.summary
+    if band == 0.0:
+        summary = summary.replace(f"within {band:.3%} of the golden loss", "equal to the fault-free loss")
+    return Oracle("loss_continuity", "pass" if got.passed else "fail", summary, got.evidence)
 
 
 @dataclass
@@ -336,9 +356,12 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
             "durability", "not_judged", "the job did not finish")
         return verdict("fail", "hard_failure", oracles["liveness"].summary)
     oracles["result_files"] = _results(job, golden, rec)
+    oracles["loss_continuity"] = _loss(job, golden, rec)
     oracles["durability"] = _durability(job, golden, rec)
     if oracles["result_files"].failed:
         return verdict("fail", "silent_divergence", oracles["result_files"].summary)
+    if oracles["loss_continuity"].failed:
+        return verdict("fail", "silent_divergence", oracles["loss_continuity"].summary)
     if oracles["durability"].failed:
         return verdict("fail", "lost_work", oracles["durability"].summary)
     return verdict("pass", "pass", "; ".join(o.summary for o in oracles.values() if o.result == "pass"))

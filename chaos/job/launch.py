@@ -129,6 +129,8 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
         env[S.ENV_RANKS_ONLY] = "1"
     if job.step_regex:
         env[S.ENV_STEP_REGEX] = job.step_regex
+    if job.loss_regex:
+        env[S.ENV_LOSS_REGEX] = job.loss_regex
     if point is not None and attempt == 0 and point.in_rank:
         env[S.ENV_POINT] = json.dumps(point.env())
     return env

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.job import atrest, diskfull
-from chaos.job.spec import CORRUPT_FAMILIES, FAULT_KINDS, JobSpec, Point
+from chaos.job.spec import CORRUPT_FAMILIES, FAULT_KINDS, STEP_KINDS, JobSpec, Point
 
 ENOSPC_EVENTS = ("write", "mkdir", "rename", "link")  # plus an open that creates its file
 Traces = dict[tuple[int, int], list[dict[str, Any]]]
@@ -119,7 +119,7 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
                 seen[key] = seen.get(key, 0) + 1
                 events.append((rank, r, key[1], seen[key]))
         announced = sorted({r["info"]["n"] for r in recs if r.get("event") == "phase"
-                            and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in ("step", "regex")})
+                            and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS})
         if "kill" in kinds:
             kill_steps += [Point(rank, "kill", step=n) for n in announced]
         if "term" in kinds:

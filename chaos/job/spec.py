@@ -41,6 +41,7 @@ ENV_POINT = "CHAOS_JOB_POINT"            # JSON of the one point to fire (attemp
 ENV_RANKS_ONLY = "CHAOS_JOB_RANKS_ONLY"  # "1": only processes with RANK set (torchrun workers)
 ENV_CHILDREN = "CHAOS_JOB_CHILDREN"      # "1": also trace children of a traced process
 ENV_STEP_REGEX = "CHAOS_JOB_STEP_REGEX"  # --step-regex, scanned in the job's own stdout/stderr
+ENV_LOSS_REGEX = "CHAOS_JOB_LOSS_REGEX"  # --loss-regex, scanned there too
 ENV_BOOTED = "CHAOS_JOB_BOOTED"          # pid of the traced ancestor (set by the boot itself)
 ENV_RANK = "CHAOS_JOB_RANK"              # rank when the launcher sets no RANK (a plain command)
 ENV_ATTEMPT = "CHAOS_JOB_ATTEMPT"        # attempt when no TORCHELASTIC_RESTART_COUNT is set
@@ -48,6 +49,9 @@ ENV_MARK = "CHAOS_JOB_MARK"              # every process of a point carries it: 
 ENV_TMP = "CHAOS_JOB_TMP"                # the point's temp dir: each rank's TMPDIR is its own folder in it
 ENV_PYCACHE = "CHAOS_JOB_PYCACHE"        # where the boot path compiles the tracer's modules (scratch root)
 PROBE_FILE_ENV = "CHAOS_PROBE_FILE"      # chaos.probe writes its JSON lines here
+# The ``chaos.probe`` announcements that say "step n ran": probe.step, a --step-regex match,
+# a --loss-regex match. Kill and term points at steps fire on them.
+STEP_KINDS = ("step", "regex", "loss")
 
 # A torchrun COMMAND relaunched by the harness (after a SIGTERM, a corruption, a power loss):
 # its workers' attempt is TORCHRUN_STRIDE * the harness's attempt + torchelastic's restart count.
@@ -157,6 +161,23 @@ def parse_point(text: str) -> Point:
     return Point(int(rank), mode, op=int(op))
 
 
+def loss_groups(regex: str) -> tuple[int | str, int | str]:
+    """Which groups of a ``--loss-regex`` hold the step and the loss: the named ``step`` and
+    ``loss``, else the first two in that order. Called by the spec (to validate) and by the
+    boot path's output scanner."""
+    try:
+        rx = re.compile(regex)
+    except re.error as exc:
+        raise ConfigError(f"--loss-regex {regex!r} is not a regular expression: {exc}") from None
+    named = rx.groupindex
+    if "step" in named and "loss" in named:
+        return "step", "loss"
+    if named.keys() & {"step", "loss"} or rx.groups < 2:
+        raise ConfigError(f"--loss-regex {regex!r} needs the step and the loss: groups named step and loss, "
+                          "or two groups, step first (e.g. 'step (\\d+) loss ([0-9.eE+-]+)')")
+    return 1, 2
+
+
 def _is_torchrun(argv: tuple[str, ...]) -> bool:
     if not argv:
         return False
@@ -180,6 +201,8 @@ class JobSpec:
     ranks: int | None = None
     result_globs: tuple[str, ...] = ()
     step_regex: str | None = None
+    loss_regex: str | None = None           # --loss-regex: groups `step` and `loss` (or the first two, in that order)
+    loss_band: float | None = None          # --loss-band; None: exact, or 0.5 % when the fault-free runs differ
     checkpoint_glob: str | None = None
     max_restarts: int = 1
     timeout_s: float = 300.0
@@ -220,6 +243,10 @@ class JobSpec:
                 raise ConfigError(f"--step-regex {self.step_regex!r} is not a regular expression: {exc}") from None
             if rx.groups < 1:
                 raise ConfigError(f"--step-regex {self.step_regex!r} needs one group that captures the step number")
+        if self.loss_regex is not None:
+            loss_groups(self.loss_regex)
+        if self.loss_band is not None and not 0 <= self.loss_band < 1:
+            raise ConfigError(f"--loss-band is a relative band in [0, 1), got {self.loss_band:g}")
 
     @property
     def torchrun(self) -> bool:
@@ -259,6 +286,10 @@ class JobSpec:
             args += ["--result-file", g]
         if self.step_regex is not None:
             args += ["--step-regex", self.step_regex]
+        if self.loss_regex is not None:
+            args += ["--loss-regex", self.loss_regex]
+        if self.loss_band is not None:
+            args += ["--loss-band", repr(self.loss_band)]
         if self.checkpoint_glob is not None:
             args += ["--checkpoint-glob", self.checkpoint_glob]
         if self.max_restarts != 1:
@@ -281,10 +312,26 @@ class JobSpec:
             args += ["--point", point.id]
         return shlex.join([*args, "--", *self.command])
 
+    @classmethod
+    def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
+        """The spec a results JSON recorded (``to_dict``), for ``chaos replay`` and ``chaos repro``.
+        KeyError / TypeError / ValueError when the record is not one: the caller names its file."""
+        return cls(command=tuple(str(a) for a in spec["command"]),
+                   resume_command=tuple(spec["resume_command"]) if spec.get("resume_command") else None,
+                   ranks=spec.get("ranks"), result_globs=tuple(spec.get("result_files") or ()),
+                   step_regex=spec.get("step_regex"), loss_regex=spec.get("loss_regex"),
+                   loss_band=None if spec.get("loss_band") is None else float(spec["loss_band"]),
+                   checkpoint_glob=spec.get("checkpoint_glob"), max_restarts=int(spec.get("max_restarts", 1)),
+                   timeout_s=float(spec.get("timeout_s", 300.0)), rtol=float(spec.get("rtol", 1e-3)),
+                   modes=tuple(spec.get("modes") or MODES),
+                   faults=tuple(spec["faults"]) if spec.get("faults") is not None else None,
+                   grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)), cwd=spec.get("cwd") or os.getcwd())
+
     def to_dict(self) -> dict[str, Any]:
         return {"command": list(self.command), "resume_command": list(self.resume_command or []) or None,
                 "ranks": self.ranks, "world_size": self.world_size, "torchrun": self.torchrun,
                 "result_files": list(self.result_globs), "step_regex": self.step_regex,
+                "loss_regex": self.loss_regex, "loss_band": self.loss_band,
                 "checkpoint_glob": self.checkpoint_glob, "max_restarts": self.max_restarts,
                 "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes),
                 "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
