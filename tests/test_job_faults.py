@@ -275,8 +275,9 @@ def test_the_careful_job_saves_on_sigterm_and_loses_nothing(tmp_path: Path) -> N
     assert s["outcome"] == "pass"
     term = s["attempts"][0]["term"]
     assert term["exited_within_grace"] == [0] and term["killed_after_grace"] == [] and term["grace_s"] == 5.0
-    assert s["attempts"][0]["returncodes"] == [0] and len(s["attempts"]) == 2  # preempted, then restarted
-    assert s["summary"].startswith("SIGTERM at rank 0's step 4: exited 0 within the 5 s grace; then")
+    assert s["attempts"][0]["returncodes"] == [143] and len(s["attempts"]) == 2  # preempted, then restarted
+    assert s["summary"].startswith("SIGTERM at rank 0's step 4: exited 143 within the 5 s grace; then")
+    assert s["oracles"]["preemption_exit"]["result"] == "pass"
     assert s["oracles"]["durability"]["evidence"]["ranks"]["0"]["resumed_at"] == 4
 
 
@@ -344,6 +345,51 @@ def test_a_job_that_acknowledges_a_save_on_sigterm_it_never_made_is_lost_work(tm
     assert s["summary"] == ("SIGTERM at rank 0's step 5: exited 0 within the 5 s grace; then rank 0 resumed from "
                             "step 3, but its checkpoint of step 5 was complete (chaos.probe.saved): 2 step(s) of "
                             "work lost")
+    assert s["oracles"]["preemption_exit"]["result"] == "fail"  # exiting 0 at step 5 of 9 is a defect too
+
+
+EXITS_ZERO = """
+    import argparse, json, os, signal, sys
+    from chaos import probe
+    ap = argparse.ArgumentParser(); ap.add_argument("--out"); ap.add_argument("--steps", type=int)
+    args = ap.parse_args(); out = args.out
+    ckpt = os.path.join(out, "ckpt.json")
+    state = {"step": 0, "term": False}
+    signal.signal(signal.SIGTERM, lambda *_: state.update(term=True))
+    if os.path.exists(ckpt):
+        state = json.load(open(ckpt))
+        probe.resumed(state["step"])
+    def save():
+        with open(ckpt + ".tmp", "w") as f:
+            json.dump({"step": state["step"]}, f); f.flush(); os.fsync(f.fileno())
+        os.replace(ckpt + ".tmp", ckpt)
+        fd = os.open(out, os.O_RDONLY); os.fsync(fd); os.close(fd)
+        probe.saved(state["step"])
+    while state["step"] < args.steps:
+        state["step"] += 1
+        probe.step(state["step"])
+        save()
+        if state.get("term"):
+            sys.exit(0)  # "preempted, saved, bye": status 0 says the job is done
+    json.dump({"step": state["step"]}, open(os.path.join(out, "final.json"), "w"))
+"""
+
+
+@pytest.mark.parametrize("steps, outcome", [(9, "hard_failure"), (5, "pass")])
+def test_exiting_0_on_sigterm_before_the_end_is_a_hard_failure(tmp_path: Path, steps: int, outcome: str) -> None:
+    job = script(tmp_path, "exits0.py", EXITS_ZERO)
+    proc, doc = run_json(tmp_path, "--result-file", "final.json", "--point", "rank0:step5:term", "--", *job,
+                         "--steps", str(steps))
+    s = only(doc)
+    assert s["outcome"] == outcome, s["summary"]
+    exit_oracle = s["oracles"]["preemption_exit"]
+    assert exit_oracle["evidence"] == {"returncodes": [0], "last_step": 5, "fault_free_last_step": steps}
+    if outcome == "hard_failure":  # everything else held: the resume was exact and lost nothing
+        assert proc.returncode == 1
+        assert "exited with status 0 at step 5 of 9" in s["summary"] and "never resumes it" in s["summary"]
+        assert s["oracles"]["durability"]["result"] == "pass" and s["oracles"]["result_files"]["result"] == "pass"
+    else:  # SIGTERM at the last step: exiting 0 is right, the job was done
+        assert proc.returncode == 0 and exit_oracle["result"] == "pass"
 
 
 # ---------------------------------------------------------------------- a real full disk

@@ -15,8 +15,9 @@ power loss, bad disks and preemption does:
   checkpoint costs the steps since the one before it, never a wrong resume;
 - an I/O error (ENOSPC, EIO, a failed fsync) is never swallowed: the job stops, and
   the restart resumes from what really is on disk;
-- on SIGTERM (a preemption) it finishes the step it is in, saves it and exits 0, so
-  the restart loses no work.
+- on SIGTERM (a preemption) it finishes the step it is in, saves it and exits 143
+  (128 + SIGTERM, as if the signal had ended it): a supervisor restarts a job that
+  failed, never one that exited 0, and the restart loses no work.
 
 ``final.json`` is written the same way (temp file, fsync, rename, directory fsync).
 Under ``--ranks N`` each copy keeps its own files (``ckpt-rank<R>-<step>.json``).
@@ -135,7 +136,7 @@ def main() -> None:
             if not saved:
                 save(args.out, prefix, {"step": step, "weights": weights}, args.keep)
             print(f"SIGTERM: saved step {step}, exiting", flush=True)
-            sys.exit(0)
+            sys.exit(128 + signal.SIGTERM)
     atomic_write_json(os.path.join(args.out, f"final{suffix}.json"), {"step": step, "weights": weights})
 
 

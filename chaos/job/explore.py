@@ -39,7 +39,7 @@ from typing import Any
 from chaos.errors import ChaosError
 from chaos.job import atrest, diskfull, launch, losscurve, pointset
 from chaos.job.compare import first_difference
-from chaos.job.judge import Golden, PointRecord, PointVerdict, judge
+from chaos.job.judge import Golden, PointRecord, PointVerdict, judge, last_steps
 from chaos.job.pointset import Facts, sample
 from chaos.job.spec import HALT_MODES, JobSpec, Point
 from faults import FaultError, disk
@@ -279,7 +279,8 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0) -> tuple[Refere
         notes.append(f"--loss-regex {job.loss_regex!r} matched no line of the fault-free run's output: "
                      "loss continuity is not judged")
     golden = Golden(out=runs[0].out, results=results, tolerance=tolerance,
-                    checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses)
+                    checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses,
+                    last_steps=last_steps(traces))
     kinds, left_out = pointset.kinds_to_explore(job)
     facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
     points = pointset.enumerate_points(job, traces, facts, kinds)

@@ -2,7 +2,7 @@
 
 Called by ``explore.py`` after a point's last attempt with the ``PointRecord`` (what
 each attempt did, each rank's trace) and the ``Golden`` facts of the fault-free runs.
-Four oracles, each with its evidence, named as the built-in workload's are:
+Five oracles, each with its evidence, named as the built-in workload's are:
 
 - ``liveness``: the job finished (every copy of the last attempt exited 0) within its
   restarts. Otherwise *hard_failure*: the resume raised or never finished; the
@@ -21,6 +21,9 @@ Four oracles, each with its evidence, named as the built-in workload's are:
   agreed, else within ``--loss-band`` — and does not spike after a resume
   (``losscurve``, judged by the built-in oracle). Otherwise *silent_divergence*: the
   job finished, but it trained on something other than what it saved.
+- ``preemption_exit`` (term points): the SIGTERMed attempt exits non-zero unless it had
+  finished; a job that exits 0 mid-run is never restarted by a supervisor that restarts
+  failed jobs. Otherwise *hard_failure*: the job is down until someone notices.
   Each is judged only with what it needs; without it the summary says what is missing.
 
 What the harness did besides the kill is evidence too, and bounds what the job could
@@ -79,6 +82,7 @@ class Golden:
     checkpoints: dict[str, dict[str, int]]  # --checkpoint-glob match -> {file: size} at the end
     acks: bool                              # the fault-free run called chaos.probe.saved
     losses: dict[int, dict[int, float]] = field(default_factory=dict)  # rank -> step -> loss, fault-free run
+    last_steps: dict[int, int] = field(default_factory=dict)  # rank -> the last step it announced, fault-free
 
 
 @dataclass
@@ -279,6 +283,45 @@ def _loss(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
     return Oracle("loss_continuity", "pass" if got.passed else "fail", summary, got.evidence)
 
 
+def last_steps(traces: dict[tuple[int, int], list[dict[str, Any]]], attempt: int = 0) -> dict[int, int]:
+    """Rank -> the last step it announced in ``attempt`` (probe.step, a --step-regex or --loss-regex line)."""
+    out: dict[int, int] = {}
+    for (rank, a), recs in traces.items():
+        steps = [int(r["info"]["n"]) for r in recs if a == attempt and r.get("event") == "phase"
+                 and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS]
+        if steps:
+            out[rank] = max(steps)
+    return out
+
+
+def _preemption_exit(golden: Golden, rec: PointRecord) -> Oracle | None:
+    """A term point: the SIGTERMed attempt must not exit 0 unless it had finished.
+
+    A supervisor restarts what failed: torchelastic, a Kubernetes Job's ``OnFailure``, a
+    Slurm requeue on failure all take status 0 for "done". A preempted job that saved and
+    exits 0 mid-run is never restarted there; the harness restarts it regardless (to judge
+    the resume), so this oracle is what notices. None: not a term point, or no SIGTERM sent.
+    """
+    first = rec.attempts[0] if rec.attempts else None
+    if rec.point.mode != "term" or first is None or first.term is None:
+        return None
+    codes = first.returncodes
+    end = golden.last_steps.get(rec.point.rank)
+    reached = last_steps(rec.traces).get(rec.point.rank)
+    evidence = {"returncodes": codes, "last_step": reached, "fault_free_last_step": end}
+    if not codes or any(rc != 0 for rc in codes):
+        return Oracle("preemption_exit", "pass", f"{first.describe}: a supervisor sees a stopped job and "
+                      "restarts it", evidence)
+    if end is None or reached is None or reached >= end:
+        return Oracle("preemption_exit", "pass", "the SIGTERMed attempt exited 0 having reached the fault-free "
+                      f"run's last step ({end})" if end is not None else "exited 0; the last step is unknown "
+                      "(nothing announced steps)", evidence)
+    return Oracle("preemption_exit", "fail", f"the SIGTERMed job exited with status 0 at step {reached} of {end}: "
+                  "a supervisor that restarts failed jobs (torchelastic, a Kubernetes Job with restartPolicy "
+                  "OnFailure, Slurm requeue) takes the preempted run for a finished one and never resumes it",
+                  evidence)
+
+
 @dataclass
 class PointVerdict:
     verdict: str   # pass | fail | skipped | error (the results schema's)
@@ -358,10 +401,15 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
     oracles["result_files"] = _results(job, golden, rec)
     oracles["loss_continuity"] = _loss(job, golden, rec)
     oracles["durability"] = _durability(job, golden, rec)
+    preempted = _preemption_exit(golden, rec)
+    if preempted is not None:
+        oracles["preemption_exit"] = preempted
     if oracles["result_files"].failed:
         return verdict("fail", "silent_divergence", oracles["result_files"].summary)
     if oracles["loss_continuity"].failed:
         return verdict("fail", "silent_divergence", oracles["loss_continuity"].summary)
     if oracles["durability"].failed:
         return verdict("fail", "lost_work", oracles["durability"].summary)
+    if preempted is not None and preempted.failed:
+        return verdict("fail", "hard_failure", preempted.summary)
     return verdict("pass", "pass", "; ".join(o.summary for o in oracles.values() if o.result == "pass"))
