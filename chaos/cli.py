@@ -20,22 +20,12 @@ from typing import Any
 
 from chaos.campaign import DEFAULT_BUDGET_S
 from chaos.errors import ChaosError, ConfigError
-from chaos.scenario import Scenario, _parse_value, parse_fault
+from chaos.scenario import Scenario, key_values, parse_fault
 from chaos.workload.config import WorkloadConfig
 
 # Modules under chaos.commands that add a subcommand; missing ones are skipped.
 EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report", "crashbench", "selfcheck", "engine", "certify",
                   "jobbench")
-
-
-def _key_values(items: list[str], what: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, eq, raw = item.partition("=")
-        if not eq or not key:
-            raise ConfigError(f"malformed {what} {item!r}: expected key=value")
-        out[key] = _parse_value(raw)
-    return out
 
 
 def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:
@@ -76,7 +66,7 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     ``--budget`` (generated schedules) needs hypothesis: checked here, so a missing
     development dependency is one error line before anything runs.
     """
-    overrides = _key_values(args.workload, "--workload")
+    overrides = key_values(args.workload, "--workload")
     known = {f.name for f in dataclasses.fields(WorkloadConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
@@ -89,7 +79,7 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
 
         require_hypothesis()  # before the family scenarios, not a minute later
     plans = [args.fault] if args.fault else default_campaign(cfg, args.world_size)
-    options = _key_values(args.ckpt_opt, "--ckpt-opt")
+    options = key_values(args.ckpt_opt, "--ckpt-opt")
     scenarios = []
     for specs in plans:
         faults = [parse_fault(f) for f in specs]

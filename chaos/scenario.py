@@ -91,6 +91,18 @@ def _parse_value(text: str) -> Any:
     return text
 
 
+def key_values(items: list[str], what: str) -> dict[str, Any]:
+    """``KEY=VALUE`` options (``--workload``, ``--ckpt-opt``) as a dict, values read by
+    ``_parse_value``; called by ``chaos.cli`` and the commands that take such options."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"malformed {what} {item!r}: expected key=value")
+        out[key] = _parse_value(raw)
+    return out
+
+
 def format_value(value: Any) -> str:
     """A value as ``_parse_value`` reads it back (``repr`` of a float round-trips exactly)."""
     if isinstance(value, bool):
