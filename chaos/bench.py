@@ -12,6 +12,10 @@ time (for async checkpointers, the time before training could continue).
 Targets from the design: reference sync save >= 80% of raw bandwidth and faster than
 DCP; reference async stall <= 0.5x DCP async's; verified load <= 1.2x DCP's load.
 Missing checkpointers are skipped with a note; every load is checked bit-exact.
+
+``--workload parallel=fsdp`` benchmarks a sharded FSDP2 state instead (``chaos.bench_sharded``:
+reference against DCP per repeat pair, and a resharded load at half the world size); it
+launches its ranks through :func:`launch`, as this module does.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class BenchConfig:
     repeats: int = 3
     root: str | None = None
     timeout_s: float = 600.0
+    parallel: str = "ddp"  # "fsdp": the sharded FSDP2 benchmark (chaos.bench_sharded)
+    workload: dict[str, Any] = field(default_factory=dict)  # --workload overrides (fsdp only)
 
 
 @dataclass
@@ -184,24 +190,31 @@ def _one(name: str, rank: int, world: int, base: str, state: dict, payload: int,
                          save_mb_s=payload / save_s / 1e6, correct=ok, extra={"save_all_s": saves, "stall_all_s": stalls, "load_all_s": loads}))
 
 
-def _rank(rank: int, world: int, port: int, cfg: BenchConfig, base: str, out: Any) -> None:
+def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, Any]:
+    """One rank of the replicated (DDP-shaped) benchmark: every checkpointer in turn."""
+    import torch
+
+    state = make_state(rank, int(cfg.size_mb * 1e6))
+    payload = _payload_bytes(state, world)
+    buf = torch.randint(0, 255, (payload // world + 1,), dtype=torch.uint8)
+    raws: list[float] = []
+    results = [_one(name, rank, world, base, state, payload, cfg.repeats, buf, raws) for name in cfg.checkpointers]
+    return {"payload_bytes": payload, "raw_s": statistics.median(raws), "raw_all_s": raws, "results": results}
+
+
+def _entry(target: Any, rank: int, world: int, port: int, timeout_s: float, args: tuple, out: Any) -> None:
+    """A rank process: join the gloo group, run ``target(rank, world, *args)``, send rank 0's value."""
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
     try:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
-        state = make_state(rank, int(cfg.size_mb * 1e6))
-        payload = _payload_bytes(state, world)
-        buf = torch.randint(0, 255, (payload // world + 1,), dtype=torch.uint8)
-        raws = []
-        results = []
-        for name in cfg.checkpointers:
-            results.append(_one(name, rank, world, base, state, payload, cfg.repeats, buf, raws))
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        value = target(rank, world, *args)
         dist.destroy_process_group()
         if rank == 0:
-            out.put(("ok", {"payload_bytes": payload, "raw_s": statistics.median(raws), "raw_all_s": raws, "results": results}))
+            out.put(("ok", value))
     except BaseException:  # noqa: BLE001 - reported to the parent
         out.put(("error", f"rank {rank}:\n{traceback.format_exc()}"))
 
@@ -212,28 +225,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    """Run the benchmark in ``cfg.world_size`` fresh rank processes; return the report."""
-    ctx = mp.get_context("spawn")
+def launch(target: Any, world_size: int, timeout_s: float, args: tuple, ctx: Any = None) -> Any:
+    """Run ``target(rank, world_size, *args)`` in ``world_size`` fresh gloo rank processes; return rank 0's value.
+
+    ``target`` must be importable (module level). ``ctx`` is a multiprocessing context
+    (default: spawn; ``chaos.bench_sharded`` passes a forkserver that has imported torch
+    and FSDP once, since it launches twice). A rank that raises or dies, or a run past
+    ``timeout_s``, raises RuntimeError; every started process is gone when this returns.
+    """
+    ctx = ctx or mp.get_context("spawn")
     out = ctx.Queue()
-    base = tempfile.mkdtemp(prefix="chaos-bench-", dir=cfg.root)
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, cfg.world_size, port, cfg, base, out), daemon=True) for r in range(cfg.world_size)]
+    procs = [ctx.Process(target=_entry, args=(target, r, world_size, port, timeout_s, args, out), daemon=True)
+             for r in range(world_size)]
     started: list[Any] = []
     try:
         for p in procs:
             p.start()
             started.append(p)
-        deadline = time.monotonic() + cfg.timeout_s
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
-                kind, payload = out.get(timeout=1.0)
+                kind, value = out.get(timeout=1.0)
             except queue.Empty:
                 if time.monotonic() > deadline or all(not p.is_alive() for p in procs):
                     raise RuntimeError("benchmark ranks died or timed out without a result") from None
                 continue
             if kind == "error":
-                raise RuntimeError(f"benchmark rank failed: {payload}")
+                raise RuntimeError(f"benchmark rank failed: {value}")
             break
         for p in procs:
             p.join(timeout=30)
@@ -242,8 +261,26 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             if p.is_alive():
                 p.kill()
             p.join(timeout=5)
+    return value
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the benchmark in ``cfg.world_size`` fresh rank processes; return the report.
+
+    ``cfg.parallel == "fsdp"`` measures the sharded FSDP2 state instead (``chaos.bench_sharded``);
+    a combination that cannot run raises ConfigError before any process starts.
+    """
+    from chaos import bench_sharded
+
+    bench_sharded.validate(cfg)
+    if cfg.parallel == "fsdp":
+        return bench_sharded.run(cfg)
+    base = tempfile.mkdtemp(prefix="chaos-bench-", dir=cfg.root)
+    try:
+        measured = launch(_measure, cfg.world_size, cfg.timeout_s, (cfg, base))
+    finally:
         shutil.rmtree(base, ignore_errors=True)
-    return make_report(cfg, payload)
+    return make_report(cfg, measured)
 
 
 def make_report(cfg: BenchConfig, measured: dict[str, Any]) -> dict[str, Any]:
@@ -268,7 +305,8 @@ def make_report(cfg: BenchConfig, measured: dict[str, Any]) -> dict[str, Any]:
         value = ratios[key]
         verdicts[key] = None if value is None else (value >= bound if op == ">=" else value <= bound)
     return {
-        "config": {"size_mb": cfg.size_mb, "world_size": cfg.world_size, "repeats": cfg.repeats, "checkpointers": list(cfg.checkpointers)},
+        "config": {"size_mb": cfg.size_mb, "world_size": cfg.world_size, "repeats": cfg.repeats,
+                   "checkpointers": list(cfg.checkpointers), "parallel": cfg.parallel},
         "payload_bytes": payload,
         "raw": {"seconds": measured["raw_s"], "mb_s": raw_mb_s, "all_seconds": measured.get("raw_all_s", [])},
         "results": measured["results"],
@@ -299,6 +337,10 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines += ["", "| ratio | value | target | met |", "|---|---:|---|---|"]
     for k, v in report["ratios"].items():
         lines.append(f"| {k} | {_f(v)} | {report['targets'][k]} | {report['meets_target'][k]} |")
+    if "fsdp" in report:
+        from chaos import bench_sharded
+
+        lines += ["", *bench_sharded.markdown(report["fsdp"])]
     return "\n".join(lines) + "\n"
 
 
@@ -322,6 +364,10 @@ def print_report(report: dict[str, Any]) -> None:
     for k, v in report["ratios"].items():
         rt.add_row(k, _f(v), report["targets"][k], str(report["meets_target"][k]))
     console.print(rt)
+    if "fsdp" in report:
+        from chaos import bench_sharded
+
+        bench_sharded.print_section(report["fsdp"], console)
 
 
 def dumps(report: dict[str, Any]) -> str:
