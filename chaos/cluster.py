@@ -199,10 +199,14 @@ class _Attempt:
                 rules += self.env.io_rules(f)
             elif f.family in ("process", "net") and f.rank == rank:
                 triggers.append({"index": i, "step": f.step, "phase": f.param("phase")})
-            elif f.family in ("rest", "disk") and rank == (f.rank or 0):
-                # At rest means no save in flight: an async checkpointer's last save must
-                # have committed first, or which checkpoint is "newest" is a race.
-                triggers.append({"index": i, "step": f.step, "phase": None, "settle": f.family == "rest"})
+            elif f.family == "rest":
+                # At rest means no save in flight: every rank settles first (an async save
+                # acknowledged, every save's return logged, then a barrier), or which
+                # checkpoint is "newest" is a race. Only rank 0 (or rank=) then fires.
+                triggers.append({"index": i, "step": f.step, "phase": None, "settle": True,
+                                 "fire": rank == (f.rank or 0)})
+            elif f.family == "disk" and rank == (f.rank or 0):
+                triggers.append({"index": i, "step": f.step, "phase": None})
             elif f.family == "powerloss":
                 triggers.append({"index": i, "step": f.step, "phase": "save"})
         addr, netns, env = self.env.rank_network(rank, port)

@@ -29,3 +29,13 @@ def test_an_at_rest_fault_waits_for_the_async_save_in_flight(chaos):
     acked = next(i for i, e in enumerate(events) if e["ev"] == "ack" and 8 in e["steps"])
     fault = next(i for i, e in enumerate(events) if e["ev"] == "fault_point" and e.get("step") == 11)
     assert acked < fault, "the corruption landed before the step-8 save was acknowledged"
+    # Every rank settled (its saves returned and logged, then a barrier) before rank 0 fired:
+    # otherwise a rank killed right after its save's commit may not have logged its return,
+    # and the judge would take the save before for the newest (default campaign seed 3).
+    for rank in (0, 1):
+        events = result.record.events[0][rank]
+        settled = [e for e in events if e["ev"] == "settled"]
+        assert [e["step"] for e in settled] == [10], (rank, settled)
+        returned = [e["step"] for e in events if e["ev"] == "save_return"]
+        assert returned == [4, 8] and events.index(settled[0]) > max(
+            i for i, e in enumerate(events) if e["ev"] == "save_return")

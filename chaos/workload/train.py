@@ -184,13 +184,14 @@ class FaultTrigger:
         self.conn.recv()  # the supervisor answers only if the rank is meant to go on
 
     def settles_before(self, step: int) -> bool:
-        """Whether the fault before ``step`` wants saves in flight acknowledged first (at-rest faults)."""
+        """Whether the fault before ``step`` wants every rank settled first (at-rest faults):
+        saves in flight acknowledged, then a barrier. Every rank of the attempt has the trigger."""
         trigger = self.by_step.get(step)
         return bool(trigger and trigger.get("settle") and trigger["index"] not in self.fired)
 
     def at_step(self, step: int) -> None:
         trigger = self.by_step.get(step)
-        if trigger is not None:
+        if trigger is not None and trigger.get("fire", True):
             self._fire(trigger, step=step)
 
     def on_phase(self, name: str, info: dict[str, Any]) -> None:
@@ -306,8 +307,11 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
 
     pending: list[int] = []
     while trainer.step < cfg.steps:
-        if ckpt is not None and pending and trigger.settles_before(trainer.step + 1):
-            pending = _acknowledge(ckpt, log, pending)
+        if trigger.settles_before(trainer.step + 1):
+            if ckpt is not None and pending:
+                pending = _acknowledge(ckpt, log, pending)
+            dist.barrier()  # every rank's saves returned and logged before the corruption lands
+            log.emit("settled", step=trainer.step)
         trigger.at_step(trainer.step + 1)
         loss, lr = trainer.train_step()
         log.emit("step", step=trainer.step, loss=loss, loss_hex=loss.hex(), lr=lr)
