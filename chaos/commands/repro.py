@@ -1,0 +1,93 @@
+"""`chaos repro`: a standalone reproduction script and an upstream issue draft for one failing point.
+
+    chaos repro RESULTS.json [--point ID] [--out DIR]
+
+RESULTS.json is what ``chaos run [options] --json RESULTS.json -- COMMAND...`` wrote for
+a user's own job. The first failing point (or ``--point ID``) becomes, in DIR (default:
+``repro-<ID>`` beside RESULTS.json):
+
+- ``repro.py``: reruns exactly that point through the harness (the recorded options,
+  seed, point, COMMAND and cwd are embedded) and exits 0 when the same outcome comes
+  back, 1 when it does not (``python DIR/repro.py``, from anywhere);
+- ``issue.md``: the draft — what was done, expected, observed, how to reproduce,
+  versions, the trimmed output — with every local path replaced by a placeholder;
+- a copy of the job's script when COMMAND runs a single local ``.py`` file, which
+  ``repro.py`` falls back to (``--here``) where the recorded directory is gone.
+
+The texts are built by ``chaos.job.repro``. Bad input (a missing or unreadable file,
+results that are not a job's, no failing point, an unknown ``--point``) is one line
+and exit status 2. Standard library only: no torch import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from chaos.errors import ConfigError
+
+NAME = "repro"
+HELP = "write a standalone reproduction script and an upstream issue draft for a job's failing point"
+RESERVED = ("repro.py", "issue.md")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", help="results JSON written by `chaos run [options] --json PATH -- COMMAND...`")
+    parser.add_argument("--point", metavar="ID", default=None,
+                        help="the failing point to reproduce (default: the first failing one)")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="where to write repro.py and issue.md (default: repro-<ID> beside RESULTS)")
+
+
+def read_results(path: str) -> Any:
+    """The results document; ConfigError naming ``path`` when it is missing, unreadable or not JSON."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"results file not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read results file {p}: {exc}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{p} is not valid JSON: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from chaos.job import repro
+
+    finding = repro.find(read_results(args.results), args.results, args.point)
+    results = Path(args.results).resolve()
+    out = Path(args.out) if args.out else results.parent / f"repro-{re.sub(r'[^A-Za-z0-9_.-]+', '-', finding.point)}"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create it: {exc}") from None
+    script = repro.job_script(finding.spec)
+    copied = None
+    if script is not None:
+        copied = script.path.name if script.path.name not in RESERVED else f"job_{script.path.name}"
+        if script.path != (out / copied).resolve():
+            shutil.copy2(script.path, out / copied)
+    (out / "repro.py").write_text(repro.repro_script(finding, sys.executable, script, copied))
+    (out / "repro.py").chmod(0o755)
+    scrubber = repro.Scrubber.for_finding(finding, ((str(out.resolve()), "<repro>"), (str(results.parent), "<results>")))
+    found = repro.versions(finding, script)
+    (out / "issue.md").write_text(repro.issue_markdown(finding, found, scrubber, script, copied))
+    print(f"{finding.outcome.upper()} {finding.point}: {finding.summary}")
+    print(f"  reproduction script: {out / 'repro.py'} (python {out / 'repro.py'}: exit 0 when it reproduces)")
+    print(f"  issue draft: {out / 'issue.md'} (local paths replaced by placeholders)")
+    if copied:
+        print(f"  job script copied: {out / copied} (repro.py runs it with --here, or when {finding.spec.cwd} is gone)")
+    else:
+        print(f"  job script not copied (COMMAND runs no single local .py file): repro.py needs the job's files "
+              f"in {finding.spec.cwd}")
+    return 0

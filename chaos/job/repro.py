@@ -1,0 +1,540 @@
+"""``chaos repro``'s two texts for one failing point of a job run: a reproduction script and an issue draft.
+
+Called by ``chaos.commands.repro`` with the results document ``chaos run [options] --
+COMMAND --json`` wrote (``chaos.job.results``: ``job.spec`` and ``scenarios``, one per
+point, as ``explore.PointResult.to_dict`` made them). Pure functions of that document,
+except :func:`versions` (installed package versions) and :func:`job_script` (whether
+the job's script exists), so the tests build both texts from a real run's results.
+
+- :func:`find` picks the point: the first failing one, or the one asked for; anything
+  else is a ``ConfigError`` naming the file and the failing ids.
+- :func:`repro_script`: a standalone Python file that reruns exactly that point through
+  the harness (the recorded spec's options, ``--seed``, ``--point``, COMMAND, in the
+  recorded cwd — or beside the script with the copied job script) and exits 0 when the
+  same outcome comes back, 1 when it does not, 2 when the point could not be run.
+- :func:`issue_markdown`: an upstream issue draft (what was done, expected, observed,
+  how to reproduce, versions, the trimmed output) with every local path replaced by a
+  placeholder (:class:`Scrubber`): ``<out>``, ``<cwd>``, ``<venv>``, ``<home>``, ...
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from chaos.errors import ConfigError
+from chaos.job.spec import JobSpec
+
+# The frameworks of chaos/examples/frameworks/ (distribution names): listed when the job's
+# imports cannot be read (no local script, ``python -m``), where they are installed.
+FRAMEWORKS = ("transformers", "lightning", "pytorch-lightning", "accelerate", "torchdata")
+OUTPUT_LINES = 40      # the trimmed output: the last lines of the failed attempt's output
+EVIDENCE_LINES = 60    # each failed oracle's evidence, as JSON, at most this many lines
+OUTCOME_WORDS = {"hard_failure": "hard failure", "silent_divergence": "silent divergence", "lost_work": "lost work"}
+# What each oracle expects of a correct job, for the draft's "Expected" section.
+EXPECTED = {
+    "liveness": "After the fault the restarted job runs to completion: it resumes from its newest complete "
+                "checkpoint (or starts over when none was complete) instead of failing.",
+    "result_files": "The resumed run's result files equal those of an uninterrupted run.",
+    "loss_continuity": "Every step's loss after the resume equals the uninterrupted run's: the resumed run "
+                       "trains on exactly the state that was saved.",
+    "durability": "The resume starts at or after the newest checkpoint that was complete when the job was "
+                  "stopped: no finished work is lost.",
+    "preemption_exit": "A job stopped by SIGTERM before it finished exits with a non-zero status, so a "
+                       "supervisor (torchelastic, a Kubernetes Job, Slurm) restarts it.",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One failing point of a job results document, with what the texts need of the rest."""
+
+    source: str                  # the results file as given on the command line
+    point: str                   # its id, what ``--point`` takes
+    seed: int                    # the run's ``--seed`` (corruption and power-loss points derive theirs from it)
+    outcome: str                 # hard_failure | silent_divergence | lost_work
+    summary: str
+    spec: JobSpec
+    entry: dict[str, Any]        # the ``scenarios`` entry
+    environment: dict[str, Any]  # the document's ``environment`` (python, torch, chaos, platform)
+
+    def rerun_args(self) -> list[str]:
+        """``chaos run`` options, ``--seed`` and ``--point`` that rerun exactly this point (COMMAND follows ``--``)."""
+        return [*self.spec.replay_args(), "--seed", str(self.seed), "--point", self.point]
+
+    def rerun_command(self) -> str:
+        return shlex.join(["chaos", "run", *self.rerun_args(), "--", *self.spec.command])
+
+
+def failing_ids(doc: dict[str, Any]) -> list[str]:
+    return [str(s.get("id")) for s in doc.get("scenarios", []) if isinstance(s, dict) and s.get("verdict") == "fail"]
+
+
+def find(doc: Any, source: str, point: str | None = None) -> Finding:
+    """The point to reproduce: ``point``, or the first failing one. ConfigError (naming ``source``) when
+    the document is no job results file, has no failing point, or ``point`` is unknown or did not fail."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("scenarios"), list):
+        raise ConfigError(f"{source} is not a chaos results JSON: expected an object with a 'scenarios' list")
+    job = doc.get("job")
+    if not isinstance(job, dict) or not isinstance(job.get("spec"), dict):
+        raise ConfigError(f"{source} is not the results of a job run (chaos run [options] -- COMMAND --json): it "
+                          "has no 'job' entry; chaos repro reproduces a job's failing point")
+    failing = failing_ids(doc)
+    listed = ", ".join(failing) if failing else "none"
+    entries = [s for s in doc["scenarios"] if isinstance(s, dict)]
+    if point is None:
+        if not failing:
+            counts = ", ".join(f"{n} {v}" for v, n in sorted(_count(entries).items())) or "no point"
+            raise ConfigError(f"{source} has no failing point to reproduce ({counts})")
+        point = failing[0]
+    entry = next((s for s in entries if s.get("id") == point), None)
+    if entry is None:
+        raise ConfigError(f"{source} has no point {point}; its failing points: {listed}")
+    if entry.get("verdict") != "fail":
+        raise ConfigError(f"{source}: point {point} did not fail (verdict {entry.get('verdict')}, outcome "
+                          f"{entry.get('outcome')}); its failing points: {listed}")
+    try:
+        spec = JobSpec.from_dict(job["spec"])
+        seed = int(entry.get("seed") or 0)
+    except (KeyError, TypeError, ValueError, ConfigError) as exc:
+        why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        raise ConfigError(f"{source}: the recorded job spec is not one chaos run wrote ({why})") from None
+    env = doc.get("environment") if isinstance(doc.get("environment"), dict) else {}
+    return Finding(source, str(point), seed, str(entry.get("outcome") or "fail"), str(entry.get("summary") or ""),
+                   spec, entry, env)
+
+
+def _count(entries: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in entries:
+        out[str(e.get("verdict"))] = out.get(str(e.get("verdict")), 0) + 1
+    return out
+
+
+@dataclass(frozen=True)
+class JobScript:
+    """The job's one local ``.py`` file: where in COMMAND it is, and where it is on disk."""
+
+    index: int
+    path: Path
+
+
+def job_script(spec: JobSpec) -> JobScript | None:
+    """The single ``.py`` argument of COMMAND that exists (relative to the recorded cwd), else None
+    (no script, several, or gone). ``chaos repro`` copies it beside the repro script."""
+    found = []
+    for i, arg in enumerate(spec.command):
+        if arg.endswith(".py") and "{out}" not in arg:
+            p = Path(spec.cwd, arg)
+            if p.is_file():
+                found.append(JobScript(i, p.resolve()))
+    return found[0] if len(found) == 1 else None
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _where(params: dict[str, Any]) -> str:
+    """``its 4th `open` of `<out>/ckpt.json` (traced file event 10)``."""
+    event, path, nth, op = params.get("event"), params.get("path"), params.get("nth"), params.get("op")
+    what = f"`{event}`" if event else "file event"
+    of = f" of `<out>/{path}`" if path and not str(path).startswith("/") else (f" of `{path}`" if path else "")
+    count = f"{_ordinal(int(nth))} " if isinstance(nth, int) else ""
+    ordinal = f" (traced file event {op})" if op is not None else ""
+    return f"its {count}{what}{of}{ordinal}"
+
+
+def describe_fault(finding: Finding) -> str:
+    """The fault in words: what the harness did to the job at this point, then how it restarted it."""
+    faults = finding.entry.get("faults") or [{}]
+    f = faults[0] if isinstance(faults[0], dict) else {}
+    params = f.get("params") or {}
+    rank, kind, step = f.get("rank"), f.get("kind"), f.get("step")
+    applied = finding.entry.get("fault_applied") or {}
+    what = applied.get("what") if isinstance(applied, dict) else None
+    who = f"rank {rank}" if finding.spec.world_size > 1 else "the job"
+    when = params.get("when")
+    if kind == "crash":
+        how = {"before": "just before", "after": "right after",
+               "torn": "halfway through (a torn write: only the first half of its bytes reached the file)"}
+        done = f"{who} was killed (SIGKILL) {how.get(when, f'at ({when})')} {_where(params)}"
+    elif kind == "kill":
+        done = f"{who} was killed (SIGKILL) at training step {step}"
+    elif kind == "term":
+        grace = params.get("grace_s", finding.spec.grace_s)
+        done = f"{who} got SIGTERM at training step {step} (SIGKILL after a {grace:g} s grace)"
+        done += f": {what}" if what else ""
+    elif kind == "corrupt":
+        done = what or f"the file completed by {_where(params)} was corrupted at rest ({when})"
+        done = f"every process was stopped right after {_where(params)}, then at rest: {done}"
+    elif kind == "powerloss":
+        lost = what.split(": ", 1)[1] if what and what.startswith("power loss") and ": " in what else what
+        done = (f"power was lost right after {_where(params)}: data and directory entries that were not "
+                "fsynced were gone" + (f" ({lost})" if lost else ""))
+    elif kind == "ioerror":
+        done = what or f"{_where(params)} raised {str(when).upper()} instead of being performed"
+    elif kind == "diskfull":
+        size = params.get("size_bytes")
+        done = what or f"the job's output directory was a {size}-byte disk (real ENOSPC when full)"
+    else:
+        done = what or f"fault {f.get('spec') or finding.point}"
+    restarted = ("torchrun's agent restarted the workers" if finding.spec.torchrun else
+                 f"the harness restarted the job (at most {finding.spec.max_restarts} restart(s))")
+    return f"{done}; then {restarted}"
+
+
+def _short_fault(finding: Finding) -> str:
+    faults = finding.entry.get("faults") or [{}]
+    f = faults[0] if isinstance(faults[0], dict) else {}
+    p = f.get("params") or {}
+    kind, when, event, path = f.get("kind"), p.get("when"), p.get("event"), p.get("path")
+    target = f"{event} of {path}" if event and path else (event or path or f"event {p.get('op')}")
+    return {"crash": f"a kill {({'before': 'just before', 'after': 'right after'}).get(when, 'in the middle of')} "
+                     f"{target}",
+            "kill": f"a kill at step {f.get('step')}", "term": f"SIGTERM at step {f.get('step')}",
+            "corrupt": f"{when} of {path} at rest", "powerloss": f"a power loss after {target}",
+            "ioerror": f"{str(when).upper()} on {target}",
+            "diskfull": "a full disk"}.get(kind, finding.point)
+
+
+def job_imports(path: Path) -> list[str]:
+    """Top-level modules a Python file imports (absolute imports only), in order of first appearance."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            mods = [node.module]
+        else:
+            continue
+        for m in mods:
+            top = m.split(".")[0]
+            if top not in names:
+                names.append(top)
+    return names
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions(finding: Finding, script: JobScript | None) -> list[tuple[str, str]]:
+    """(name, version) lines of the draft: python, torch and chaos-ckpt as recorded by the run, the
+    platform, then the third-party packages the job's script imports (installed versions), or, when
+    its imports cannot be read, the frameworks of ``FRAMEWORKS`` that are installed."""
+    env = finding.environment
+    out = [("python", str(env.get("python") or sys.version.split()[0])),
+           ("torch", str(env.get("torch") or _installed("torch") or "not installed"))]
+    extra: list[tuple[str, str]] = []
+    if script is not None:
+        dists = metadata.packages_distributions()
+        stdlib = getattr(sys, "stdlib_module_names", frozenset())
+        for mod in job_imports(script.path):
+            if mod in stdlib or mod in ("torch", "chaos"):
+                continue
+            for dist in dists.get(mod, []):
+                v = _installed(dist)
+                if v and dist not in {n for n, _ in extra}:
+                    extra.append((dist, v))
+    else:
+        extra = [(d, v) for d in FRAMEWORKS if (v := _installed(d))]
+    out += extra
+    out.append(("chaos-ckpt (the harness)", str(env.get("chaos") or _installed("chaos-ckpt") or "unknown")))
+    if env.get("platform"):
+        out.append(("platform", str(env["platform"])))
+    return out
+
+
+_SCRATCH_RUN = re.compile(r"(?:/[^\s'\"`/<>]+)*/chaos-job-\w+/(?:point|golden)-\d+/(out|tmp|trace|logs)\b")
+_SCRATCH = re.compile(r"(?:/[^\s'\"`/<>]+)*/chaos-(?:job|repro)-\w+")
+# A leftover absolute path of two components or more (not part of a URL or of a placeholder).
+_ABSOLUTE = re.compile(r"(?<![\w.~<>/:-])/(?:[^\s/'\"`<>()\[\],;:]+/)+[^\s/'\"`<>()\[\],;:]*")
+SYSTEM_PREFIXES = ("/usr/", "/lib/", "/lib64/", "/bin/", "/sbin/", "/etc/", "/dev/", "/proc/", "/sys/")
+
+
+@dataclass(frozen=True)
+class Scrubber:
+    """Replaces local paths in text by placeholders, so a draft can be posted as it is.
+
+    In this order: a point's scratch folders (``.../chaos-job-*/point-N/out`` -> ``<out>``,
+    ``tmp``, ``trace``, ``logs`` alike), the scratch root (``<scratch>``), then ``roots``
+    longest first (cwd, venv, Python, home, temp dir: each only where it is a whole path
+    prefix), then any absolute path that is still left outside the system directories
+    (``<path>/NAME``: its last component only).
+    """
+
+    roots: tuple[tuple[str, str], ...]  # (absolute path, placeholder)
+
+    @classmethod
+    def for_finding(cls, finding: Finding, extra: tuple[tuple[str, str], ...] = ()) -> Scrubber:
+        """The local roots of this run and this machine: the recorded cwd, the job's interpreter's venv,
+        this Python's venv and installation, the chaos checkout, the home and temp directories."""
+        pairs: list[tuple[str, str]] = [(finding.spec.cwd, "<cwd>"), *extra]
+        exe = finding.spec.command[0] if finding.spec.command else ""
+        if os.path.isabs(exe) and os.path.basename(os.path.dirname(exe)) in ("bin", "Scripts"):
+            pairs.append((os.path.dirname(os.path.dirname(exe)), "<venv>"))
+        if sys.prefix != sys.base_prefix:
+            pairs.append((sys.prefix, "<venv>"))
+        pairs += [(sys.base_prefix, "<python>"), (sys.base_exec_prefix, "<python>"),
+                  (str(Path(__file__).resolve().parents[2]), "<chaos>"), (str(Path.home()), "<home>"),
+                  (os.environ.get("HOME", ""), "<home>"), (tempfile.gettempdir(), "<tmp>")]
+        roots: dict[str, str] = {}
+        for path, name in pairs:
+            for p in (path, os.path.realpath(path) if path else ""):
+                p = p.rstrip("/")
+                if p and p != "/" and p not in roots:
+                    roots[p] = name
+        return cls(tuple(sorted(roots.items(), key=lambda kv: -len(kv[0]))))
+
+    def scrub(self, text: str) -> str:
+        text = _SCRATCH_RUN.sub(lambda m: f"<{m.group(1)}>", text)
+        text = _SCRATCH.sub("<scratch>", text)
+        for path, name in self.roots:
+            text = re.sub(re.escape(path) + r"(?=$|[/\s'\"`:,;)\]}])", name, text)
+        return _ABSOLUTE.sub(self._leftover, text)
+
+    @staticmethod
+    def _leftover(m: re.Match[str]) -> str:
+        path = m.group(0)
+        if path.startswith(SYSTEM_PREFIXES):
+            return path
+        return f"<path>/{os.path.basename(path.rstrip('/')) or '...'}"
+
+
+def _tail(text: str, lines: int) -> str:
+    got = text.rstrip("\n").splitlines()
+    return "\n".join(got[-lines:])
+
+
+def _fence(text: str, lang: str = "") -> str:
+    ticks = "```"
+    while ticks in text:
+        ticks += "`"
+    return f"{ticks}{lang}\n{text}\n{ticks}"
+
+
+def job_name(finding: Finding, script: JobScript | None) -> str:
+    if script is not None:
+        return script.path.name
+    cmd = finding.spec.command
+    if len(cmd) > 2 and cmd[1] == "-m":
+        return f"python -m {cmd[2]}"
+    return os.path.basename(cmd[0])
+
+
+def title(finding: Finding, script: JobScript | None, found: list[tuple[str, str]]) -> str:
+    frameworks = [f"{n} {v}" for n, v in found if n in FRAMEWORKS]
+    subject = frameworks[0] if frameworks else job_name(finding, script)
+    if frameworks and script is not None:
+        subject += f" ({script.path.name})"
+    words = {"hard_failure": "resume fails", "silent_divergence": "resumed run silently diverges",
+             "lost_work": "resume loses finished work"}.get(finding.outcome, finding.outcome)
+    return f"{subject}: {words} after {_short_fault(finding)}"
+
+
+def issue_markdown(finding: Finding, found: list[tuple[str, str]], scrubber: Scrubber,
+                   script: JobScript | None = None, copied: str | None = None) -> str:
+    """The upstream issue draft in Markdown, every local path scrubbed (``scrubber``)."""
+    e, spec = finding.entry, finding.spec
+    oracles = {n: o for n, o in (e.get("oracles") or {}).items() if isinstance(o, dict)}
+    failed = [n for n, o in oracles.items() if o.get("result") == "fail"]
+    launch = (f"{spec.world_size} rank(s) under torchrun" if spec.torchrun else
+              f"{spec.ranks} rank(s) with torchrun's environment" if spec.ranks else "one process")
+    cmd = shlex.join(spec.command).replace("'{out}'", "<out>").replace("{out}", "<out>")
+    lines = [f"# {title(finding, script, found)}", "",
+             "## What was done", "",
+             f"The training job `{job_name(finding, script)}` ({launch}, command `{cmd}`, where `<out>` is its "
+             "output directory) was run twice without faults as the reference, then once more with one fault:",
+             "", f"- {describe_fault(finding)}.", "",
+             f"The fault is point `{finding.point}` of the chaos harness (seed {finding.seed}); the verdict is "
+             f"**{OUTCOME_WORDS.get(finding.outcome, finding.outcome)}**.", "",
+             "## Expected", ""]
+    lines += [f"- {EXPECTED.get(n, f'The {n} check passes.')}" for n in failed or ["liveness"]]
+    applied = e.get("fault_applied") if isinstance(e.get("fault_applied"), dict) else {}
+    observed = finding.summary
+    what = str(applied.get("what") or "")
+    if what and observed.startswith(what + "; then "):  # "What was done" already says it
+        observed = observed[len(what) + len("; then "):]
+    observed = observed[:1].upper() + observed[1:]
+    lines += ["", "## Observed", "", f"{observed}."]
+    also = [n for n in failed if str(oracles[n].get("summary", "")) not in finding.summary]
+    lines += ([""] if also else []) + [f"- `{n}`: {oracles[n].get('summary', '')}" for n in also]
+    attempts = e.get("attempts") or []
+    if attempts:
+        lines += ["", "Attempts: " + "; ".join(f"{a.get('attempt')}: {a.get('outcome')}" for a in attempts
+                                                if isinstance(a, dict)) + "."]
+    lines += ["", "## How to reproduce", ""]
+    if copied:
+        lines += [f"The job script `{copied}` and `repro.py` are attached. `python repro.py` reruns exactly this "
+                  "point through the harness and exits 0 when the same outcome comes back:", ""]
+    else:
+        lines += ["`python repro.py` (attached) reruns exactly this point through the harness and exits 0 when "
+                  "the same outcome comes back. The harness command it runs, in the job's directory:", ""]
+    lines += [_fence(f"# with the chaos harness (chaos-ckpt) installed\ncd <cwd>\n{finding.rerun_command()}", "sh"), "",
+              "## Versions", ""]
+    lines += [f"- {n}: {v}" for n, v in found]
+    tail = (oracles.get("liveness", {}).get("evidence") or {}).get("output_tail")
+    lines += ["", "## Output (trimmed)", ""]
+    if isinstance(tail, str) and tail.strip():
+        lines += [f"The last lines of the failed attempt's output (at most {OUTPUT_LINES}):", "",
+                  _fence(_tail(tail, OUTPUT_LINES))]
+    else:
+        lines += ["The job exited 0 after the restart: there is no failing output. The evidence of the failed "
+                  "check(s):"]
+        for n in failed:
+            evidence = oracles[n].get("evidence") or {}
+            lines += ["", f"`{n}`:", "", _fence(_tail(json.dumps(evidence, indent=1, default=str),
+                                                      EVIDENCE_LINES), "json")]
+    lines += ["", "---", "Found with the chaos harness for training checkpoints (`chaos run -- COMMAND`, job mode)."]
+    return scrubber.scrub("\n".join(lines).rstrip() + "\n")
+
+
+REPRO_TEMPLATE = '''#!/usr/bin/env python3
+"""Reproduce one chaos finding: point {point} of {name}, recorded outcome {outcome}.
+
+Written by `chaos repro` from {source}. It reruns exactly that point through the chaos
+harness (`chaos run OPTIONS --seed SEED --point POINT -- COMMAND`, in the directory the
+job ran in) and compares the outcome with the recorded one.
+
+    python repro.py [--here] [--scratch DIR] [--keep] [--json PATH]
+
+--here runs the copy of the job script beside this file instead, in this folder (it is
+used anyway when the recorded directory or script is gone). The harness (chaos-ckpt)
+must be importable by this Python, or by the one that wrote this file.
+
+Exit status: 0 the defect reproduced (the same outcome again), 1 it did not, 2 the
+point could not be run.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+POINT = {point!r}
+SEED = {seed!r}
+EXPECTED = {outcome!r}
+RECORDED_SUMMARY = {summary!r}
+OPTIONS = {options!r}
+COMMAND = {command!r}
+CWD = {cwd!r}
+JOB_SCRIPT = {script!r}  # (index in COMMAND, name of the copy beside this file), or None
+HARNESS_PYTHON = {harness!r}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def harness_python():
+    """This Python if it can import the harness, else the one that wrote this file, else None."""
+    try:
+        if importlib.util.find_spec("chaos.job.cli_job") is not None:
+            return sys.executable
+    except (ImportError, ValueError):
+        pass
+    return HARNESS_PYTHON if HARNESS_PYTHON and os.path.exists(HARNESS_PYTHON) else None
+
+
+def job_command(here):
+    """(cwd, COMMAND): as recorded, or with the copied script beside this file."""
+    command = list(COMMAND)
+    recorded = os.path.isdir(CWD) and (
+        JOB_SCRIPT is None or os.path.isfile(os.path.join(CWD, COMMAND[JOB_SCRIPT[0]])))
+    cwd = CWD
+    if here or not recorded:
+        copy = os.path.join(HERE, JOB_SCRIPT[1]) if JOB_SCRIPT else None
+        if copy is None or not os.path.isfile(copy):
+            sys.exit("repro: the job ran in %s, which (or whose script) is gone, and no copy of the job "
+                     "script is beside this file" % CWD)
+        if not here:
+            print("repro: %s or its job script is gone: running the copy beside this file" % CWD)
+        command[JOB_SCRIPT[0]] = copy
+        cwd = HERE
+    exe = command[0]
+    if os.path.isabs(exe) and not os.path.exists(exe) and os.path.basename(exe).startswith("python"):
+        print("repro: the recorded interpreter %s is not here: using %s" % (exe, sys.executable))
+        command[0] = sys.executable
+    return cwd, command
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Rerun chaos point " + POINT + " and check it fails again.")
+    ap.add_argument("--here", action="store_true", help="run the copied job script, in this folder")
+    ap.add_argument("--scratch", metavar="DIR", help="parent of the harness's scratch root (default: temp)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch root for inspection")
+    ap.add_argument("--json", metavar="PATH", help="keep the rerun's results JSON here")
+    args = ap.parse_args(argv)
+    python = harness_python()
+    if python is None:
+        print("repro: the chaos harness (chaos-ckpt) is not importable here; install it "
+              "(pip install chaos-ckpt) or run this file with its Python", file=sys.stderr)
+        return 2
+    cwd, command = job_command(args.here)
+    scratch = os.path.abspath(args.scratch) if args.scratch else None
+    work = tempfile.mkdtemp(prefix="chaos-repro-", dir=scratch)
+    try:
+        results = os.path.abspath(args.json) if args.json else os.path.join(work, "results.json")
+        run = [python, "-m", "chaos.cli", "run", *OPTIONS, "--seed", str(SEED), "--point", POINT,
+               "--json", results, "--scratch", work, *(["--keep"] if args.keep else []), "--", *command]
+        print("repro: in %s: chaos %s" % (cwd, shlex.join(run[3:])), flush=True)
+        code = subprocess.run(run, cwd=cwd).returncode
+        try:
+            with open(results) as f:
+                entry = next(s for s in json.load(f)["scenarios"] if s.get("id") == POINT)
+        except (OSError, ValueError, KeyError, TypeError, StopIteration):
+            print("repro: COULD NOT RUN %s: the harness exited %d without a verdict for it" % (POINT, code))
+            return 2
+    finally:
+        if args.keep:
+            print("repro: scratch kept in %s" % work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    outcome, summary = entry.get("outcome"), entry.get("summary", "")
+    if outcome == EXPECTED:
+        print("repro: REPRODUCED %s: %s again: %s" % (POINT, outcome, summary))
+        return 0
+    print("repro: NOT REPRODUCED %s: expected %s, got %s (%s): %s"
+          % (POINT, EXPECTED, outcome, entry.get("verdict"), summary))
+    print("repro: recorded: " + RECORDED_SUMMARY)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def _docstring_safe(text: str) -> str:
+    return text.replace("\\", "/").replace('"', "'")
+
+
+def repro_script(finding: Finding, harness_python: str, script: JobScript | None = None,
+                 copied: str | None = None) -> str:
+    """The standalone reproduction script (its recorded command and cwd embedded; see REPRO_TEMPLATE)."""
+    name = script.path.name if script is not None else job_name(finding, script)
+    return REPRO_TEMPLATE.format(point=finding.point, name=_docstring_safe(name), outcome=finding.outcome,
+                                 source=_docstring_safe(Path(finding.source).name), seed=finding.seed,
+                                 summary=finding.summary, options=[*finding.spec.replay_args()],
+                                 command=list(finding.spec.command), cwd=finding.spec.cwd,
+                                 script=(script.index, copied) if script is not None and copied else None,
+                                 harness=harness_python)

@@ -1,0 +1,224 @@
+"""``chaos repro RESULTS.json``: from a real job run's failing point, a reproduction script that
+reproduces it when run on its own, and an issue draft with no local path in it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from chaos.errors import ConfigError
+from chaos.job import repro
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "chaos" / "examples" / "careless_job.py"
+
+
+def _chaos(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def job_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A real ``chaos run -- python careless_job.py --out {out}`` (kills only, 4 sampled points),
+    in a directory of its own: the careless job's in-place save fails at one of them."""
+    root = tmp_path_factory.mktemp("repro")
+    work = root / "work"
+    work.mkdir()
+    shutil.copy(EXAMPLE, work / "careless_job.py")
+    results = root / "R.json"
+    proc = _chaos("run", "--faults", "kill", "--max-points", "4", "--seed", "0", "--scratch", str(root),
+                  "--json", str(results), "--", sys.executable, "careless_job.py", "--out", "{out}", cwd=work)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    doc = json.loads(results.read_text())
+    verdicts = {s["verdict"] for s in doc["scenarios"]}
+    assert verdicts == {"pass", "fail"}, verdicts  # both kinds, for --point of a passing one
+    return {"root": root, "work": work, "results": results, "doc": doc}
+
+
+def _failing(doc: dict) -> list[dict]:
+    return [s for s in doc["scenarios"] if s["verdict"] == "fail"]
+
+
+def test_find_picks_the_first_failing_point_with_its_recorded_spec(job_run):
+    doc = job_run["doc"]
+    found = repro.find(doc, "R.json")
+    first = _failing(doc)[0]
+    assert (found.point, found.outcome, found.summary) == (first["id"], "hard_failure", first["summary"])
+    assert found.spec.cwd == str(job_run["work"]) and found.spec.command[1:] == ("careless_job.py", "--out", "{out}")
+    assert found.rerun_args()[-4:] == ["--seed", "0", "--point", first["id"]]
+    assert repro.find(doc, "R.json", first["id"]).point == first["id"]
+
+
+def test_find_refuses_what_it_cannot_reproduce_naming_the_file(job_run):
+    doc = job_run["doc"]
+    failing = ", ".join(s["id"] for s in _failing(doc))
+    passing = next(s["id"] for s in doc["scenarios"] if s["verdict"] == "pass")
+    with pytest.raises(ConfigError, match=re.escape(f"R.json has no point rank9:op1:before; its failing points: "
+                                                    f"{failing}")):
+        repro.find(doc, "R.json", "rank9:op1:before")
+    with pytest.raises(ConfigError, match=re.escape(f"R.json: point {passing} did not fail (verdict pass, outcome "
+                                                    f"pass); its failing points: {failing}")):
+        repro.find(doc, "R.json", passing)
+    held = {**doc, "scenarios": [{**s, "verdict": "pass"} for s in doc["scenarios"]]}
+    with pytest.raises(ConfigError, match=r"R.json has no failing point to reproduce \(4 pass\)"):
+        repro.find(held, "R.json")
+    builtin = {"schema_version": 1, "scenarios": [{"id": "kill-1", "verdict": "fail"}]}
+    with pytest.raises(ConfigError, match="R.json is not the results of a job run"):
+        repro.find(builtin, "R.json")
+    with pytest.raises(ConfigError, match="R.json is not a chaos results JSON"):
+        repro.find([1, 2], "R.json")
+    broken = {**doc, "job": {"spec": {"command": ["python", "x.py"]}}}  # no {out}: not a spec chaos run wrote
+    with pytest.raises(ConfigError, match="R.json: the recorded job spec is not one chaos run wrote"):
+        repro.find(broken, "R.json")
+
+
+def _local_roots(job_run) -> list[str]:
+    return [str(job_run["root"]), str(job_run["work"]), str(Path.home()), sys.prefix, sys.base_prefix,
+            tempfile.gettempdir(), str(REPO)]
+
+
+def test_the_issue_draft_says_what_was_done_expected_observed_versions_and_output(job_run):
+    found = repro.find(job_run["doc"], str(job_run["results"]))
+    script = repro.job_script(found.spec)
+    assert script is not None and script.path == job_run["work"] / "careless_job.py"
+    text = repro.issue_markdown(found, repro.versions(found, script), repro.Scrubber.for_finding(found), script,
+                                "careless_job.py")
+    fault = found.entry["faults"][0]["params"]
+    assert text.startswith(f"# careless_job.py: resume fails after a kill {'right after' if fault['when'] == 'after' else ''}")
+    for heading in ("## What was done", "## Expected", "## Observed", "## How to reproduce", "## Versions",
+                    "## Output (trimmed)"):
+        assert f"\n{heading}\n" in text
+    assert f"of `<out>/{fault['path']}` (traced file event {fault['op']})" in text
+    assert f"point `{found.point}`" in text and "**hard failure**" in text
+    assert f"--seed 0 --point {found.point} -- <venv>/bin/python careless_job.py --out '{{out}}'" in text
+    assert f"- python: {found.environment['python']}\n- torch: {metadata.version('torch')}\n" in text
+    assert f"- chaos-ckpt (the harness): {metadata.version('chaos-ckpt')}" in text
+    assert 'File "<cwd>/careless_job.py"' in text and "json.decoder.JSONDecodeError: Expecting value" in text
+    output = text.split("## Output (trimmed)")[1]
+    assert len(output.splitlines()) <= repro.OUTPUT_LINES + 10
+    for root in _local_roots(job_run):
+        assert root not in text, root
+
+
+def test_the_scrubber_replaces_every_local_path_and_keeps_urls_and_system_paths(tmp_path):
+    found = repro.Finding("R.json", "rank0:op1:after", 0, "hard_failure", "", repro.JobSpec(
+        command=(f"{tmp_path}/venv/bin/python", "train.py", "{out}"), cwd=str(tmp_path / "work")), {}, {})
+    scrub = repro.Scrubber.for_finding(found)
+    text = (f"{tmp_path}/chaos-job-ab_12/point-00003/out/ckpt.json and {tmp_path}/chaos-job-ab_12/golden-0/tmp/x "
+            f"in {tmp_path}/chaos-job-ab_12; cwd {tmp_path}/work/train.py; venv {tmp_path}/venv/lib/site.py; "
+            f"home {Path.home()}/.cache/x; python {sys.base_prefix}/lib/json.py; other /srv/data/run7/file.bin; "
+            "system /usr/lib/libc.so; see https://github.com/huggingface/transformers/issues/35525 step 1/49")
+    got = scrub.scrub(text)
+    assert got == ("<out>/ckpt.json and <tmp>/x in <scratch>; cwd <cwd>/train.py; venv <venv>/lib/site.py; "
+                   "home <home>/.cache/x; python <python>/lib/json.py; other <path>/file.bin; "
+                   "system /usr/lib/libc.so; see https://github.com/huggingface/transformers/issues/35525 step 1/49")
+
+
+def test_versions_are_the_packages_the_job_imports(tmp_path):
+    job = tmp_path / "train.py"
+    job.write_text("import json, os\nimport torch.nn as nn\nfrom rich.console import Console\nfrom . import sib\n"
+                   "from chaos import probe\n")
+    assert repro.job_imports(job) == ["json", "os", "torch", "rich", "chaos"]
+    found = repro.Finding("R.json", "p", 0, "hard_failure", "", repro.JobSpec(command=("python", "train.py", "{out}"),
+                          cwd=str(tmp_path)), {}, {"python": "3.11.7", "torch": "2.13.0+cpu", "chaos": "0.1.0",
+                                                   "platform": "Linux-x"})
+    got = repro.versions(found, repro.job_script(found.spec))
+    assert got == [("python", "3.11.7"), ("torch", "2.13.0+cpu"), ("rich", metadata.version("rich")),
+                   ("chaos-ckpt (the harness)", "0.1.0"), ("platform", "Linux-x")]
+    installed = []
+    for dist in repro.FRAMEWORKS:
+        try:
+            installed.append((dist, metadata.version(dist)))
+        except metadata.PackageNotFoundError:
+            pass
+    assert repro.versions(found, None)[2:-2] == installed  # no readable script: the frameworks installed
+
+
+def test_the_repro_script_is_python_with_the_point_command_and_cwd_embedded(job_run):
+    found = repro.find(job_run["doc"], "R.json")
+    text = repro.repro_script(found, sys.executable, repro.job_script(found.spec), "careless_job.py")
+    compile(text, "repro.py", "exec")
+    assert f"POINT = {found.point!r}" in text and f"CWD = {str(job_run['work'])!r}" in text
+    assert f"COMMAND = {list(found.spec.command)!r}" in text and "JOB_SCRIPT = (1, 'careless_job.py')" in text
+    assert "EXPECTED = 'hard_failure'" in text and "OPTIONS = ['--faults', 'kill']" in text
+
+
+def _run_repro(directory: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(directory / "repro.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_chaos_repro_output_reproduces_the_finding_on_its_own(job_run, tmp_path):
+    out = tmp_path / "finding"
+    made = _chaos("repro", str(job_run["results"]), "--out", str(out), cwd=tmp_path)
+    assert made.returncode == 0, made.stdout + made.stderr
+    point = _failing(job_run["doc"])[0]["id"]
+    assert made.stdout.startswith(f"HARD_FAILURE {point}: the resume exited 1")
+    assert f"job script copied: {out / 'careless_job.py'}" in made.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["careless_job.py", "issue.md", "repro.py"]
+    assert (out / "careless_job.py").read_bytes() == EXAMPLE.read_bytes()
+    issue = (out / "issue.md").read_text()
+    assert "## Versions" in issue and f"- torch: {metadata.version('torch')}" in issue
+    for root in [*_local_roots(job_run), str(tmp_path)]:
+        assert root not in issue, root
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    again = _run_repro(out, "--scratch", str(tmp_path), cwd=elsewhere)  # from anywhere, in the recorded cwd
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"repro: in {job_run['work']}: chaos run --faults kill --seed 0 --point {point}" in again.stdout
+    assert f"repro: REPRODUCED {point}: hard_failure again: the resume exited 1" in again.stdout
+
+    moved = job_run["root"] / "work-moved"
+    os.rename(job_run["work"], moved)  # the job's own directory is gone: the copied script stands in
+    try:
+        alone = _run_repro(out, "--scratch", str(tmp_path), cwd=elsewhere)
+    finally:
+        os.rename(moved, job_run["work"])
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "or its job script is gone: running the copy beside this file" in alone.stdout
+    assert f"repro: REPRODUCED {point}: hard_failure again" in alone.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "finding"]  # scratch roots removed
+
+
+def test_a_repro_whose_outcome_does_not_come_back_exits_1(job_run, tmp_path):
+    doc = json.loads(job_run["results"].read_text())
+    first = _failing(doc)[0]
+    first["outcome"] = "silent_divergence"  # what the script will expect; the rerun says hard_failure
+    results = tmp_path / "tampered.json"
+    results.write_text(json.dumps(doc))
+    assert _chaos("repro", str(results), "--out", str(tmp_path / "d"), cwd=tmp_path).returncode == 0
+    got = _run_repro(tmp_path / "d", "--here", "--scratch", str(tmp_path), cwd=tmp_path)
+    assert got.returncode == 1, got.stdout + got.stderr
+    assert (f"repro: NOT REPRODUCED {first['id']}: expected silent_divergence, got hard_failure (fail)"
+            in got.stdout)
+
+
+def test_chaos_repro_bad_input_is_one_error_line(job_run, tmp_path, capsys):
+    from chaos.cli import main
+
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "builtin.json").write_text(json.dumps({"schema_version": 1, "scenarios": []}))
+    shutil.copy(job_run["results"], tmp_path / "R.json")
+    cases = [(["repro", str(tmp_path / "missing.json")], f"results file not found: {tmp_path / 'missing.json'}"),
+             (["repro", str(tmp_path / "bad.json")], f"{tmp_path / 'bad.json'} is not valid JSON"),
+             (["repro", str(tmp_path / "builtin.json")], f"{tmp_path / 'builtin.json'} is not the results of a job run"),
+             (["repro", str(tmp_path / "R.json"), "--point", "disk:full:1"],
+              f"{tmp_path / 'R.json'} has no point disk:full:1; its failing points: ")]
+    for argv, message in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"chaos: error: {message}"), err
+    assert main(["repro", str(tmp_path / "R.json")]) == 0  # default --out: beside the results
+    point = _failing(job_run["doc"])[0]["id"]
+    assert (tmp_path / f"repro-{point.replace(':', '-')}" / "repro.py").is_file()
