@@ -21,7 +21,7 @@ from typing import Any
 from chaos.campaign import DEFAULT_BUDGET_S
 from chaos.errors import ChaosError, ConfigError
 from chaos.scenario import Scenario, key_values, parse_fault
-from chaos.workload.config import WorkloadConfig
+from chaos.workload.config import DEVICES, WorkloadConfig
 
 # Modules under chaos.commands that add a subcommand; missing ones are skipped.
 EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report", "crashbench", "selfcheck", "engine", "certify",
@@ -71,6 +71,11 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ConfigError(f"unknown --workload key(s) {', '.join(unknown)}: known are {', '.join(sorted(known))}")
+    device = getattr(args, "device", None)  # --device is --workload device=..., said plainly
+    if device is not None:
+        if overrides.get("device", device) != device:
+            raise ConfigError(f"--device {device} contradicts --workload device={overrides['device']}")
+        overrides["device"] = device
     cfg = WorkloadConfig(**{**overrides, "seed": args.seed, "steps": args.steps, "save_every": args.save_every})
     if args.budget is not None and args.budget < 0:
         raise ConfigError(f"--budget must be a non-negative number of seconds, got {args.budget:g}")
@@ -130,6 +135,9 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--image", default=None, metavar="NAME",
                      help="--driver docker: a real image with Python, torch and chaos-ckpt (default: an empty "
                           "image with the host's Python bind-mounted read-only)")
+    run.add_argument("--device", choices=DEVICES, default=None,
+                     help="where the built-in workload computes: cpu (gloo, default) or cuda (one GPU per rank, "
+                          "NCCL; judged in tolerance mode unless --workload deterministic=true)")
     run.add_argument("--workload", action="append", default=[], metavar="KEY=VALUE",
                      help="override a workload setting, e.g. d_model=128 (repeatable)")
     run.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
@@ -138,7 +146,8 @@ def make_parser() -> argparse.ArgumentParser:
                           "(needs hypothesis, a dev dependency; default: none)")
     run.add_argument("--loss-band", type=float, default=None, metavar="REL",
                      help="loss_continuity: relative band around the golden loss (default 0.005); "
-                          "with --workload nondeterminism=X>0, bit_exact is not judged (tolerance mode)")
+                          "with --workload nondeterminism=X>0 or --device cuda, bit_exact is not judged "
+                          "(tolerance mode)")
     _add_run_options(run)
 
     replay = sub.add_parser("replay", help="rerun scenarios (or a job's points) exactly as recorded in a results JSON")

@@ -26,6 +26,7 @@ from typing import Any
 from chaos.environment import Environment
 from chaos.errors import HarnessError
 from chaos.scenario import PROCESS_SIGNALS, Fault
+from chaos.workload.device import rank_env as rank_device_env
 from chaos.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
 
 _ctx: Any = None
@@ -210,6 +211,7 @@ class _Attempt:
             elif f.family == "powerloss":
                 triggers.append({"index": i, "step": f.step, "phase": "save"})
         addr, netns, env = self.env.rank_network(rank, port)
+        env = {**env, **rank_device_env(plan.workload, rank)}  # device=cuda: this rank's one GPU
         traced = plan.wants_trace() or bool(rules)
         return RankSpec(
             rank=rank, world_size=plan.world_size, attempt=self.attempt, master_addr=addr,

@@ -2,7 +2,10 @@
 
 The key covers the workload configuration, world size, process-group backend, torch
 version and the workload's own source code, so a change to any of them runs a new
-golden instead of comparing against a stale one.
+golden instead of comparing against a stale one. A ``device=cuda`` workload adds the
+device, its process group (``cpu:gloo,cuda:nccl``), the CUDA version and the GPUs' names
+(other GPUs run other kernels); ``corpus=faker`` adds Faker's version (its generators
+decide the text). Neither is added for the defaults, so every CPU key stays what it was.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from chaos import cluster, statehash
 from chaos.errors import HarnessError
 from chaos.jsonfile import write_json_atomic
 from chaos.record import RunRecord
+from chaos.workload import device
 from chaos.workload.config import WorkloadConfig
 
 WORKLOAD_DIR = Path(__file__).parent / "workload"
@@ -58,10 +62,21 @@ def golden_sources() -> list[Path]:
     return sorted(WORKLOAD_DIR.glob("*.py")) + [Path(statehash.__file__)]
 
 
+def _faker_version() -> str | None:
+    try:
+        return metadata.version("faker")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def golden_key(workload: WorkloadConfig, world_size: int, backend: str) -> str:
+    facts: dict[str, Any] = {"workload": workload.to_dict(), "world_size": world_size, "backend": backend,
+                             "torch": metadata.version("torch")}
+    facts.update(device.golden_facts(workload.device, world_size))
+    if workload.corpus == "faker":
+        facts["faker"] = _faker_version()
     h = hashlib.sha256()
-    h.update(json.dumps({"workload": workload.to_dict(), "world_size": world_size, "backend": backend,
-                         "torch": metadata.version("torch")}, sort_keys=True).encode())
+    h.update(json.dumps(facts, sort_keys=True).encode())
     for src in golden_sources():
         h.update(src.name.encode() + b"\0" + src.read_bytes())
     return h.hexdigest()[:24]

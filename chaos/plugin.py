@@ -50,7 +50,7 @@ MARKERS = {
     "slow": "long-running; excluded from the default run",
     "root": "needs root (mounts, namespaces)",
     "s3": "needs the embedded S3 endpoint",
-    "gpu": "needs CUDA (NCCL)",
+    "gpu": "needs CUDA (NCCL); gpu(count=N): N GPUs. Skips with the reason where they are missing",
     "docker": "needs a Docker engine",
     "bench": "benchmark; reports ratios, asserts no timings",
 }
@@ -205,6 +205,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before fixtures: a GPU test must not start the chaos session for nothing
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``gpu`` test skips, saying why, where CUDA or enough GPUs are missing.
+
+    The reason is ``chaos.workload.device.unavailable``'s, the same the ConfigError of
+    ``chaos run --device cuda`` gives: "no CUDA device: ..." or "N ranks need N CUDA devices".
+    """
+    marker = item.get_closest_marker("gpu")
+    if marker is None:
+        return
+    from chaos.workload.device import unavailable
+
+    why = unavailable(int(marker.kwargs.get("count", 1)))
+    if why is not None:
+        pytest.skip(why)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

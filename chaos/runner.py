@@ -267,7 +267,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
             msgs = [e["message"] for e in record.errors() if e.get("kind") == "config"]
             raise ConfigError(msgs[0] if msgs else "a rank rejected its configuration")
         result.oracles = judge(golden, record, loss_band=scenario.loss_band,
-                               nondeterministic=scenario.workload.nondeterminism > 0)
+                               nondeterministic=scenario.workload.nondeterministic)
         if powerloss is not None:
             result.oracles["atomic_commit"] = powerloss
         result.verdict = _verdict(result.oracles)

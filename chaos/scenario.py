@@ -213,6 +213,8 @@ class Scenario:
             raw = f"{self.checkpointer}-{tag}-seed{self.workload.seed}"
             if self.driver != "process":
                 raw += f"-{self.driver}"
+            if self.workload.device != "cpu":
+                raw += f"-{self.workload.device}"
             self.id = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", raw)
 
     def validate(self) -> None:
@@ -230,6 +232,8 @@ class Scenario:
         restarts = [f.spec() for f in self.faults if f.kind == "restart"]
         if restarts and self.driver != "docker":
             raise ConfigError(f"fault {restarts[0]!r}: a container restart needs --driver docker")
+        if self.workload.device != "cpu" and self.driver != "process":
+            raise ConfigError(f"--device {self.workload.device} needs --driver process (containers get no GPU)")
         for f in self.faults:
             if f.rank is not None and f.rank >= self.world_size:
                 raise ConfigError(f"fault {f.spec()!r}: rank {f.rank} does not exist with --world-size {self.world_size}")
@@ -242,6 +246,9 @@ class Scenario:
         lost = sum(1 for f in self.faults if f.param("lost") is True)
         if lost and self.world_size - lost >= 1:
             self.workload.check_world_size(self.world_size - lost)  # the world the job resumes on
+        from chaos.workload.device import check as check_device
+
+        check_device(self.workload.device, self.world_size)  # last: the one check that asks the machine
 
     def replay_command(self) -> str:
         w = self.workload
@@ -252,9 +259,11 @@ class Scenario:
             args += ["--driver", self.driver]
         if self.image is not None:
             args += ["--image", self.image]
+        if w.device != "cpu":
+            args += ["--device", w.device]
         default = WorkloadConfig()
         for f in dataclasses.fields(WorkloadConfig):
-            if f.name in ("seed", "steps", "save_every"):
+            if f.name in ("seed", "steps", "save_every", "device"):
                 continue
             value = getattr(w, f.name)
             if value != getattr(default, f.name):

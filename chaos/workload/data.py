@@ -1,4 +1,4 @@
-"""Synthetic token corpus and a resumable, reshuffling distributed sampler.
+"""Synthetic token corpus (a Markov chain, or Faker text) and a resumable, reshuffling distributed sampler.
 
 The batch a rank sees depends on four pieces of state, all of which a checkpoint must
 carry: the sampler's own generator (epoch permutation), the position within the
@@ -19,7 +19,14 @@ from chaos.workload.config import WorkloadConfig
 
 
 def make_corpus(cfg: WorkloadConfig) -> torch.Tensor:
-    """A seeded first-order Markov chain over the vocabulary: learnable, not trivial."""
+    """The ``corpus_sequences`` rows of ``seq_len + 1 + crop_slack`` tokens every rank trains on.
+
+    ``corpus=markov`` (the default): a seeded first-order Markov chain over the vocabulary,
+    learnable, not trivial. ``corpus=faker``: byte-level text from Faker (``faker_text``).
+    Both depend on ``cfg.seed`` alone, so every rank and every restart builds the same rows.
+    """
+    if cfg.corpus == "faker":
+        return faker_corpus(cfg)
     g = torch.Generator().manual_seed(cfg.seed + 7919)
     row_len = cfg.seq_len + 1 + cfg.crop_slack
     fanout = 4
@@ -30,6 +37,46 @@ def make_corpus(cfg: WorkloadConfig) -> torch.Tensor:
     for i in range(1, row_len):
         corpus[:, i] = successors[corpus[:, i - 1], choices[:, i]]
     return corpus
+
+
+# Faker's generators the text is drawn from, one line each (newlines inside an address
+# become ", "): prose, and the names, places, dates and addresses real corpora are full of.
+FAKER_PROVIDERS = ("sentence", "paragraph", "name", "address", "company", "catch_phrase", "job", "email",
+                   "date", "city", "street_address", "phone_number")
+
+
+def faker_text(seed: int, n_bytes: int) -> bytes:
+    """At least ``n_bytes`` of UTF-8 text from Faker's ``en_US`` generators, seeded with ``seed``.
+
+    ``Faker.seed_instance`` gives the generator its own ``random.Random``: the text is the
+    same for the same seed (and Faker version: the golden-run key includes it), and the
+    global RNGs the workload checkpoints are never touched. Faker is imported only here —
+    the default corpus needs nothing — and a missing install is a ConfigError naming the fix.
+    """
+    try:
+        from faker import Faker
+    except ImportError:
+        raise ConfigError("workload corpus=faker needs the faker package: pip install 'chaos-ckpt[faker]' "
+                          "(or pip install faker)") from None
+    fake = Faker("en_US")
+    fake.seed_instance(seed)
+    makers = [getattr(fake, name) for name in FAKER_PROVIDERS]
+    parts: list[bytes] = []
+    size = 0
+    while size < n_bytes:
+        line = (str(makers[fake.random.randrange(len(makers))]()).replace("\n", ", ") + "\n").encode()
+        parts.append(line)
+        size += len(line)
+    return b"".join(parts)
+
+
+def faker_corpus(cfg: WorkloadConfig) -> torch.Tensor:
+    """Byte-level rows cut one after another from ``faker_text(cfg.seed)``: a row is a window of
+    running text, so the model learns spelling, words and line shapes (a language-like loss curve)."""
+    row_len = cfg.seq_len + 1 + cfg.crop_slack
+    text = faker_text(cfg.seed, cfg.corpus_sequences * row_len)
+    flat = torch.frombuffer(bytearray(text[: cfg.corpus_sequences * row_len]), dtype=torch.uint8)
+    return flat.to(torch.long).view(cfg.corpus_sequences, row_len)
 
 
 class ResumableSampler:

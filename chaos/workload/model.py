@@ -75,10 +75,16 @@ class TinyLM(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def build_model(cfg: WorkloadConfig) -> TinyLM:
-    """Same initial weights on every rank: init draws from a generator seeded by cfg.seed only."""
-    fork_state = torch.get_rng_state()
-    torch.manual_seed(cfg.seed)
-    model = TinyLM(cfg)
-    torch.set_rng_state(fork_state)
+def build_model(cfg: WorkloadConfig, device: torch.device | None = None) -> TinyLM:
+    """Same initial weights on every rank: init draws from a generator seeded by cfg.seed only.
+
+    The model is built on the CPU on every device (so a cuda run starts from the very
+    weights a cpu run does) and the caller moves it. ``torch.manual_seed`` reseeds the
+    CUDA generators too, so when the model is bound for a GPU (``device``) that device's
+    generator is forked as well: the rank keeps its own dropout seed (``rng.seed_all``).
+    """
+    devices = [torch.cuda.current_device()] if device is not None and device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type="cuda"):
+        torch.manual_seed(cfg.seed)
+        model = TinyLM(cfg)
     return model

@@ -20,7 +20,9 @@ placed and sharded like each parameter, ``step`` 0.0), keyed like ``get_state_di
 
 All modes run on gloo (CPU) in torch 2.13; ``hsdp`` needs an even world size, ``tp``
 shards only the MLPs (attention stays replicated), and its ranks all read the same batch
-(data-parallel degree 1).
+(data-parallel degree 1). With ``device=cuda`` the model is built on the CPU (the same
+initial weights), moved to the rank's one GPU, and the device mesh is a cuda mesh, so
+the sharded modes' collectives run on NCCL (see chaos.workload.device).
 """
 
 from __future__ import annotations
@@ -55,13 +57,15 @@ def layout(cfg: WorkloadConfig, rank: int, world_size: int) -> Layout:
     return Layout(cfg.parallel, rank, world_size, rank, world_size)
 
 
-def wrap(cfg: WorkloadConfig, where: Layout) -> nn.Module:
-    """Build the model (same initial weights everywhere) and distribute it (collective for sharded modes)."""
-    model = build_model(cfg)
+def wrap(cfg: WorkloadConfig, where: Layout, device: torch.device | None = None) -> nn.Module:
+    """Build the model (same initial weights everywhere), move it to ``device`` and distribute
+    it (collective for sharded modes)."""
+    device = device or torch.device("cpu")
+    model = build_model(cfg, device).to(device)
     if where.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(model)
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.device_mesh import init_device_mesh
 
     if where.mode == "tp":
@@ -71,16 +75,16 @@ def wrap(cfg: WorkloadConfig, where: Layout) -> nn.Module:
             parallelize_module,
         )
 
-        where.mesh = init_device_mesh("cpu", (where.world_size,), mesh_dim_names=("tp",))
+        where.mesh = init_device_mesh(device.type, (where.world_size,), mesh_dim_names=("tp",))
         for block in model.blocks:
             parallelize_module(block.mlp, where.mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         return model
     from torch.distributed.fsdp import fully_shard
 
     if where.mode == "hsdp":
-        where.mesh = init_device_mesh("cpu", (where.world_size // 2, 2), mesh_dim_names=("replicate", "shard"))
+        where.mesh = init_device_mesh(device.type, (where.world_size // 2, 2), mesh_dim_names=("replicate", "shard"))
     else:
-        where.mesh = init_device_mesh("cpu", (where.world_size,), mesh_dim_names=("shard",))
+        where.mesh = init_device_mesh(device.type, (where.world_size,), mesh_dim_names=("shard",))
     for block in model.blocks:
         fully_shard(block, mesh=where.mesh)
     fully_shard(model, mesh=where.mesh)

@@ -3,6 +3,12 @@
 Python's and numpy's states are tuples holding big ints and arrays; they are stored as
 int64 tensors so that any checkpointer that can store tensors can store them, and no
 pickle is needed. ``gauss`` values use NaN for "no cached value" (None).
+
+A rank that computes on a GPU also carries that device's CUDA generator state under
+``cuda`` (a CPU uint8 tensor: philox seed and offset), captured from and restored to the
+rank's current device — per device, whatever else the process can see, so the state
+has the same shape under any ``CUDA_VISIBLE_DEVICES``. A cpu rank leaves CUDA alone,
+even on a machine with GPUs: its state has no ``cuda`` entry and it never initialises CUDA.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import numpy as np
 import torch
 
 
-def capture() -> dict:
+def capture(device: str = "cpu") -> dict:
     version, words, gauss = random.getstate()
     np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
     assert np_name == "MT19937"
@@ -32,8 +38,8 @@ def capture() -> dict:
         },
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    if device == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
@@ -45,8 +51,10 @@ def restore(state: dict) -> None:
     keys = npst["state"].numpy().astype(np.uint32)
     np.random.set_state(("MT19937", keys, int(npst["pos"]), int(npst["has_gauss"]), float(npst["cached_gaussian"])))
     torch.set_rng_state(state["torch"].to(torch.uint8).clone())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([t.to(torch.uint8).clone() for t in state["cuda"]])
+    if "cuda" in state:
+        if not torch.cuda.is_available():
+            raise RuntimeError("the checkpoint holds a CUDA RNG state but this rank sees no CUDA device")
+        torch.cuda.set_rng_state(state["cuda"].to(torch.uint8).clone(), torch.cuda.current_device())
 
 
 def seed_all(seed: int) -> None:

@@ -25,6 +25,7 @@ from torch.nn import functional as F
 from chaos import phases, statehash
 from chaos.errors import ConfigError
 from chaos.protocol import auxiliary_files, load_checkpointer
+from chaos.workload import device as devices
 from chaos.workload import parallel, rng
 from chaos.workload.config import WorkloadConfig
 from chaos.workload.data import Loader
@@ -79,16 +80,20 @@ class Trainer:
 
     The model's layout over the ranks (DDP, FSDP2, HSDP, tensor parallel) is
     ``cfg.parallel``; :mod:`chaos.workload.parallel` builds it and says what the state of
-    ``model`` and ``optimizer`` is in each mode.
+    ``model`` and ``optimizer`` is in each mode. ``device`` is where the model and the
+    batches live (``train`` passes the rank's GPU for ``device=cuda``, from
+    ``chaos.workload.device.setup``); without it everything stays on the CPU, as the
+    harness's own helpers (crash-state recovery, benches) build their templates.
     """
 
-    def __init__(self, cfg: WorkloadConfig, rank: int, world_size: int) -> None:
+    def __init__(self, cfg: WorkloadConfig, rank: int, world_size: int, device: torch.device | None = None) -> None:
         self.cfg = cfg
+        self.device = device or torch.device("cpu")
         self.layout = parallel.layout(cfg, rank, world_size)
         # Tensor parallel ranks share a batch and must draw the same dropout masks on the
         # replicated activations: they seed by data-parallel rank (0), the others by rank.
         rng.seed_all(cfg.seed * 1000 + self.layout.dp_rank)
-        self.model = parallel.wrap(cfg, self.layout)
+        self.model = parallel.wrap(cfg, self.layout, self.device)
         self.optimizer = parallel.make_optimizer(cfg, self.model)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda_factory(cfg))
         self.loader = Loader(cfg, rank, world_size, self.layout.dp_rank, self.layout.dp_size)
@@ -109,7 +114,7 @@ class Trainer:
             "model": model,
             "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
-            "rng": rng.capture(),
+            "rng": rng.capture(self.device.type),
             "data": self.loader.sampler.state_dict(),
             "progress": {"step": self.step, "tokens": self.tokens},
         }
@@ -126,7 +131,7 @@ class Trainer:
             "model": parallel.model_state(self.cfg, self.model),
             "optimizer": parallel.optimizer_template(self.cfg, self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
-            "rng": rng.capture(),
+            "rng": rng.capture(self.device.type),
             "data": self.loader.sampler.state_dict(),
             "progress": {"step": self.step, "tokens": self.tokens},
         }
@@ -141,6 +146,7 @@ class Trainer:
 
     def train_step(self) -> tuple[float, float]:
         x, y = self.loader.next_batch()
+        x, y = x.to(self.device), y.to(self.device)  # the batch is made on the CPU (its RNGs are CPU ones)
         self.model.train()
         logits = self.model(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
@@ -150,7 +156,8 @@ class Trainer:
             for p in self.model.parameters():
                 if p.grad is not None:
                     grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # a DTensor: its shard
-                    grad.mul_(1.0 + self.cfg.nondeterminism * torch.randn(grad.shape, generator=self.noise))
+                    noise = torch.randn(grad.shape, generator=self.noise).to(grad.device)
+                    grad.mul_(1.0 + self.cfg.nondeterminism * noise)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -239,7 +246,8 @@ def _init_process_group(spec: RankSpec, cfg: WorkloadConfig, conn: Any) -> None:
 
     A client that reaches the store before its server listens backs off for up to a
     second; the supervisor avoids that by launching the other ranks only once rank 0
-    says its store is up.
+    says its store is up. A ``device=cuda`` job's group is ``cpu:gloo,cuda:nccl``
+    (``chaos.workload.device.backend``): NCCL for every CUDA tensor, gloo for CPU ones.
     """
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = spec.master_addr, str(spec.master_port)
     timeout = timedelta(seconds=cfg.collective_timeout_s)
@@ -248,8 +256,8 @@ def _init_process_group(spec: RankSpec, cfg: WorkloadConfig, conn: Any) -> None:
                           timeout=timeout, wait_for_workers=False)
     if master and conn is not None:
         conn.send(("store_ready",))
-    dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
-                            timeout=timeout)
+    dist.init_process_group(devices.backend(cfg.device, spec.backend), store=store, rank=spec.rank,
+                            world_size=spec.world_size, timeout=timeout)
 
 
 def _verify(ckpt: Any, trainer: Trainer, log: EventLog) -> None:
@@ -279,10 +287,13 @@ def _acknowledge(ckpt: Any, log: EventLog, pending: list[int]) -> list[int]:
 def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
     cfg = WorkloadConfig.from_dict(spec.workload)
     torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    device = devices.setup(cfg.device, cfg.deterministic)  # before any CUDA work: the GPU, determinism
     _init_process_group(spec, cfg, conn)
-    log.emit("pg_ready")
-    trainer = Trainer(cfg, spec.rank, spec.world_size)
+    if device.type == "cuda":  # which GPU this rank got: the supervisor's CUDA_VISIBLE_DEVICES entry
+        log.emit("pg_ready", device=str(device), visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    else:
+        log.emit("pg_ready", device=str(device))
+    trainer = Trainer(cfg, spec.rank, spec.world_size, device)
     log.emit("trainer_ready")
     _install_interposer(spec, log)
     ckpt = _make_checkpointer(spec)
