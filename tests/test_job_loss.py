@@ -152,3 +152,18 @@ def test_the_fixture_takes_loss_regex_and_band(chaos, tmp_path: Path) -> None:
     assert point.verdict.outcome == "silent_divergence", point.verdict.summary
     assert point.verdict.oracles["loss_continuity"].evidence["band"] == 0.5
     assert "(band 50.00%)" in point.verdict.summary
+
+
+def test_a_replay_of_a_seeded_run_carries_its_seed() -> None:
+    from chaos.job.cli_job import replay_argv
+    from chaos.job.spec import Point
+
+    job = JobSpec(command=("python", "x.py", "{out}"))
+    assert "--seed 3 --point rank0:op4:bitflip" in job.replay_command(Point(0, "bitflip", op=4), 3)
+    assert "--seed" not in job.replay_command(Point(0, "bitflip", op=4), 0)
+    doc = {"job": {"spec": job.to_dict()}, "scenarios": [{"id": "rank0:op4:bitflip", "verdict": "fail", "seed": 3}]}
+    argv, _cwd = replay_argv(doc, [], "r.json")
+    assert argv[argv.index("--seed") + 1] == "3" and argv[argv.index("--point") + 1] == "rank0:op4:bitflip"
+    doc["job"]["spec"]["command"] = ["python", "x.py"]  # no {out}: the recorded spec is broken
+    with pytest.raises(ConfigError, match=r"^r\.json: the recorded job spec: .*\{out\}"):
+        replay_argv(doc, [], "r.json")

@@ -19,7 +19,14 @@ import time
 from typing import Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.job.spec import DEFAULT_GRACE_S, FAULT_KINDS, MODES, JobSpec, parse_point
+from chaos.job.spec import (
+    DEFAULT_GRACE_S,
+    DEFAULT_NET_HOLD_S,
+    FAULT_KINDS,
+    MODES,
+    JobSpec,
+    parse_point,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,9 +63,14 @@ def make_parser() -> argparse.ArgumentParser:
                    help="kill points at a file event: before, after, torn (default all)")
     p.add_argument("--faults", default=None, metavar="K,...",
                    help=f"fault families to explore: {','.join(FAULT_KINDS)} (default: all that apply here; "
-                        "diskfull needs root and tmpfs)")
+                        "diskfull needs root and tmpfs; net, a network cut between ranks, needs --ranks N >= 2, "
+                        "root and iproute2, and is not available for a torchrun COMMAND, which starts its "
+                        "workers itself)")
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
                    help=f"a term point: seconds between SIGTERM and SIGKILL (default {DEFAULT_GRACE_S:g})")
+    p.add_argument("--net-hold", type=float, default=DEFAULT_NET_HOLD_S, metavar="S",
+                   help="a net point: seconds the rank's link stays down; a job still running then is SIGKILLed "
+                        f"and restarted with the network back (default {DEFAULT_NET_HOLD_S:g})")
     p.add_argument("--max-restarts", type=int, default=1, metavar="K", help="restarts after a fault (default 1)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per attempt")
     p.add_argument("--rtol", type=float, default=1e-3, help="tolerance mode: relative tolerance of results")
@@ -100,7 +112,7 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
                   checkpoint_glob=args.checkpoint_glob, max_restarts=args.max_restarts,
                   timeout_s=args.timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m),
                   faults=tuple(f for f in args.faults.split(",") if f) if args.faults is not None else None,
-                  grace_s=args.grace)
+                  grace_s=args.grace, net_hold_s=args.net_hold)
     return args, job
 
 
@@ -132,7 +144,13 @@ def replay_argv(doc: dict[str, Any], ids: list[str], source: str) -> tuple[list[
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: the recorded job spec is not one chaos run wrote ({type(exc).__name__}: "
                           f"{exc})") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: the recorded job spec: {exc}") from None
     argv = job.replay_args()
+    seeds = {e.get("seed") for e in entries if isinstance(e, dict) and e.get("id") in chosen}
+    seed = seeds.pop() if len(seeds) == 1 else None
+    if seed:  # the run's seed decides a corruption's bytes and a power-loss state
+        argv += ["--seed", str(seed)]
     for point in chosen:
         argv += ["--point", point]
     return [*argv, "--", *command], spec.get("cwd")
@@ -186,6 +204,8 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
     def on_reference(ref: Any) -> None:
         mode = "torchrun (its agent restarts the workers)" if job.torchrun else (
             f"{job.ranks} rank(s)" if job.ranks else "one process")
+        if ref.netlab:
+            mode += ", each in its own network namespace"
         _say(f"fault-free runs: {mode}, {sum(ref.events.values())} file event(s) traced, "
              f"{len(ref.points)} point(s) found, {ref.seconds:.1f} s")
         _say("  points by kind: " + (", ".join(f"{n} {k}" for k, n in by_kind(ref.points).items()) or "none"))

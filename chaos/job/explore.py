@@ -15,8 +15,14 @@ the system temp directory), removed at the end unless ``--keep``: per run a fold
 4. Each point (``run_chain``): attempt 0 with the point armed; for a corruption or a
    power loss, {out} edited while every copy is stopped (``atrest.py``); for a full
    disk, attempt 0 on a small tmpfs that is grown before the restart (``diskfull.py``);
-   then (unless torchrun restarts by itself) up to ``--max-restarts`` resumes with
-   ``--resume-cmd``; then ``judge.judge``.
+   for a network cut, attempt 0 in which the armed rank's link goes down for
+   ``--net-hold`` seconds (``netcut.py``); then (unless torchrun restarts by itself) up
+   to ``--max-restarts`` resumes with ``--resume-cmd``; then ``judge.judge``.
+
+Where network cuts are explored (``netcut.usable``), every run chain — the fault-free
+runs included, so the job runs the same way in all of them — gets its own
+``NetworkLab``: each copy in its rank's network namespace, torn down with the chain
+(and once more, with anything an interrupt left, in ``explore``'s ``finally``).
 """
 
 from __future__ import annotations
@@ -34,16 +40,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError
-from chaos.job import atrest, diskfull, launch, losscurve, pointset
+from chaos.job import atrest, diskfull, launch, losscurve, netcut, pointset
 from chaos.job.compare import first_difference
 from chaos.job.judge import Golden, PointRecord, PointVerdict, judge, last_steps
 from chaos.job.pointset import Facts, sample
 from chaos.job.spec import HALT_MODES, JobSpec, Point
 from faults import FaultError, disk
 from faults.crashstate import Snapshot
+
+if TYPE_CHECKING:
+    from faults.network import NetworkLab
 
 
 class JobError(ChaosError):
@@ -105,6 +114,12 @@ class Run:
     out: str
     mark: str
     attempts: list[launch.AttemptOutcome] = field(default_factory=list)
+    lab: NetworkLab | None = None  # where every copy runs, each rank in its namespace (network cuts explored)
+
+    def attempt(self, job: JobSpec, attempt: int, point: Point | None) -> launch.AttemptOutcome:
+        out = launch.run_attempt(job, self.out, self.scratch, attempt, point, self.mark, self.lab)
+        self.attempts.append(out)
+        return out
 
 
 def _new_run(root: str, name: str) -> Run:
@@ -123,7 +138,7 @@ def _restarts(job: JobSpec, run: Run, point: Point) -> None:
     for attempt in range(1, job.max_restarts + 1):
         if run.attempts[-1].ok and not (attempt == 1 and point.mode == "term"):
             break
-        run.attempts.append(launch.run_attempt(job, run.out, run.scratch, attempt, None, run.mark))
+        run.attempt(job, attempt, None)
 
 
 def _at_rest(run: Run, point: Point, base: Snapshot | None, seed: int) -> atrest.Applied | None:
@@ -153,7 +168,7 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
                                  skipped=f"the tmpfs could not be mounted over {{out}}: {exc}", outcome="unsupported")
         return PointRecord(point, run.out, run.attempts, {}, None, applied)
     with stack:
-        run.attempts.append(launch.run_attempt(job, run.out, run.scratch, 0, point, run.mark))
+        run.attempt(job, 0, point)
         fs.grow(grown)
         after_kill = checkpoint_state(run.out, job.checkpoint_glob)
         _restarts(job, run, point)
@@ -174,14 +189,59 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
     return PointRecord(point, run.out, run.attempts, traces, after_kill, applied)
 
 
-def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0) -> PointRecord:
-    """Attempt 0 (the point armed), the at-rest fault if any, then the restarts (``_restarts``)."""
+def _net_applied(job: JobSpec, run: Run, point: Point) -> atrest.Applied:
+    """What attempt 0 of a net point did: the cut and how every copy ended, or why there was none."""
+    net = run.attempts[0].net
+    where = f"at its step {point.step}" if point.step is not None else f"at its event {point.op}"
+    if net is None:
+        return atrest.Applied(f"no network cut {where}", {"hold_s": job.net_hold_s}, outcome="not_reached",
+                              skipped=f"rank {point.rank} asked for a network cut {where}, but the attempt ended "
+                                      "before the launcher cut its link")
+    if net.get("error"):
+        return atrest.Applied(netcut.describe(net), net, outcome="unsupported",
+                              skipped=f"rank {point.rank}'s link was not cut {where}: {net['error']}")
+    return atrest.Applied(netcut.describe(net), net)
+
+
+def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab: bool = False) -> PointRecord:
+    """Attempt 0 (the point armed), the at-rest fault if any, then the restarts (``_restarts``).
+
+    ``netlab``: the whole chain runs in a ``NetworkLab`` of its own (torn down before this
+    returns); a net point without one is skipped with the reason.
+    """
+    if point is not None and point.family == "net" and not netlab:
+        ok, why = netcut.usable(job)
+        applied = atrest.Applied(f"no network cut at {point.id}", {"hold_s": job.net_hold_s}, outcome="unsupported",
+                                 skipped=f"a network cut between ranks cannot be made here: {why}" if not ok else
+                                 "a network cut between ranks needs every run in network namespaces, and this "
+                                 "exploration's fault-free runs were not")
+        return PointRecord(point, run.out, run.attempts, {}, None, applied)
+    if not netlab:
+        return _chain(job, run, point, seed)
+    assert job.ranks is not None
+    try:
+        with netcut.lab_for(job.ranks) as lab:
+            run.lab = lab
+            try:
+                return _chain(job, run, point, seed)
+            finally:
+                run.lab = None
+    except FaultError as exc:
+        if point is None:
+            raise JobError(f"the network namespaces for a fault-free run could not be made: {exc}") from None
+        applied = atrest.Applied(f"no network namespaces for {point.id}", {}, outcome="unsupported",
+                                 skipped=f"the network namespaces for this point could not be made: {exc}")
+        return PointRecord(point, run.out, run.attempts, read_traces(run.scratch, run.out), None, applied)
+
+
+def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
     if point is not None and point.family == "diskfull":
         return _diskfull_chain(job, run, point)
     base = Snapshot.capture(run.out) if point is not None and point.mode == "power" else None
-    first = launch.run_attempt(job, run.out, run.scratch, 0, point, run.mark)
-    run.attempts.append(first)
+    run.attempt(job, 0, point)
     applied = _at_rest(run, point, base, seed) if point is not None and point.mode in HALT_MODES else None
+    if point is not None and point.family == "net":
+        applied = _net_applied(job, run, point)
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
     if point is not None and not (applied is not None and applied.skipped):
         _restarts(job, run, point)
@@ -200,6 +260,7 @@ class Reference:
     untraced: list[str]
     events: dict[int, int]  # rank -> traced file events in the first fault-free run
     kinds: tuple[str, ...] = ()  # the --faults kinds explored
+    netlab: bool = False  # every run in network namespaces of its own (network cuts explored)
     traces: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     facts: Facts = field(default_factory=Facts, repr=False)
 
@@ -216,7 +277,9 @@ class Reference:
                 "loss_steps": {str(r): len(c) for r, c in sorted(self.golden.losses.items())},
                 "notes": self.notes, "seconds": round(self.seconds, 3), "untraced_files": self.untraced,
                 "file_events": {str(r): n for r, n in sorted(self.events.items())},
-                "peak_out_bytes": self.facts.peak or None}
+                "peak_out_bytes": self.facts.peak or None,
+                "network": "each rank in its own network namespace (a NetworkLab per run)" if self.netlab
+                else "the host's"}
 
 
 def enumerate_points(job: JobSpec, traces: dict[tuple[int, int], list[dict[str, Any]]],
@@ -225,12 +288,23 @@ def enumerate_points(job: JobSpec, traces: dict[tuple[int, int], list[dict[str, 
     return pointset.enumerate_points(job, traces, facts, kinds)
 
 
-def reference(job: JobSpec, root: str, jobs: int, seed: int = 0) -> tuple[Reference, Run]:
-    """Two fault-free runs (concurrently when ``jobs`` > 1); JobError if either fails or nothing is traced."""
+def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | None = None) -> tuple[Reference, Run]:
+    """Two fault-free runs (concurrently when ``jobs`` > 1); JobError if either fails or nothing is traced.
+
+    ``netlab``: run them (and, through ``Reference.netlab``, every point) in network
+    namespaces; None: where network cuts are explored and can be made here.
+    """
     started = time.monotonic()
+    kinds, left_out = pointset.kinds_to_explore(job)
+    if netlab is None:
+        netlab = "net" in kinds and netcut.usable(job)[0]
     runs = [_new_run(root, "golden-0"), _new_run(root, "golden-1")]
     with cf.ThreadPoolExecutor(max_workers=min(2, max(1, jobs))) as pool:
-        recs = list(pool.map(lambda r: run_chain(job, r, None), runs))
+        try:
+            recs = list(pool.map(lambda r: run_chain(job, r, None, netlab=bool(netlab)), runs))
+        except BaseException:
+            launch.cancel()  # an interrupt: the running fault-free attempt ends now, not when the job does
+            raise
     for run in runs:
         a = run.attempts[0]
         if not a.ok:
@@ -281,12 +355,11 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0) -> tuple[Refere
     golden = Golden(out=runs[0].out, results=results, tolerance=tolerance,
                     checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses,
                     last_steps=last_steps(traces))
-    kinds, left_out = pointset.kinds_to_explore(job)
     facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
     points = pointset.enumerate_points(job, traces, facts, kinds)
     notes += left_out + pointset.notes(job, traces, facts, kinds, points)
-    return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, traces,
-                     facts), runs[0]
+    return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
+                     traces, facts), runs[0]
 
 
 @dataclass
@@ -302,7 +375,7 @@ class PointResult:
 
     @property
     def replay(self) -> str:
-        return self.job.replay_command(self.point)
+        return self.job.replay_command(self.point, self.seed)
 
     def to_dict(self) -> dict[str, Any]:
         v = self.verdict
@@ -315,6 +388,8 @@ class PointResult:
             extra["seed"] = atrest.point_seed(self.seed, self.point)
         if self.point.family == "term":
             extra["grace_s"] = self.job.grace_s
+        if self.point.family == "net":
+            extra["hold_s"] = self.job.net_hold_s
         return {
             "id": self.point.id, "seed": self.seed, "checkpointer": "job", "backend": "file",
             "world_size": self.job.world_size, "faults": [self.point.to_fault(**extra)], "fired": fired,
@@ -361,8 +436,10 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
     """
     root = tempfile.mkdtemp(prefix="chaos-job-", dir=scratch_base)
     started = time.monotonic()
+    replayed = [] if only is None else only if isinstance(only, list) else [only]
+    netlab = True if any(p.family == "net" for p in replayed) and netcut.usable(job)[0] else None
     try:
-        ref, _golden_run = reference(job, root, jobs, seed)
+        ref, _golden_run = reference(job, root, jobs, seed, netlab)
         if on_reference:
             on_reference(ref)
         if only is not None:  # a replay: exactly these points, in this order
@@ -383,7 +460,7 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
             if budget_s is not None and time.monotonic() - started + estimate() > budget_s:
                 return None
             t0 = time.monotonic()
-            rec = run_chain(job, _new_run(root, f"point-{i:05d}"), point, seed)
+            rec = run_chain(job, _new_run(root, f"point-{i:05d}"), point, seed, ref.netlab)
             res = PointResult(job, point, judge(job, ref.golden, rec), rec, seed, time.monotonic() - t0)
             with lock:
                 durations.append(res.seconds)
@@ -402,7 +479,7 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
             except BaseException:
                 for f in futures:
                     f.cancel()
-                launch.kill_all()
+                launch.cancel()  # the running chains stop at their next attempt
                 raise
         order = {p.id: i for i, p in enumerate(ref.points)}
         results.sort(key=lambda r: order.get(r.point.id, len(order)))
@@ -410,6 +487,8 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
                            job.faults)
     finally:
         launch.kill_all()
+        launch.uncancel()
+        netcut.teardown_all()  # a run chain's namespaces, if an interrupt cut its own teardown short
         disk.unmount_all(root)  # a full-disk point's tmpfs, if an interrupt cut its own unmount short
         if not keep:
             shutil.rmtree(root, ignore_errors=True)

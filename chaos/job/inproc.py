@@ -29,6 +29,13 @@ subclassing, not by editing it:
   copy, then SIGKILL after ``--grace``) and waits, up to ``TERM_WAIT_S``, for its answer,
   outside the interposer's lock, so the job's own SIGTERM handler runs (and its saves
   are traced) as it would under a real preemption;
+- a ``net`` point (at an announced step, or right after event N) leaves a request for
+  the launcher (which cuts this rank's network link, ``netcut.py``) and waits, up to
+  ``NET_WAIT_S``, for its answer, so the cut lands exactly there; then the job goes on,
+  its next collective meeting a dead link. It fires once, even where a step is
+  announced twice (``probe.step`` and a ``--loss-regex`` line). At an event the wait
+  holds the interposer's lock (the launcher answers in milliseconds); at a step it
+  does not;
 - ``chaos.probe`` calls and lines of the job's stdout/stderr matching
   ``--step-regex`` become ``{"event":"phase","name":"chaos.probe",...}`` records in the
   same trace, in order with the file events; a step point fires at such a record.
@@ -54,6 +61,7 @@ from faults.interposer import Interposer, IORule
 _installed: JobInterposer | None = None
 HALT_WAIT_S = 20.0  # a halted rank waits this long for the launcher to stop it, then SIGKILLs itself
 TERM_WAIT_S = 10.0  # a term point waits this long for the launcher's SIGTERM, then carries on
+NET_WAIT_S = 10.0   # a net point waits this long for the launcher's cut, then carries on
 _FSYNCS = ("fsync", "fdatasync")
 _NEEDS_SPACE = ("write", "mkdir", "rename", "link")  # and an open that creates its file
 
@@ -79,6 +87,7 @@ class JobInterposer(Interposer):
         self._ord = 0
         self._cur: int | None = None
         self._errored = False  # an enospc / eio point fired: kill at the next announced step
+        self._net_fired = False  # a net point fires once
         self._requests = os.path.dirname(trace_path)
 
     def _target(self, *modes: str) -> bool:
@@ -113,6 +122,8 @@ class JobInterposer(Interposer):
                 self._cut(kind, (fields.get("path"),), "after")
             elif self._target(*S.HALT_MODES):
                 self._halt(kind, fields)
+            elif self._target("net"):
+                self._net({"op": kind, "ord": self._cur, "path": fields.get("path"), "dst": fields.get("dst")})
         return rec
 
     def _fire(self, i: int, kind: str, paths: tuple[str, ...], **point: Any) -> dict[str, Any]:
@@ -167,6 +178,9 @@ class JobInterposer(Interposer):
         if p.get("mode") == "term":
             self._term(p["step"], info.get("kind"))
             return
+        if p.get("mode") == "net":
+            self._net({"op": "step", "step_n": p["step"], "source": info.get("kind")})
+            return
         self._enter()
         try:
             self._emit({"event": "fired", "action": "kill", "op": "step", "when": "kill", "step_n": p["step"],
@@ -194,6 +208,31 @@ class JobInterposer(Interposer):
         self._enter()
         try:
             self._emit({"event": "note", "note": f"no SIGTERM came within {TERM_WAIT_S:g} s: the job carried on"})
+        finally:
+            self._leave()
+
+    def _net(self, where: dict[str, Any]) -> None:
+        """Ask the launcher to cut this rank's link and wait for the cut; then the job goes on."""
+        if self._net_fired:
+            return
+        self._net_fired = True
+        self._enter()
+        try:
+            rec = self._emit({"event": "fired", "action": "net", "when": "net", **where})
+            self._request(S.NET_REQUEST, {"rank": self.rank, **where, "ts": rec["ts"]})
+        finally:
+            self._leave()
+        answer = os.path.join(self._requests, S.NET_DOWN)
+        deadline = time.monotonic() + NET_WAIT_S
+        note = f"no network cut came within {NET_WAIT_S:g} s: the job carried on"
+        while time.monotonic() < deadline:
+            if os.path.exists(answer):
+                note = "the launcher answered the network cut request"
+                break
+            time.sleep(0.005)
+        self._enter()
+        try:
+            self._emit({"event": "note", "note": note})
         finally:
             self._leave()
 

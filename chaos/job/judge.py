@@ -36,6 +36,13 @@ happened. Every verdict of such a point starts with what was done ("ckpt.json: b
 byte 40 flipped ...", "SIGTERM at rank 0's step 8: exited 0 within the 5 s grace"), and
 the liveness evidence carries the full record (``fault``). A point whose fault changed
 nothing, or could not be made here, is *skipped* with the reason, never passed.
+
+A network cut (``net``) is judged as the others, its fault line saying where the link
+went down, for how long a hold, and how each copy ended ("rank 1's link down at its
+step 6 for a 3 s hold: copies 0 and 1 raised (RuntimeError: ...)", or "...: still
+running after the hold, SIGKILLed"). A cut the launcher never made is *not_reached*;
+one after which every copy finished by itself and every oracle passed did nothing to
+judge: *no_effect*.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from typing import Any
 from chaos.job import losscurve
 from chaos.job.compare import first_difference
 from chaos.job.launch import AttemptOutcome
+from chaos.job.launch import cause as _cause
 from chaos.job.spec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec, Point
 
 OUTCOMES = ("pass", "hard_failure", "silent_divergence", "lost_work")
@@ -133,19 +141,6 @@ def _liveness(job: JobSpec, rec: PointRecord) -> Oracle:
     if last_line:
         why += f": {last_line.strip()[:200]}"
     return Oracle("liveness", "fail", why, evidence)
-
-
-_EXC = re.compile(r"\b[A-Za-z_.]*(Error|Exception|Interrupt)\b:")
-
-
-def _cause(tail: str) -> str:
-    """The line of a failed run's output that says why: the job's last exception, not the
-    launcher's ``ChildFailedError`` banner; else the last line that is not a rule of ``=`` or ``-``."""
-    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if _EXC.search(ln) and "ChildFailedError" not in ln:
-            return ln
-    return next((ln for ln in reversed(lines) if set(ln) - set("=-")), "")
 
 
 def _results(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
@@ -372,10 +367,14 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
         if applied is None:
             return PointVerdict("error", "error", "the full-disk point left no record", {})
         fired = [{"action": "diskfull", **applied.record}]
+    if p.family == "net" and applied is not None and applied.skipped and not rec.attempts:
+        return PointVerdict("skipped", applied.outcome, applied.skipped, {}, applied.to_dict())
     if not fired:
         traced = any(a == 0 for (_r, a) in rec.traces)
         why = ("the point was not reached: the job's file events differed from the fault-free run's" if traced
                else "no trace from the killed attempt: the tracer was not installed (see the job's output)")
+        if traced and p.step is not None:
+            why = f"the point was not reached: rank {p.rank} announced no step {p.step} in the armed attempt"
         live = _liveness(job, rec)
         return PointVerdict("skipped" if traced else "error", "not_reached" if traced else "error", why,
                             {"liveness": live})
@@ -412,4 +411,7 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
         return verdict("fail", "lost_work", oracles["durability"].summary)
     if preempted is not None and preempted.failed:
         return verdict("fail", "hard_failure", preempted.summary)
+    if p.family == "net" and rec.attempts[0].ok:
+        return PointVerdict("skipped", "no_effect", f"{what}: every copy finished within the hold and every oracle "
+                            "passed: the cut did nothing to judge", oracles, fault)
     return verdict("pass", "pass", "; ".join(o.summary for o in oracles.values() if o.result == "pass"))

@@ -12,13 +12,23 @@ directory (``inproc.py``): *halt* (a corruption or power-loss point fired: every
 is SIGKILLed at once, torchrun's agent with its workers, so nothing restarts before the
 harness has edited {out}) and *term* (SIGTERM to every copy's main process, to torchrun
 itself for a torchrun COMMAND, which forwards it to its workers; then up to ``--grace``
-seconds for them to exit, and SIGKILL for whatever is left).
+seconds for them to exit, and SIGKILL for whatever is left) and *net* (a network cut:
+the rank's link down, ``netcut.cut``; the copies go on for up to ``--net-hold``
+seconds, failing by themselves or SIGKILLed when the hold is over, and the link is
+back up before the attempt returns; once one copy has failed in the cut, the others
+get ``NET_SETTLE_S`` to fail by themselves — they wait in the same collective — before
+they are stopped as above).
+
+With a ``lab`` (``faults.network.NetworkLab``, made by ``explore.py`` per run chain)
+each copy of ``--ranks N`` runs inside its rank's network namespace, with
+``MASTER_ADDR`` = rank 0's lab address (``netcut.in_netns``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,14 +36,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from chaos.errors import ChaosError, ConfigError
+from chaos.job import netcut
 from chaos.job import spec as S
 from faults.process import alive, marked_with
+
+if TYPE_CHECKING:
+    from faults.network import NetworkLab
 
 BOOT_DIR = str(Path(__file__).resolve().parent / "boot")
 _live: dict[int, str] = {}  # pgid -> mark, of every copy running now (for interrupt clean-up)
 _live_lock = threading.Lock()
+_cancelled = threading.Event()  # set by cancel(): no attempt starts, running ones end (an interrupt)
+NET_SETTLE_S = 1.0  # in a network cut, after one copy failed, how long the others get to fail by themselves
 
 
 @dataclass
@@ -50,6 +67,7 @@ class AttemptOutcome:
     stopped: list[int] = field(default_factory=list)  # copies the harness stopped (another failed, or timeout)
     halted: dict[str, Any] | None = None  # a halt request answered: which rank, after which event
     term: dict[str, Any] | None = None    # a term request answered: SIGTERM sent, who exited within the grace
+    net: dict[str, Any] | None = None     # a net request answered: the cut, the hold, how each copy ended
 
     @property
     def ok(self) -> bool:
@@ -61,6 +79,8 @@ class AttemptOutcome:
             return "timed out"
         if self.halted is not None:
             return f"stopped by the harness right after rank {self.halted.get('rank')}'s event {self.halted.get('ord')}"
+        if self.net is not None:
+            return netcut.describe(self.net)
         if self.term is not None:
             t = self.term
             head = f"SIGTERM at rank {t['rank']}'s step {t['step']}: "
@@ -100,7 +120,31 @@ class AttemptOutcome:
             d["halted"] = self.halted
         if self.term is not None:
             d["term"] = self.term
+        if self.net is not None:
+            d["net"] = self.net
         return d
+
+
+_EXC = re.compile(r"\b[A-Za-z_.]*(Error|Exception|Interrupt)\b:")
+
+
+def cause(tail: str) -> str:
+    """The line of a failed run's output that says why: the job's last exception, not the
+    launcher's ``ChildFailedError`` banner; else the last line that is not a rule of ``=`` or ``-``."""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if _EXC.search(ln) and "ChildFailedError" not in ln:
+            return ln
+    return next((ln for ln in reversed(lines) if set(ln) - set("=-")), "")
+
+
+def _log_cause(log: str) -> str:
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.path.getsize(log) - 12000))
+            return cause(f.read().decode(errors="replace"))
+    except OSError:
+        return ""
 
 
 def free_port() -> int:
@@ -187,8 +231,11 @@ def _send_term(procs: list[subprocess.Popen[bytes]], trace_dir: str, req: dict[s
 
 
 def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None,
-                mark: str) -> AttemptOutcome:
-    """Run attempt ``attempt`` to its end (or ``job.timeout_s``); nothing of it survives the call."""
+                mark: str, lab: NetworkLab | None = None) -> AttemptOutcome:
+    """Run attempt ``attempt`` to its end (or ``job.timeout_s``); nothing of it survives the call.
+
+    ``lab``: each copy of ``--ranks N`` runs in its rank's namespace of it (a net point cuts there).
+    """
     trace_dir = os.path.join(scratch, "trace")
     tmp = os.path.join(scratch, "tmp")
     logs_dir = os.path.join(scratch, "logs")
@@ -202,6 +249,12 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     outcome = AttemptOutcome(attempt, argv)
     procs: list[subprocess.Popen[bytes]] = []
     started = time.monotonic()
+    if _cancelled.is_set():
+        raise Cancelled("the exploration was interrupted: no attempt is started")
+    in_lab = lab is not None and job.ranks is not None
+    if in_lab and not netcut.command_exists(argv[0], job.cwd, base.get("PATH")):
+        raise ConfigError(f"cannot start COMMAND {argv[0]!r}: No such file or directory")
+    held_out = False
     try:
         for rank in range(copies):
             env = dict(base)
@@ -210,19 +263,24 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                            LOCAL_WORLD_SIZE=str(copies), GROUP_RANK="0", ROLE_RANK=str(rank),
                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                            TORCHELASTIC_RESTART_COUNT=str(attempt))
+                if in_lab:
+                    env.update(lab.rank_env(rank, port))  # type: ignore[union-attr]
             elif not job.torchrun:
                 env[S.ENV_RANK] = "0"
             log = os.path.join(logs_dir, f"attempt{attempt}-copy{rank}.log")
             outcome.logs.append(log)
             with open(log, "wb") as fh:
-                proc = subprocess.Popen(argv, cwd=job.cwd, env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                proc = subprocess.Popen(netcut.in_netns(lab, rank, argv) if in_lab else argv,  # type: ignore[arg-type]
+                                        cwd=job.cwd, env=env, stdin=subprocess.DEVNULL, stdout=fh,
                                         stderr=subprocess.STDOUT, start_new_session=True)
             with _live_lock:
                 _live[proc.pid] = mark
             procs.append(proc)
         deadline = started + job.timeout_s
-        armed = point is not None and attempt == 0 and (point.mode in S.HALT_MODES or point.mode == "term")
+        armed = point is not None and attempt == 0 and (point.mode in S.HALT_MODES or point.mode in ("term", "net"))
         grace_end: float | None = None
+        hold_end: float | None = None
+        settle_end: float | None = None
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
@@ -234,18 +292,32 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                 if point.mode == "term" and outcome.term is None and (req := _requests(trace_dir, S.TERM_REQUEST)):
                     outcome.term = _send_term(procs, trace_dir, req[0], job.grace_s)
                     grace_end = time.monotonic() + job.grace_s
+                if point.mode == "net" and outcome.net is None and (req := _requests(trace_dir, S.NET_REQUEST)):
+                    outcome.net = netcut.cut(lab if in_lab else None, req[0], job.net_hold_s, trace_dir, out)
+                    if "down" in outcome.net:
+                        hold_end = time.monotonic() + job.net_hold_s
+            failed = any(c not in (None, 0) for c in codes)
             if grace_end is not None:
                 if time.monotonic() > grace_end:
                     break  # the grace is over: SIGKILL below
-            elif any(c not in (None, 0) for c in codes):
+            elif hold_end is not None:
+                if time.monotonic() > hold_end:
+                    held_out = True
+                    break  # the partition lasted the hold: SIGKILL below
+                if failed:
+                    # the other copies wait in the same collective: a moment to raise by themselves
+                    settle_end = settle_end or time.monotonic() + NET_SETTLE_S
+                    if time.monotonic() > settle_end:
+                        break
+            elif failed:
                 break  # one rank failed: stop the others, as torchrun's agent does
             if time.monotonic() > deadline:
                 outcome.timed_out = True
                 break
+            if _cancelled.is_set():
+                break  # interrupted: every copy is killed below
             time.sleep(0.01)
     except FileNotFoundError as exc:
-        from chaos.errors import ConfigError
-
         raise ConfigError(f"cannot start COMMAND {argv[0]!r}: {exc.strerror}") from None
     finally:
         outcome.stopped = [i for i, p in enumerate(procs) if p.poll() is None]
@@ -260,12 +332,34 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             except subprocess.TimeoutExpired:
                 pass
         outcome.leftovers = _kill_marked(mark)
+        if outcome.net is not None:
+            netcut.restore(lab if in_lab else None, outcome.net)  # every copy is gone: the link back up
         with _live_lock:
             for p in procs:
                 _live.pop(p.pid, None)
         outcome.seconds = time.monotonic() - started
     outcome.returncodes = [p.returncode for p in procs]
+    if outcome.net is not None:
+        causes = {i: netcut.clean_cause(_log_cause(outcome.logs[i])) for i, rc in enumerate(outcome.returncodes)
+                  if rc is not None and rc > 0 and i not in outcome.stopped}
+        netcut.finish(outcome.net, outcome.returncodes, outcome.stopped, causes, held_out, outcome.timed_out)
     return outcome
+
+
+class Cancelled(ChaosError):
+    """An attempt was to start after the exploration was interrupted (``cancel``)."""
+
+
+def cancel() -> None:
+    """Interrupted (Ctrl-C, an error): no attempt starts from now on (a point's chain would
+    otherwise go on to its restart), running ones end, every copy is killed. ``uncancel``
+    when the exploration has wound down."""
+    _cancelled.set()
+    kill_all()
+
+
+def uncancel() -> None:
+    _cancelled.clear()
 
 
 def kill_all() -> None:

@@ -18,7 +18,10 @@ of those, so the same run and seed always give the same points in the same order
   when the crash-state model cannot say (each point then finds out at its own cut);
 - ``diskfull``: one ``disk:full:<BYTES>``, a seeded size below the run's peak usage of
   {out}, where a tmpfs can be mounted (asked for explicitly elsewhere: one point, which
-  is skipped with the reason).
+  is skipped with the reason);
+- ``net`` (``--ranks N``, N >= 2, where network namespaces can be made): a rank's link
+  cut at each of its announced steps, and in the middle of its saves: right after the
+  first write to a file since it was opened, and after each rename.
 
 :func:`sample` then draws ``--max-points`` of them, spread over the families.
 """
@@ -32,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.job import atrest, diskfull
+from chaos.job import atrest, diskfull, netcut
 from chaos.job.spec import CORRUPT_FAMILIES, FAULT_KINDS, STEP_KINDS, JobSpec, Point
 
 ENOSPC_EVENTS = ("write", "mkdir", "rename", "link")  # plus an open that creates its file
@@ -53,10 +56,17 @@ def kinds_to_explore(job: JobSpec) -> tuple[tuple[str, ...], list[str]]:
     """The ``--faults`` kinds explored and notes on those left out (default: all that apply here)."""
     if job.faults is not None:
         return tuple(k for k in FAULT_KINDS if k in job.faults), []
+    kinds, notes = list(FAULT_KINDS), []
     ok, why = diskfull.available()
-    if ok:
-        return FAULT_KINDS, []
-    return tuple(k for k in FAULT_KINDS if k != "diskfull"), [f"a real full disk is not explored: {why}"]
+    if not ok:
+        kinds.remove("diskfull")
+        notes.append(f"a real full disk is not explored: {why}")
+    ok, why = netcut.usable(job)
+    if not ok:
+        kinds.remove("net")
+        if job.torchrun or job.ranks is not None and job.ranks >= 2:  # a single process has no ranks to cut apart
+            notes.append(f"network cuts between ranks are not explored: {why}")
+    return tuple(kinds), notes
 
 
 def gather(job: JobSpec, out: str, scratch: str, kinds: Iterable[str], seed: int) -> Facts:
@@ -106,6 +116,10 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
     kill_ops: list[Point] = []
     kill_steps: list[Point] = []
     terms: list[Point] = []
+    net_ops: list[Point] = []
+    net_steps: list[Point] = []
+    cuts = "net" in kinds and job.net_unavailable is None
+    mid_save: set[tuple[int, int]] = set()  # (rank, ord) of a net point at an event
     errnos: list[Point] = []
     power: list[Point] = []
     events: list[tuple[int, dict[str, Any], str, int]] = []  # (rank, record, path key, nth)
@@ -113,17 +127,25 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
         if attempt != 0:
             continue
         seen: dict[tuple[str, str], int] = {}
+        opened: set[str] = set()  # paths opened and not yet written since
         for r in recs:
             if r.get("event") == "op" and r.get("ord") is not None:
                 key = (r["op"], r.get("rel") or r.get("path") or "")
                 seen[key] = seen.get(key, 0) + 1
                 events.append((rank, r, key[1], seen[key]))
+                if r["op"] == "open":
+                    opened.add(key[1])
+                elif r["op"] == "rename" or r["op"] == "write" and key[1] in opened:
+                    opened.discard(key[1])
+                    mid_save.add((rank, r["ord"]))
         announced = sorted({r["info"]["n"] for r in recs if r.get("event") == "phase"
                             and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS})
         if "kill" in kinds:
             kill_steps += [Point(rank, "kill", step=n) for n in announced]
         if "term" in kinds:
             terms += [Point(rank, "term", step=n) for n in announced]
+        if cuts:
+            net_steps += [Point(rank, "net", step=n) for n in announced]
     pending = facts.pending if facts is not None else None
     for rank, r, path, nth in events:
         def at(mode: str, rank: int = rank, r: dict[str, Any] = r, path: str = path, nth: int = nth) -> Point:
@@ -140,6 +162,8 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
                 errnos.append(at("enospc"))
         if "power" in kinds and facts is not None and (not isinstance(pending, set) or (rank, r["ord"]) in pending):
             power.append(at("power"))
+        if cuts and (rank, r["ord"]) in mid_save:
+            net_ops.append(at("net"))
     corrupt: list[Point] = []
     if "corrupt" in kinds and facts is not None:
         done = completions(traces)
@@ -156,7 +180,7 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
         size = diskfull.choose_size(facts.peak, facts.seed)
         if size is not None:
             disk.append(Point(0, "diskfull", size=size))
-    return kill_ops + kill_steps + terms + errnos + corrupt + power + disk
+    return kill_ops + kill_steps + terms + errnos + corrupt + power + disk + net_ops + net_steps
 
 
 def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], points: list[Point]) -> list[str]:
@@ -179,6 +203,8 @@ def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], poin
     if "diskfull" in kinds and not any(p.family == "diskfull" for p in points):
         out.append(f"a real full disk is not explored: {{out}} never held more than {facts.peak} byte(s) of tmpfs "
                    "pages, too little to fill a smaller one")
+    if "net" in kinds and job.net_unavailable is None and not any(p.family == "net" for p in points):
+        out.append("network cuts are not explored: the job announced no step and traced no save")
     if "term" in kinds and not any(p.family == "term" for p in points):
         out.append("SIGTERM is not explored: the job announced no step (chaos.probe.step or --step-regex)")
     return out

@@ -5,8 +5,10 @@ checkpointer in the built-in workload. ``JobSpec`` says how to launch and judge 
 ``Point`` is one place to break it: a kill before, after or in the middle of one traced
 file event of one rank; a corruption of the file an event completed; a power loss
 there; an injected ENOSPC / EIO at an event; a SIGKILL or a SIGTERM with a grace period
-at a step; a real full disk. Both round-trip through text: a point's ``id``
-(``rank0:op17:before``, ``rank0:op9:bitflip``, ``disk:full:8192``) is what ``--point``
+at a step; a real full disk; a network cut between the ranks (a rank's link down for
+``--net-hold`` seconds) at a step or a file event. Both round-trip through text: a
+point's ``id`` (``rank0:op17:before``, ``rank0:op9:bitflip``, ``rank1:step6:net``,
+``disk:full:8192``) is what ``--point``
 takes, so every failing point's replay command reruns exactly that point.
 
 The ``ENV_*`` names are the contract between the harness (``launch.py``) and the boot
@@ -28,11 +30,12 @@ MODES = ("before", "after", "torn")  # kill points at a file event (``--modes``)
 CORRUPT_FAMILIES = ("bitflip", "truncate", "zero", "delete")  # at-rest corruption of a file the job completed
 ERRNO_MODES = ("enospc", "eio")          # the event raises OSError instead of being performed (fsync: fsync_fail)
 HALT_MODES = (*CORRUPT_FAMILIES, "power")  # every copy is stopped right after the event, then {out} is edited
-OP_MODES = (*MODES, *CORRUPT_FAMILIES, "power", *ERRNO_MODES)
-STEP_MODES = ("kill", "term")
+OP_MODES = (*MODES, *CORRUPT_FAMILIES, "power", *ERRNO_MODES, "net")
+STEP_MODES = ("kill", "term", "net")
 # ``--faults``: the families a job is explored with (default: every one that applies here).
-FAULT_KINDS = ("kill", "corrupt", "power", "errno", "term", "diskfull")
+FAULT_KINDS = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net")
 DEFAULT_GRACE_S = 5.0
+DEFAULT_NET_HOLD_S = 5.0  # --net-hold: how long a cut rank's link stays down before the copies are SIGKILLed
 
 # Set by the harness for every process of a job; read by the boot path.
 ENV_OUT = "CHAOS_JOB_OUT"                # the job's {out}: the interposer traces under it
@@ -61,6 +64,8 @@ TORCHRUN_STRIDE = 100
 HALT_REQUEST = "halt-request"  # stop every copy now (a corruption or power-loss point fired)
 TERM_REQUEST = "term-request"  # send SIGTERM to every copy, then SIGKILL after the grace
 TERM_SENT = "term-sent"        # the launcher's answer: SIGTERM was sent
+NET_REQUEST = "net-request"    # cut this rank's link (a net point fired); the rank goes on
+NET_DOWN = "net-down"          # the launcher's answer: the link is down (or why it is not)
 
 _POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})|rank(\d+):step(\d+):({'|'.join(STEP_MODES)})"
                        r"|disk:full:(\d+)")
@@ -76,6 +81,8 @@ class Point:
       there and replace {out} by a power-loss crash state), ``enospc`` / ``eio`` (the event
       raises instead of being performed);
     - ``step`` with mode ``kill`` (SIGKILL) or ``term`` (SIGTERM, SIGKILL after the grace);
+    - ``step`` or ``op`` with mode ``net``: the rank's network link is cut there (after the
+      event, for an op) for ``--net-hold`` seconds while the job goes on (``netcut.py``);
     - ``size`` with mode ``diskfull``: {out} is a tmpfs of that many bytes for attempt 0.
 
     ``kind``, ``path`` (relative to {out}; for a corruption the file corrupted), ``seq``
@@ -109,6 +116,8 @@ class Point:
             return "diskfull"
         if self.mode == "term":
             return "term"
+        if self.mode == "net":
+            return "net"
         if self.mode in CORRUPT_FAMILIES:
             return "corrupt"
         if self.mode == "power":
@@ -129,13 +138,13 @@ class Point:
     def to_fault(self, **extra: Any) -> dict[str, Any]:
         """The point as an entry of the results' ``faults`` list (the existing schema).
 
-        ``kind``: crash (before/after/torn), kill, term, corrupt, powerloss, ioerror or
-        diskfull; ``params.when`` the finer mode (``corrupt`` + ``bitflip``, ...).
+        ``kind``: crash (before/after/torn), kill, term, corrupt, powerloss, ioerror,
+        diskfull or netcut; ``params.when`` the finer mode (``corrupt`` + ``bitflip``, ...).
         """
         fam = self.family
         kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
-                "errno": "ioerror", "term": "term", "diskfull": "diskfull"}[fam]
-        when = None if fam in ("power", "diskfull") else self.mode
+                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut"}[fam]
+        when = None if fam in ("power", "diskfull", "net") else self.mode
         params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
                                     ("path", self.path), ("seq", self.seq), ("nth", self.nth),
                                     ("size_bytes", self.size)) if v is not None}
@@ -146,11 +155,11 @@ class Point:
 
 def parse_point(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
-    ``rank0:step5:kill`` | ``rank0:step5:term`` | ``disk:full:8192``."""
+    ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192``."""
     m = _POINT_RE.fullmatch(text.strip())
     if not m:
         raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:MODE (MODE one of {', '.join(OP_MODES)}), "
-                          "rankR:stepN:kill|term or disk:full:BYTES")
+                          f"rankR:stepN:{'|'.join(STEP_MODES)} or disk:full:BYTES")
     rank, op, mode, srank, step, smode, size = m.groups()
     if size is not None:
         if int(size) < 1:
@@ -210,6 +219,7 @@ class JobSpec:
     modes: tuple[str, ...] = MODES
     faults: tuple[str, ...] | None = None  # --faults; None: every kind that applies here
     grace_s: float = DEFAULT_GRACE_S        # --grace: SIGTERM to SIGKILL at a term point
+    net_hold_s: float = DEFAULT_NET_HOLD_S  # --net-hold: a net point's link stays down this long
     cwd: str = field(default_factory=os.getcwd)
 
     def __post_init__(self) -> None:
@@ -236,6 +246,10 @@ class JobSpec:
                 raise ConfigError(f"--faults {','.join(self.faults)!r}: choose from {','.join(FAULT_KINDS)}")
         if not self.grace_s >= 0:
             raise ConfigError(f"--grace must be a non-negative number of seconds, got {self.grace_s:g}")
+        if not self.net_hold_s > 0:
+            raise ConfigError(f"--net-hold must be a positive number of seconds, got {self.net_hold_s:g}")
+        if self.faults is not None and "net" in self.faults and self.net_unavailable:
+            raise ConfigError(f"--faults net: {self.net_unavailable}")
         if self.step_regex is not None:
             try:
                 rx = re.compile(self.step_regex)
@@ -251,6 +265,19 @@ class JobSpec:
     @property
     def torchrun(self) -> bool:
         return _is_torchrun(self.command)
+
+    @property
+    def net_unavailable(self) -> str | None:
+        """Why network cuts between ranks cannot apply to this job at all (None: they can, given root).
+
+        The harness puts each copy in its own network namespace, so it must start the copies
+        itself: ``--ranks N``, N >= 2. torchrun starts its workers itself, in its own namespace."""
+        if self.torchrun:
+            return ("a torchrun COMMAND starts its workers itself, so the harness cannot put each rank in its "
+                    "own network namespace; run the training script with --ranks N instead")
+        if self.ranks is None or self.ranks < 2:
+            return "a network cut between ranks needs at least two: --ranks N with N >= 2"
+        return None
 
     @property
     def world_size(self) -> int:
@@ -304,10 +331,16 @@ class JobSpec:
             args += ["--faults", ",".join(self.faults)]
         if self.grace_s != DEFAULT_GRACE_S:
             args += ["--grace", repr(self.grace_s)]
+        if self.net_hold_s != DEFAULT_NET_HOLD_S:
+            args += ["--net-hold", repr(self.net_hold_s)]
         return args
 
-    def replay_command(self, point: Point | None = None) -> str:
+    def replay_command(self, point: Point | None = None, seed: int = 0) -> str:
+        """``chaos run ... --point ID -- COMMAND``; a non-zero run ``seed`` is part of it, since
+        it decides a corruption's bytes and a power-loss state at that point."""
         args = ["chaos", "run", *self.replay_args()]
+        if seed:
+            args += ["--seed", str(seed)]
         if point is not None:
             args += ["--point", point.id]
         return shlex.join([*args, "--", *self.command])
@@ -325,7 +358,8 @@ class JobSpec:
                    timeout_s=float(spec.get("timeout_s", 300.0)), rtol=float(spec.get("rtol", 1e-3)),
                    modes=tuple(spec.get("modes") or MODES),
                    faults=tuple(spec["faults"]) if spec.get("faults") is not None else None,
-                   grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)), cwd=spec.get("cwd") or os.getcwd())
+                   grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)),
+                   net_hold_s=float(spec.get("net_hold_s", DEFAULT_NET_HOLD_S)), cwd=spec.get("cwd") or os.getcwd())
 
     def to_dict(self) -> dict[str, Any]:
         return {"command": list(self.command), "resume_command": list(self.resume_command or []) or None,
@@ -335,4 +369,4 @@ class JobSpec:
                 "checkpoint_glob": self.checkpoint_glob, "max_restarts": self.max_restarts,
                 "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes),
                 "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
-                "cwd": self.cwd}
+                "net_hold_s": self.net_hold_s, "cwd": self.cwd}
