@@ -180,6 +180,7 @@ def test_budget_without_hypothesis_is_one_error_line_and_exit_2(tmp_path):
 
 
 @pytest.mark.chaos
+@pytest.mark.slow  # 43 s of CI's 15 minutes; the fake-clock budget test above keeps the logic in the default run
 def test_a_real_budget_campaign_skips_no_drawn_point_and_reports_coverage(tmp_path, capsys):
     """The reference, a tiny workload, 30 s of generated schedules after the nine families."""
     out = tmp_path / "campaign.json"
