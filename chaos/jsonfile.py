@@ -35,3 +35,21 @@ def write_json_atomic(path: str | os.PathLike[str], doc: Any, *, indent: int | N
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def read_json(path: str | os.PathLike[str], what: str = "results") -> Any:
+    """A JSON input (results, a report's data): any problem is one ConfigError naming the file.
+    Called by ``reports.html.load_json`` and ``chaos repro``."""
+    from chaos.errors import ConfigError
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} file {p}: {exc}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{p} is not valid JSON ({what}): {exc}") from None

@@ -46,6 +46,7 @@ import jinja2
 from markupsafe import Markup
 
 from chaos.errors import ConfigError
+from chaos.jsonfile import read_json
 
 TEMPLATES = Path(__file__).parent / "templates"
 VERDICT_ORDER = {"fail": 0, "error": 1, "pass": 2, "skipped": 3}
@@ -61,17 +62,7 @@ PLOT_FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif",
 
 def load_json(path: str | Path, what: str = "results") -> Any:
     """Read a JSON input of the report; any problem is one clear ConfigError naming the file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{what} file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {what} file {p}: {exc}") from None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{p} is not valid JSON ({what}): {exc}") from None
+    return read_json(path, what)
 
 
 def _check_results(doc: Any, source: str) -> None:

@@ -22,7 +22,6 @@ and exit status 2. Standard library only: no torch import.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ConfigError
+from chaos.jsonfile import read_json
 
 NAME = "repro"
 HELP = "write a standalone reproduction script and an upstream issue draft for a job's failing point"
@@ -46,17 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_results(path: str) -> Any:
     """The results document; ConfigError naming ``path`` when it is missing, unreadable or not JSON."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"results file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read results file {p}: {exc}") from None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{p} is not valid JSON: {exc}") from None
+    return read_json(path, "results")
 
 
 def run(args: argparse.Namespace) -> int:
