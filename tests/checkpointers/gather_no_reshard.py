@@ -20,13 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
-def _is_dtensor(value: Any) -> bool:
-    return type(value).__name__ == "DTensor"
+from chaos.ckptformat.dtensor import is_dtensor
 
 
 def _local(state: Any) -> Any:
-    if _is_dtensor(state):
+    if is_dtensor(state):
         return state.to_local().clone()
     if isinstance(state, dict):
         return {k: _local(v) for k, v in state.items()}
@@ -37,7 +35,7 @@ def _local(state: Any) -> Any:
 
 def _fit(template: Any, loaded: Any) -> Any:
     """The bug: the saved shard is poured into the template's shard, no resharding."""
-    if _is_dtensor(template):
+    if is_dtensor(template):
         from torch.distributed.tensor import DTensor
 
         local = template.to_local().detach().clone()

@@ -15,17 +15,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from chaos.ckptformat.dtensor import is_dtensor
 from chaos.protocol import load_checkpointer
 
 Careful = load_checkpointer(f"{Path(__file__).with_name('careful.py')}:CarefulCheckpointer")
 
 
-def _is_dtensor(value: Any) -> bool:
-    return type(value).__name__ == "DTensor"
-
-
 def _local(state: Any) -> Any:
-    if _is_dtensor(state):
+    if is_dtensor(state):
         return state.to_local().clone()
     if isinstance(state, dict):
         return {k: _local(v) for k, v in state.items()}
@@ -36,7 +33,7 @@ def _local(state: Any) -> Any:
 
 def _wrap(template: Any, loaded: Any) -> Any:
     """Loaded local tensors back into DTensors placed like the template's."""
-    if _is_dtensor(template):
+    if is_dtensor(template):
         from torch.distributed.tensor import DTensor
 
         return DTensor.from_local(loaded, template.device_mesh, template.placements, run_check=False,
