@@ -150,36 +150,30 @@ def merge(nodes: list[Any]) -> Any:
     return {"t": "per_rank", "values": nodes}
 
 
-def iter_dtensors(node: Any) -> Iterator[str]:
-    """Every ``dtensors`` key a (resolved, merged) node references."""
+def _leaves(node: Any, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    """Every node of one of ``kinds`` under a (resolved, merged) node, in order."""
     t = node.get("t") if isinstance(node, dict) else None
-    if t == "dtensor":
-        yield node["key"]
+    if t in kinds:
+        yield node
     elif t in ("list", "tuple"):
         for n in node["items"]:
-            yield from iter_dtensors(n)
+            yield from _leaves(n, kinds)
     elif t == "dict":
         for _, v in node["items"]:
-            yield from iter_dtensors(v)
+            yield from _leaves(v, kinds)
     elif t == "per_rank":
         for n in node["values"]:
-            yield from iter_dtensors(n)
+            yield from _leaves(n, kinds)
+
+
+def iter_dtensors(node: Any) -> Iterator[str]:
+    """Every ``dtensors`` key a (resolved, merged) node references."""
+    return (n["key"] for n in _leaves(node, ("dtensor",)))
 
 
 def iter_entries(node: Any) -> Iterator[str]:
     """Every entry name a (resolved, merged) node references."""
-    t = node.get("t") if isinstance(node, dict) else None
-    if t in ("tensor", "ndarray"):
-        yield node["entry"]
-    elif t in ("list", "tuple"):
-        for n in node["items"]:
-            yield from iter_entries(n)
-    elif t == "dict":
-        for _, v in node["items"]:
-            yield from iter_entries(v)
-    elif t == "per_rank":
-        for n in node["values"]:
-            yield from iter_entries(n)
+    return (n["entry"] for n in _leaves(node, ("tensor", "ndarray")))
 
 
 class Decoder:
