@@ -124,6 +124,6 @@ def test_the_tracer_is_compiled_once_into_the_scratch_pycache_even_without_bytec
     proc = subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     cached = {p.name.split(".")[0] for p in (tmp_path / "pycache").rglob("*.pyc")}
-    assert {"interposer", "inproc", "spec"} <= cached, cached
+    assert {"interposer", "inproc", "contract"} <= cached, cached
     assert "helper_mod" not in cached and not (tmp_path / "__pycache__").exists()  # the job's import: untouched
     assert [op for _o, op, _r in _ops(tmp_path)][:2] == ["open", "write"]  # and the tracer really ran

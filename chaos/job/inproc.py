@@ -55,7 +55,7 @@ import time
 from typing import Any
 
 from chaos import phases
-from chaos.job import spec as S
+from chaos.job import contract as S
 from faults.interposer import Interposer, IORule
 
 _installed: JobInterposer | None = None

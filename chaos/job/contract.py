@@ -1,0 +1,74 @@
+"""The contract between the harness and a job's rank processes: names and constants only.
+
+``launch.py`` sets the ``ENV_*`` variables for every process of a job; the boot path it
+puts on ``PYTHONPATH`` (``boot/sitecustomize.py`` -> ``inproc.py``) reads them, and the
+two meet again in the trace directory through the request names. ``spec.py`` re-exports
+all of it for the harness's side. It lives apart from ``spec.py`` because it is imported
+as every traced rank starts: nothing here may import ``dataclasses``, ``typing`` or
+``shlex``, which a pure-Python job would otherwise pay for in every process.
+"""
+
+from __future__ import annotations
+
+import re
+
+from chaos.errors import ConfigError
+
+OUT = "{out}"
+MODES = ("before", "after", "torn")  # kill points at a file event (``--modes``); a step point's mode is kill or term
+CORRUPT_FAMILIES = ("bitflip", "truncate", "zero", "delete")  # at-rest corruption of a file the job completed
+ERRNO_MODES = ("enospc", "eio")          # the event raises OSError instead of being performed (fsync: fsync_fail)
+HALT_MODES = (*CORRUPT_FAMILIES, "power")  # every copy is stopped right after the event, then {out} is edited
+OP_MODES = (*MODES, *CORRUPT_FAMILIES, "power", *ERRNO_MODES, "net")
+STEP_MODES = ("kill", "term", "net")
+# ``--faults``: the families a job is explored with (default: every one that applies here).
+FAULT_KINDS = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net")
+DEFAULT_GRACE_S = 5.0
+DEFAULT_NET_HOLD_S = 5.0  # --net-hold: how long a cut rank's link stays down before the copies are SIGKILLed
+
+# Set by the harness for every process of a job; read by the boot path.
+ENV_OUT = "CHAOS_JOB_OUT"                # the job's {out}: the interposer traces under it
+ENV_TRACE_DIR = "CHAOS_JOB_TRACE_DIR"    # where each traced process writes its trace
+ENV_POINT = "CHAOS_JOB_POINT"            # JSON of the one point to fire (attempt 0 only)
+ENV_RANKS_ONLY = "CHAOS_JOB_RANKS_ONLY"  # "1": only processes with RANK set (torchrun workers)
+ENV_CHILDREN = "CHAOS_JOB_CHILDREN"      # "1": also trace children of a traced process
+ENV_STEP_REGEX = "CHAOS_JOB_STEP_REGEX"  # --step-regex, scanned in the job's own stdout/stderr
+ENV_LOSS_REGEX = "CHAOS_JOB_LOSS_REGEX"  # --loss-regex, scanned there too
+ENV_BOOTED = "CHAOS_JOB_BOOTED"          # pid of the traced ancestor (set by the boot itself)
+ENV_RANK = "CHAOS_JOB_RANK"              # rank when the launcher sets no RANK (a plain command)
+ENV_ATTEMPT = "CHAOS_JOB_ATTEMPT"        # attempt when no TORCHELASTIC_RESTART_COUNT is set
+ENV_MARK = "CHAOS_JOB_MARK"              # every process of a point carries it: cleanup finds them
+ENV_TMP = "CHAOS_JOB_TMP"                # the point's temp dir: each rank's TMPDIR is its own folder in it
+ENV_PYCACHE = "CHAOS_JOB_PYCACHE"        # where the boot path compiles the tracer's modules (scratch root)
+PROBE_FILE_ENV = "CHAOS_PROBE_FILE"      # chaos.probe writes its JSON lines here
+# The ``chaos.probe`` announcements that say "step n ran": probe.step, a --step-regex match,
+# a --loss-regex match. Kill and term points at steps fire on them.
+STEP_KINDS = ("step", "regex", "loss")
+
+# A torchrun COMMAND relaunched by the harness (after a SIGTERM, a corruption, a power loss):
+# its workers' attempt is TORCHRUN_STRIDE * the harness's attempt + torchelastic's restart count.
+TORCHRUN_STRIDE = 100
+
+# Requests a rank leaves in the trace directory for the launcher's poll loop (launch.py):
+HALT_REQUEST = "halt-request"  # stop every copy now (a corruption or power-loss point fired)
+TERM_REQUEST = "term-request"  # send SIGTERM to every copy, then SIGKILL after the grace
+TERM_SENT = "term-sent"        # the launcher's answer: SIGTERM was sent
+NET_REQUEST = "net-request"    # cut this rank's link (a net point fired); the rank goes on
+NET_DOWN = "net-down"          # the launcher's answer: the link is down (or why it is not)
+
+
+def loss_groups(regex: str) -> tuple[int | str, int | str]:
+    """Which groups of a ``--loss-regex`` hold the step and the loss: the named ``step`` and
+    ``loss``, else the first two in that order. Called by the spec (to validate) and by the
+    boot path's output scanner."""
+    try:
+        rx = re.compile(regex)
+    except re.error as exc:
+        raise ConfigError(f"--loss-regex {regex!r} is not a regular expression: {exc}") from None
+    named = rx.groupindex
+    if "step" in named and "loss" in named:
+        return "step", "loss"
+    if named.keys() & {"step", "loss"} or rx.groups < 2:
+        raise ConfigError(f"--loss-regex {regex!r} needs the step and the loss: groups named step and loss, "
+                          "or two groups, step first (e.g. 'step (\\d+) loss ([0-9.eE+-]+)')")
+    return 1, 2
