@@ -8,10 +8,14 @@ draw save phases on a timeline. With no listener a phase costs one list check.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+# Imported as every traced rank of a job starts (through faults.interposer): no ``typing``
+# at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
-Listener = Callable[[str, dict[str, Any]], None]
+    Listener = Callable[[str, dict[str, Any]], None]
 
 _listeners: list[Listener] = []
 

@@ -16,13 +16,15 @@ events: that order is how the judge knows which saves were acknowledged before a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
-from typing import Any
 
 from chaos import phases
+
+TYPE_CHECKING = False  # the job imports this as it starts: no ``typing`` (nor ``hashlib``) until needed
+if TYPE_CHECKING:
+    from typing import Any
 
 PROBE_FILE_ENV = "CHAOS_PROBE_FILE"
 PHASE = "chaos.probe"
@@ -62,6 +64,8 @@ def state(obj: Any, name: str = "state") -> None:
     if not os.environ.get(PROBE_FILE_ENV):
         return
     data = obj if isinstance(obj, bytes) else (obj if isinstance(obj, str) else repr(obj)).encode()
+    import hashlib
+
     _emit("state", name=name, sha256=hashlib.sha256(data).hexdigest())
 
 

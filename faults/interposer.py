@@ -82,14 +82,21 @@ import json
 import os
 import signal
 import stat
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from chaos import phases
 from chaos.errors import ConfigError
+
+# This module is imported as every traced rank process starts (``chaos run -- COMMAND``'s
+# boot path), so it keeps off the imports a pure-Python job would not pay for itself:
+# ``typing`` only for type checkers, and small hand-written classes where
+# ``dataclasses`` (and the ``inspect`` it imports) would cost each process ~5 ms.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
 
 OP_KINDS = (
     "open", "write", "truncate", "fsync", "fdatasync", "close",
@@ -100,7 +107,6 @@ _FSYNC_KINDS = ("fsync", "fdatasync")
 _WRITE_MODES = frozenset("wax+")
 
 
-@dataclass
 class IORule:
     """One fault to fire at an exact point of a rank's I/O.
 
@@ -123,20 +129,27 @@ class IORule:
                   past=True, times=None)`` is the disk-full fallback without root).
     """
 
-    action: str
-    op: str | None = None
-    nth: int = 1
-    path_glob: str | None = None
-    byte: int | None = None
-    phase: str | None = None
-    step: int | None = None
-    delay_s: float = 0.0
-    keep: int | None = None
-    then: str = "kill"
-    times: int | None = 1
-    past: bool = False
+    __slots__ = ("action", "op", "nth", "path_glob", "byte", "phase", "step", "delay_s", "keep", "then",
+                 "times", "past")
 
-    def __post_init__(self) -> None:
+    def __init__(self, action: str, op: str | None = None, nth: int = 1, path_glob: str | None = None,
+                 byte: int | None = None, phase: str | None = None, step: int | None = None,
+                 delay_s: float = 0.0, keep: int | None = None, then: str = "kill", times: int | None = 1,
+                 past: bool = False) -> None:
+        self.action, self.op, self.nth, self.path_glob = action, op, nth, path_glob
+        self.byte, self.phase, self.step, self.delay_s = byte, phase, step, delay_s
+        self.keep, self.then, self.times, self.past = keep, then, times, past
+        self._validate()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is IORule and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass would be
+
+    def __repr__(self) -> str:
+        return "IORule(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")"
+
+    def _validate(self) -> None:
         if self.action not in ACTIONS:
             raise ConfigError(f"unknown I/O action {self.action!r}; expected one of {ACTIONS}")
         if self.op is not None and self.op not in OP_KINDS:
@@ -168,25 +181,25 @@ class IORule:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: getattr(self, k) for k in self.__slots__}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IORule:
         return cls(**d)
 
 
-@dataclass
 class _RuleState:
-    count: int = 0
-    fired: int = 0
-    armed: bool = False
+    __slots__ = ("count", "fired", "armed")
+
+    def __init__(self) -> None:
+        self.count, self.fired, self.armed = 0, 0, False
 
 
-@dataclass
 class _Fd:
-    path: str
-    append: bool = False
-    is_dir: bool = False
+    __slots__ = ("path", "append", "is_dir")
+
+    def __init__(self, path: str, append: bool = False, is_dir: bool = False) -> None:
+        self.path, self.append, self.is_dir = path, append, is_dir
 
 
 class _Kill(BaseException):
@@ -197,9 +210,8 @@ def _default_temp_dir() -> str:
     """The directory ``tempfile`` would use, found without its probe: ``gettempdir()``
     writes and removes a test file on first use, and nothing of the interposer's own
     may land in a rank's temp dir (``$TMPDIR``, the scenario's scratch ``tmp``)."""
-    import tempfile
-
-    if tempfile.tempdir is not None:
+    tempfile = sys.modules.get("tempfile")  # not imported here: it costs a rank ~3 ms at start
+    if tempfile is not None and tempfile.tempdir is not None:
         return tempfile.tempdir
     for name in ("TMPDIR", "TEMP", "TMP"):
         d = os.environ.get(name)
@@ -1081,12 +1093,22 @@ def read_data(data_path: str, rec: dict[str, Any]) -> bytes | None:
 
 
 # ---------------------------------------------------------------------- untraced I/O
-@dataclass(frozen=True)
 class TreeSnapshot:
     """Cheap identity of every file under a root: relpath -> (size, mtime_ns, inode)."""
 
-    root: str
-    files: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    __slots__ = ("root", "files")
+
+    def __init__(self, root: str, files: dict[str, tuple[int, int, int]] | None = None) -> None:
+        self.root = root
+        self.files: dict[str, tuple[int, int, int]] = {} if files is None else files
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is TreeSnapshot and (self.root, self.files) == (other.root, other.files)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TreeSnapshot(root={self.root!r}, files={self.files!r})"
 
 
 def snapshot_tree(root: str | os.PathLike[str]) -> TreeSnapshot:

@@ -48,26 +48,29 @@ What stays different, said plainly:
 from __future__ import annotations
 
 import functools
-import inspect
 import io
 import os
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+
+# Imported as every traced rank starts (through faults.interposer): ``inspect`` only when a
+# writer is wrapped, ``typing`` only for type checkers, no ``dataclasses``.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import inspect
+    from collections.abc import Callable
+    from typing import Any
 
 __all__ = ["TARGETS", "NativeWriters"]
 
 
-@dataclass(frozen=True)
 class _Target:
     """One function to wrap: ``module.attr``, recorded as ``via``; ``kind`` picks the wrapper."""
 
-    module: str
-    attr: str
-    via: str
-    kind: str  # "torch" | "safetensors"
+    __slots__ = ("module", "attr", "via", "kind")
+
+    def __init__(self, module: str, attr: str, via: str, kind: str) -> None:  # kind: "torch" | "safetensors"
+        self.module, self.attr, self.via, self.kind = module, attr, via, kind
 
 
 TARGETS = (
@@ -204,6 +207,8 @@ class NativeWriters:
         if id(original) in self._wrappers:
             return self._wrappers[id(original)]
         try:
+            import inspect
+
             sig = inspect.signature(original)
         except (TypeError, ValueError):
             return None

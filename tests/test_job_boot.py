@@ -127,3 +127,23 @@ def test_the_tracer_is_compiled_once_into_the_scratch_pycache_even_without_bytec
     assert {"interposer", "inproc", "contract"} <= cached, cached
     assert "helper_mod" not in cached and not (tmp_path / "__pycache__").exists()  # the job's import: untouched
     assert [op for _o, op, _r in _ops(tmp_path)][:2] == ["open", "write"]  # and the tracer really ran
+
+
+def test_the_tracer_adds_no_heavy_imports_to_a_pure_python_job(tmp_path: Path) -> None:
+    """Every traced rank pays the boot path's imports as it starts: the tracer (contract,
+    interposer, native-writer hooks, probe) keeps off the modules a plain job does not import
+    itself, so a point's two short processes cost what the job costs, not more."""
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    out.mkdir()
+    trace.mkdir()
+    heavy = ("dataclasses", "typing", "inspect", "tempfile", "shutil", "hashlib", "shlex")
+    script = tmp_path / "job.py"
+    script.write_text("import sys\nfrom chaos import probe\nprobe.step(1, 0.5)\n"
+                      f"open(sys.argv[1] + '/a.txt', 'w').write('x')\nprint([m for m in {heavy!r} if m in sys.modules])\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_")}
+    traced = dict(clean, PYTHONPATH=BOOT_DIR, **{S.ENV_OUT: str(out), S.ENV_TRACE_DIR: str(trace)})
+    runs = [subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True, text=True,
+                           timeout=60) for env in (clean, traced)]
+    assert [p.returncode for p in runs] == [0, 0], [p.stderr for p in runs]
+    assert runs[1].stdout == runs[0].stdout, runs[1].stdout  # the same modules as untraced
+    assert [op for _o, op, _r in _ops(tmp_path)][:2] == ["open", "write"]  # and the tracer really ran

@@ -52,11 +52,14 @@ import os
 import re
 import sys
 import time
-from typing import Any
 
 from chaos import phases
 from chaos.job import contract as S
 from faults.interposer import Interposer, IORule
+
+TYPE_CHECKING = False  # imported as every rank starts: no ``typing`` at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 _installed: JobInterposer | None = None
 HALT_WAIT_S = 20.0  # a halted rank waits this long for the launcher to stop it, then SIGKILLs itself
