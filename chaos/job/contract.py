@@ -40,6 +40,7 @@ ENV_ATTEMPT = "CHAOS_JOB_ATTEMPT"        # attempt when no TORCHELASTIC_RESTART_
 ENV_MARK = "CHAOS_JOB_MARK"              # every process of a point carries it: cleanup finds them
 ENV_TMP = "CHAOS_JOB_TMP"                # the point's temp dir: each rank's TMPDIR is its own folder in it
 ENV_PYCACHE = "CHAOS_JOB_PYCACHE"        # where the boot path compiles the tracer's modules (scratch root)
+ENV_GATE = "CHAOS_JOB_GATE"              # "GO_FD,READY_FD": a spare interpreter waits there (spares.py)
 PROBE_FILE_ENV = "CHAOS_PROBE_FILE"      # chaos.probe writes its JSON lines here
 # The ``chaos.probe`` announcements that say "step n ran": probe.step, a --step-regex match,
 # a --loss-regex match. Kill and term points at steps fire on them.

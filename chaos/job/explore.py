@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError
-from chaos.job import atrest, diskfull, launch, losscurve, netcut, pointset
+from chaos.job import atrest, diskfull, launch, losscurve, netcut, pointset, spares
 from chaos.job.compare import first_difference
 from chaos.job.judge import Golden, PointRecord, PointVerdict, judge, last_steps
 from chaos.job.pointset import Facts, sample
@@ -115,8 +115,11 @@ class Run:
     mark: str
     attempts: list[launch.AttemptOutcome] = field(default_factory=list)
     lab: NetworkLab | None = None  # where every copy runs, each rank in its namespace (network cuts explored)
+    prestart: bool = False  # start the restart's copies while attempt 0 runs (launch.prestart)
 
     def attempt(self, job: JobSpec, attempt: int, point: Point | None) -> launch.AttemptOutcome:
+        if self.prestart and attempt == 0 and point is not None and job.max_restarts > 0:
+            launch.prestart(job, self.out, self.scratch, 1, None, self.mark, self.lab)
         out = launch.run_attempt(job, self.out, self.scratch, attempt, point, self.mark, self.lab)
         self.attempts.append(out)
         return out
@@ -125,7 +128,7 @@ class Run:
 def _new_run(root: str, name: str) -> Run:
     scratch = os.path.join(root, name)
     out = os.path.join(scratch, "out")
-    os.makedirs(out)
+    os.makedirs(out, exist_ok=True)  # made already where the point's first attempt was prestarted
     return Run(scratch, out, scratch)
 
 
@@ -456,11 +459,23 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
         def estimate() -> float:
             return sum(durations) / len(durations) if durations else ref.seconds
 
+        # Points one at a time leave a core idle: the next attempt's interpreter starts there
+        # (launch.prestart, spares.py) while this one runs. Not where every run has a lab of its own.
+        warm = jobs < (os.cpu_count() or 1) and not ref.netlab and launch.can_prestart(job)
+
         def one(i: int, point: Point) -> PointResult | None:
             if budget_s is not None and time.monotonic() - started + estimate() > budget_s:
                 return None
             t0 = time.monotonic()
-            rec = run_chain(job, _new_run(root, f"point-{i:05d}"), point, seed, ref.netlab)
+            run = _new_run(root, f"point-{i:05d}")
+            run.prestart = warm
+            if warm and jobs == 1 and i + 1 < len(chosen):
+                nxt = _new_run(root, f"point-{i + 1:05d}")
+                launch.prestart(job, nxt.out, nxt.scratch, 0, chosen[i + 1], nxt.mark)
+            try:
+                rec = run_chain(job, run, point, seed, ref.netlab)
+            finally:
+                spares.drop(run.scratch)
             res = PointResult(job, point, judge(job, ref.golden, rec), rec, seed, time.monotonic() - t0)
             with lock:
                 durations.append(res.seconds)

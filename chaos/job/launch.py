@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.job import netcut
+from chaos.job import netcut, spares
 from chaos.job import spec as S
 from faults.process import alive, marked_with
 
@@ -51,6 +52,8 @@ _live: dict[int, str] = {}  # pgid -> mark, of every copy running now (for inter
 _live_lock = threading.Lock()
 _cancelled = threading.Event()  # set by cancel(): no attempt starts, running ones end (an interrupt)
 NET_SETTLE_S = 1.0  # in a network cut, after one copy failed, how long the others get to fail by themselves
+ARMED_POLL_S = 0.002  # an armed point's rank leaves a request file and waits: look often (10 ms after 1 s)
+IDLE_POLL_S = 0.05    # otherwise the loop wakes when a copy exits; this bounds the deadline / cancel checks
 
 
 @dataclass
@@ -68,6 +71,7 @@ class AttemptOutcome:
     halted: dict[str, Any] | None = None  # a halt request answered: which rank, after which event
     term: dict[str, Any] | None = None    # a term request answered: SIGTERM sent, who exited within the grace
     net: dict[str, Any] | None = None     # a net request answered: the cut, the hold, how each copy ended
+    prestarted: bool = False  # its copies were spares started ahead, held at the gate until it began
 
     @property
     def ok(self) -> bool:
@@ -122,6 +126,8 @@ class AttemptOutcome:
             d["term"] = self.term
         if self.net is not None:
             d["net"] = self.net
+        if self.prestarted:
+            d["prestarted"] = True
         return d
 
 
@@ -145,6 +151,33 @@ def _log_cause(log: str) -> str:
             return cause(f.read().decode(errors="replace"))
     except OSError:
         return ""
+
+
+class _Exits:
+    """Wakes the poll loop the moment a copy exits (a pidfd per copy, Linux >= 5.3), instead of
+    at its next tick: a pure-Python job's attempt lasts a few tens of milliseconds, and a fixed
+    10 ms tick cost each attempt 5 ms on average. Where pidfds are missing it just sleeps."""
+
+    def __init__(self) -> None:
+        self.fds: dict[int, int] = {}  # pid -> pidfd
+
+    def watch(self, proc: subprocess.Popen[bytes]) -> None:
+        try:
+            self.fds[proc.pid] = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            pass  # no pidfds here: wait() sleeps its timeout
+
+    def wait(self, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+        live = [self.fds[p.pid] for p in procs if p.returncode is None and p.pid in self.fds]
+        if len(live) < sum(1 for p in procs if p.returncode is None):
+            time.sleep(timeout)
+            return
+        select.select(live, [], [], timeout)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
 
 
 def free_port() -> int:
@@ -230,12 +263,14 @@ def _send_term(procs: list[subprocess.Popen[bytes]], trace_dir: str, req: dict[s
             "sent_to": sent, "exited_within_grace": [], "killed_after_grace": []}
 
 
-def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None,
-                mark: str, lab: NetworkLab | None = None) -> AttemptOutcome:
-    """Run attempt ``attempt`` to its end (or ``job.timeout_s``); nothing of it survives the call.
+def attempt_mark(mark: str, attempt: int) -> str:
+    """The ``CHAOS_JOB_MARK`` of one attempt: its clean-up never finds the next one's spare."""
+    return f"{mark}#attempt{attempt}"
 
-    ``lab``: each copy of ``--ranks N`` runs in its rank's namespace of it (a net point cuts there).
-    """
+
+def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None, mark: str,
+          lab: NetworkLab | None, port: int) -> list[spares.Copy]:
+    """Every copy of an attempt exactly as it is started (its folders made)."""
     trace_dir = os.path.join(scratch, "trace")
     tmp = os.path.join(scratch, "tmp")
     logs_dir = os.path.join(scratch, "logs")
@@ -245,37 +280,81 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     base = job_env(job, out, trace_dir, tmp, mark, attempt, point)
     base[S.ENV_PYCACHE] = os.path.join(os.path.dirname(os.path.abspath(scratch)), "pycache")  # one per exploration
     copies = job.ranks if job.ranks is not None else 1
+    in_lab = lab is not None and job.ranks is not None
+    plan = []
+    for rank in range(copies):
+        env = dict(base)
+        if job.ranks is not None:
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(copies),
+                       LOCAL_WORLD_SIZE=str(copies), GROUP_RANK="0", ROLE_RANK=str(rank),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       TORCHELASTIC_RESTART_COUNT=str(attempt))
+            if in_lab:
+                env.update(lab.rank_env(rank, port))  # type: ignore[union-attr]
+        elif not job.torchrun:
+            env[S.ENV_RANK] = "0"
+        cmd = netcut.in_netns(lab, rank, argv) if in_lab else argv  # type: ignore[arg-type]
+        plan.append(spares.Copy(tuple(cmd), tuple(sorted(env.items())),
+                                os.path.join(logs_dir, f"attempt{attempt}-copy{rank}.log"), job.cwd))
+    return plan
+
+
+def can_prestart(job: S.JobSpec, lab: NetworkLab | None = None) -> bool:
+    """Whether an attempt's copies may be started ahead of it (``spares.py`` says when)."""
+    return lab is None and not job.torchrun and spares.is_python(job.argv("", resume=False)[0])
+
+
+def prestart(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None, mark: str,
+             lab: NetworkLab | None = None) -> bool:
+    """Start attempt ``attempt``'s copies now, held at the gate until ``run_attempt`` takes them.
+
+    Called by ``explore.py`` while another attempt runs; False (nothing started) where
+    ``can_prestart`` says no or the exploration is being interrupted.
+    """
+    if _cancelled.is_set() or not can_prestart(job, lab):
+        return False
     port = free_port()
+    spares.start(scratch, attempt, _plan(job, out, scratch, attempt, point, attempt_mark(mark, attempt), lab, port),
+                 port)
+    return True
+
+
+def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None,
+                mark: str, lab: NetworkLab | None = None) -> AttemptOutcome:
+    """Run attempt ``attempt`` to its end (or ``job.timeout_s``); nothing of it survives the call.
+
+    ``lab``: each copy of ``--ranks N`` runs in its rank's namespace of it (a net point cuts there).
+    """
+    mark = attempt_mark(mark, attempt)
+    trace_dir = os.path.join(scratch, "trace")
+    argv = job.argv(out, resume=attempt > 0)
+    port = spares.port_of(scratch, attempt) or free_port()
+    plan = _plan(job, out, scratch, attempt, point, mark, lab, port)
     outcome = AttemptOutcome(attempt, argv)
+    outcome.logs = [c.log for c in plan]
     procs: list[subprocess.Popen[bytes]] = []
-    started = time.monotonic()
     if _cancelled.is_set():
         raise Cancelled("the exploration was interrupted: no attempt is started")
     in_lab = lab is not None and job.ranks is not None
-    if in_lab and not netcut.command_exists(argv[0], job.cwd, base.get("PATH")):
+    if in_lab and not netcut.command_exists(argv[0], job.cwd, dict(plan[0].env).get("PATH")):
         raise ConfigError(f"cannot start COMMAND {argv[0]!r}: No such file or directory")
     held_out = False
+    exits = _Exits()
+    warm = spares.take(scratch, attempt, plan)
+    outcome.prestarted = warm is not None
+    started = time.monotonic()
     try:
-        for rank in range(copies):
-            env = dict(base)
-            if job.ranks is not None:
-                env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(copies),
-                           LOCAL_WORLD_SIZE=str(copies), GROUP_RANK="0", ROLE_RANK=str(rank),
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                           TORCHELASTIC_RESTART_COUNT=str(attempt))
-                if in_lab:
-                    env.update(lab.rank_env(rank, port))  # type: ignore[union-attr]
-            elif not job.torchrun:
-                env[S.ENV_RANK] = "0"
-            log = os.path.join(logs_dir, f"attempt{attempt}-copy{rank}.log")
-            outcome.logs.append(log)
-            with open(log, "wb") as fh:
-                proc = subprocess.Popen(netcut.in_netns(lab, rank, argv) if in_lab else argv,  # type: ignore[arg-type]
-                                        cwd=job.cwd, env=env, stdin=subprocess.DEVNULL, stdout=fh,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        for i, c in enumerate(plan):
+            if warm is not None:
+                proc = warm[i]
+            else:
+                with open(c.log, "wb") as fh:
+                    proc = subprocess.Popen(list(c.argv), cwd=c.cwd, env=dict(c.env), stdin=subprocess.DEVNULL,
+                                            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
             with _live_lock:
                 _live[proc.pid] = mark
             procs.append(proc)
+            exits.watch(proc)
         deadline = started + job.timeout_s
         armed = point is not None and attempt == 0 and (point.mode in S.HALT_MODES or point.mode in ("term", "net"))
         grace_end: float | None = None
@@ -316,10 +395,12 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                 break
             if _cancelled.is_set():
                 break  # interrupted: every copy is killed below
-            time.sleep(0.01)
+            exits.wait(procs, IDLE_POLL_S if not armed else ARMED_POLL_S if time.monotonic() - started < 1.0
+                       else 0.01)
     except FileNotFoundError as exc:
         raise ConfigError(f"cannot start COMMAND {argv[0]!r}: {exc.strerror}") from None
     finally:
+        exits.close()
         outcome.stopped = [i for i, p in enumerate(procs) if p.poll() is None]
         if outcome.term is not None:
             outcome.term["killed_after_grace"] = list(outcome.stopped)
@@ -363,7 +444,9 @@ def uncancel() -> None:
 
 
 def kill_all() -> None:
-    """Every copy of every attempt still running, and what it started (Ctrl-C, harness crash)."""
+    """Every copy of every attempt still running, and what it started (Ctrl-C, harness crash),
+    and every spare not used."""
+    spares.drop_all()
     with _live_lock:
         items = list(_live.items())
     for pgid, mark in items:

@@ -33,6 +33,26 @@ def _chain() -> None:
             sys.modules["sitecustomize"] = mod
 
 
+def _gate() -> None:
+    """A spare started ahead of its attempt (``chaos/job/spares.py``) waits here, before the
+    tracer is installed and before any line of the job: it says it is ready, then blocks
+    until the harness says go. Anything but "go" (the spare was dropped, the harness died)
+    ends the process before the job could run at the wrong time."""
+    gate = os.environ.pop("CHAOS_JOB_GATE", None)  # the job sees the environment a plain launch gives
+    if not gate:
+        return
+    try:
+        go, ready = (int(x) for x in gate.split(","))
+        os.write(ready, b"r")
+        os.close(ready)
+        got = os.read(go, 1)
+        os.close(go)
+    except (OSError, ValueError):
+        got = b""
+    if got != b"g":
+        os._exit(0)
+
+
 def _boot() -> None:
     if not os.environ.get("CHAOS_JOB_OUT"):
         return
@@ -47,13 +67,15 @@ def _boot() -> None:
         sys.pycache_prefix, sys.dont_write_bytecode = prefix, False
     try:
         try:
-            import chaos.job.inproc  # noqa: F401
-        except ImportError:
-            # A job run by another interpreter: make this project importable, last on the path.
-            sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-                os.path.abspath(__file__))))))
-        from chaos.job.inproc import install
-
+            try:
+                import chaos.job.inproc  # noqa: F401
+            except ImportError:
+                # A job run by another interpreter: make this project importable, last on the path.
+                sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+                    os.path.abspath(__file__))))))
+            from chaos.job.inproc import install
+        finally:
+            _gate()  # a spare waits here even when the tracer failed to import
         install()
     except Exception as exc:  # noqa: BLE001 - never break the user's job; the judge sees no trace
         print(f"chaos: could not install the I/O tracer: {type(exc).__name__}: {exc}", file=sys.stderr)
