@@ -15,7 +15,10 @@ cannot be made, which makes the point *skipped*, never passed.
   (``faults.crashstate.CrashModel``) of the merged attempt-0 traces of every rank up to
   the moment rank R halted: the state where every pending change is lost (data written
   since its file's last fsync, directory entries created, renamed or removed since
-  their directory's last fsync). The base is {out} as it was before attempt 0. A trace
+  their directory's last fsync) or, for ``rankR:opN:power:sK``, the k-th of the cut's
+  other distinct states (some of it kept: a file's data without its directory entry, an
+  entry without its data, a write torn), in an order drawn with the point's seed; a cut
+  with fewer makes that point skipped. The base is {out} as it was before attempt 0. A trace
   the model cannot represent (``FaultError``) is a skip with the model's reason; so is
   a moment when nothing was pending (the state is what a kill leaves: the ``after``
   point of the same event covers it). The job's TMPDIR is emptied too, as a reboot
@@ -41,6 +44,8 @@ from faults.crashstate import CrashModel, Snapshot, clear, merge_traces
 from faults.interposer import read_trace
 
 ZERO_BYTES = 64  # a zero corruption blanks up to this many bytes
+MIXED_EXHAUSTIVE = 4096  # a power point's mixed state: every crash state looked at up to this many in all,
+MIXED_SAMPLES = 256      # else this many drawn with the point's seed
 
 
 @dataclass
@@ -174,7 +179,11 @@ def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base:
             return Applied("power loss with nothing pending", record, cut_ts=cut,
                            skipped=f"nothing was pending after rank {point.rank}'s event {point.op}: a power loss "
                                    f"there leaves what a kill does (point rank{point.rank}:op{point.op}:after)")
-        state = _all_lost(model, s)
+        if point.state is not None:
+            record["choice"] = f"mixed state {point.state}"
+        state = _all_lost(model, s) if point.state is None else _mixed(model, s, point.state)
+        if isinstance(state, str):
+            return Applied("power loss", record, skipped=state, outcome="no_effect", cut_ts=cut)
         before = {os.path.relpath(p, out) for p in _files(out)}
         clear(out)
         model.materialize(state, out)
@@ -190,9 +199,31 @@ def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base:
     return Applied(f"power loss right after rank {point.rank}'s event {point.op}: {lost}", record, cut_ts=cut)
 
 
+def _mixed(model: CrashModel, seed: int, k: int) -> Any:
+    """The k-th of the cut's other distinct states (neither everything lost nor nothing lost), in
+    an order drawn with ``seed``; a string saying why there is none when the cut has fewer."""
+    last = model.n_prefixes - 1
+    found = model.generate(seed=seed, exhaustive_limit=MIXED_EXHAUSTIVE, samples=MIXED_SAMPLES).states
+    worst = _all_lost(model, seed).fingerprint
+    mixed = sorted((st for st in found if st.prefix == last and st.lost and st.fingerprint != worst),
+                   key=lambda st: st.id)
+    random.Random(seed).shuffle(mixed)
+    if k > len(mixed):
+        return (f"the cut allows {len(mixed)} crash state(s) besides everything lost and nothing lost; "
+                f"this point asks for the {k}th")
+    return mixed[k - 1]
+
+
 def _lost_line(x: dict[str, Any]) -> str:
     if x.get("what") == "data":
-        return f"{x.get('path')}: {x.get('pending', 0) - x.get('persisted', 0)} unsynced byte(s) lost"
+        pending, kept = x.get("pending", 0), x.get("persisted", 0)
+        if x.get("torn"):
+            return f"{x.get('path')}: {kept} of {pending} unsynced byte(s) kept, a write torn"
+        ops, ops_kept = x.get("ops_pending"), x.get("ops_persisted")
+        if ops is not None and ops_kept is not None and ops_kept > 0:  # some of its changes made it, not all
+            return (f"{x.get('path')}: the last {ops - ops_kept} of {ops} unsynced change(s) lost "
+                    f"({pending - kept} byte(s))")
+        return f"{x.get('path')}: {pending - kept} unsynced byte(s) lost"
     op = x.get("op")
     if op == "rename":
         return f"rename {x.get('src')} -> {x.get('path')} lost (directory not fsynced)"
@@ -203,8 +234,9 @@ def _files(root: str) -> list[str]:
     return [os.path.join(d, f) for d, _s, files in os.walk(root) for f in files]
 
 
-def pending_after(out: str, records: list[dict[str, Any]]) -> set[tuple[int, int]] | str:
-    """(rank, ord) of every event after which a power loss would lose something (fault-free run).
+def pending_after(out: str, records: list[dict[str, Any]]) -> dict[tuple[int, int], int] | str:
+    """(rank, ord) of every event after which a power loss would lose something (fault-free run),
+    with how many crash states (combinations) the model counts right after it.
 
     A string instead: the model's reason why it cannot represent the trace (every event
     then gets a power point, and each is judged, or skipped, at its own cut).
@@ -215,10 +247,10 @@ def pending_after(out: str, records: list[dict[str, Any]]) -> set[tuple[int, int
         return str(exc)
     if model.n_prefixes != len(model.ops) + 1:  # some op made no prefix: events cannot be matched to them
         return "the crash-state model skipped some events of the trace"
-    found = set()
+    found = {}
     for i, rec in enumerate(model.ops):
         if rec.get("ord") is not None and model.count(i + 1) > 1:
-            found.add((rec.get("rank", 0), rec["ord"]))
+            found[(rec.get("rank", 0), rec["ord"])] = model.count(i + 1)
     return found
 
 

@@ -15,7 +15,10 @@ of those, so the same run and seed always give the same points in the same order
   or the rename that put it, or its directory, in place);
 - ``power``: every event after which something was pending (unsynced data, an
   un-fsynced directory entry), so a power loss there differs from a kill; every event
-  when the crash-state model cannot say (each point then finds out at its own cut);
+  when the crash-state model cannot say (each point then finds out at its own cut).
+  Each is the worst case (every pending change lost), and where the cut allows more
+  than that and the all-kept state (a kill), up to ``POWER_STATES`` mixed ones too
+  (``rankR:opN:power:sK``: some data or entries kept, a write torn);
 - ``diskfull``: one ``disk:full:<BYTES>``, a seeded size below the run's peak usage of
   {out}, where a tmpfs can be mounted (asked for explicitly elsewhere: one point, which
   is skipped with the reason);
@@ -28,6 +31,7 @@ of those, so the same run and seed always give the same points in the same order
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import random
@@ -39,6 +43,7 @@ from chaos.job import atrest, diskfull, netcut
 from chaos.job.spec import CORRUPT_FAMILIES, FAULT_KINDS, STEP_KINDS, JobSpec, Point
 
 ENOSPC_EVENTS = ("write", "mkdir", "rename", "link")  # plus an open that creates its file
+POWER_STATES = 3  # mixed power-loss states per cut (``rankR:opN:power:sK``), beside everything-lost
 Traces = dict[tuple[int, int], list[dict[str, Any]]]
 
 
@@ -47,7 +52,8 @@ class Facts:
     """What the fault-free run shows beyond its traces' events (for corrupt, power, diskfull)."""
 
     files: list[str] = field(default_factory=list)  # files left under {out}, relative, sorted
-    pending: set[tuple[int, int]] | str | None = None  # (rank, ord) with something pending, or why unknown
+    # (rank, ord) with something pending -> the crash states the model counts at that cut, or why unknown
+    pending: dict[tuple[int, int], int] | str | None = None
     peak: int = 0                                   # tmpfs bytes {out} needed at its fullest
     seed: int = 0
 
@@ -160,8 +166,12 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
             errnos.append(at("eio"))
             if r["op"] in ENOSPC_EVENTS or (r["op"] == "open" and r.get("created")):
                 errnos.append(at("enospc"))
-        if "power" in kinds and facts is not None and (not isinstance(pending, set) or (rank, r["ord"]) in pending):
+        if "power" in kinds and facts is not None and (not isinstance(pending, dict) or (rank, r["ord"]) in pending):
             power.append(at("power"))
+            # Beyond "everything lost": the cut's mixed states (some pending data or entries
+            # kept, a write torn), a few per cut; atrest.power_loss draws which with the seed.
+            mixed = pending.get((rank, r["ord"]), 0) - 2 if isinstance(pending, dict) else 0
+            power += [dataclasses.replace(at("power"), state=k) for k in range(1, min(POWER_STATES, mixed) + 1)]
         if cuts and (rank, r["ord"]) in mid_save:
             net_ops.append(at("net"))
     corrupt: list[Point] = []

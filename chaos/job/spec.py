@@ -60,8 +60,8 @@ from chaos.job.contract import (  # noqa: F401 - the contract, re-exported for t
     loss_groups,
 )
 
-_POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})|rank(\d+):step(\d+):({'|'.join(STEP_MODES)})"
-                       r"|disk:full:(\d+)")
+_POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+))?"
+                       rf"|rank(\d+):step(\d+):({'|'.join(STEP_MODES)})|disk:full:(\d+)")
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,9 @@ class Point:
     - ``op`` (ordinal of the rank's traced file events in attempt 0, counted from 0) with
       ``mode``: before / after / torn (a kill), a corruption family (stop every copy right
       after the event, corrupt the file it completed, restart), ``power`` (stop every copy
-      there and replace {out} by a power-loss crash state), ``enospc`` / ``eio`` (the event
+      there and replace {out} by a power-loss crash state: every pending change lost, or with
+      ``state`` k the k-th of the other states the cut allows, drawn with the point's seed:
+      some un-fsynced data or directory entries kept, a write torn), ``enospc`` / ``eio`` (the event
       raises instead of being performed);
     - ``step`` with mode ``kill`` (SIGKILL) or ``term`` (SIGTERM, SIGKILL after the grace);
     - ``step`` or ``op`` with mode ``net``: the rank's network link is cut there (after the
@@ -93,6 +95,7 @@ class Point:
     seq: int | None = None
     nth: int | None = None
     size: int | None = None
+    state: int | None = None  # a power point: which mixed crash state at its cut (None: every pending change lost)
 
     @property
     def id(self) -> str:
@@ -100,7 +103,7 @@ class Point:
             return f"disk:full:{self.size}"
         if self.step is not None:
             return f"rank{self.rank}:step{self.step}:{self.mode}"
-        return f"rank{self.rank}:op{self.op}:{self.mode}"
+        return f"rank{self.rank}:op{self.op}:{self.mode}" + (f":s{self.state}" if self.state is not None else "")
 
     @property
     def family(self) -> str:
@@ -148,19 +151,21 @@ class Point:
 
 def parse_point(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
-    ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192``."""
+    ``rank0:op9:power:s2`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192``."""
     m = _POINT_RE.fullmatch(text.strip())
     if not m:
         raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:MODE (MODE one of {', '.join(OP_MODES)}), "
                           f"rankR:stepN:{'|'.join(STEP_MODES)} or disk:full:BYTES")
-    rank, op, mode, srank, step, smode, size = m.groups()
+    rank, op, mode, state, srank, step, smode, size = m.groups()
     if size is not None:
         if int(size) < 1:
             raise ConfigError(f"malformed --point {text!r}: a full disk needs a size of at least one byte")
         return Point(0, "diskfull", size=int(size))
     if step is not None:
         return Point(int(srank), smode, step=int(step))
-    return Point(int(rank), mode, op=int(op))
+    if state is not None and (mode != "power" or int(state) < 1):
+        raise ConfigError(f"malformed --point {text!r}: only a power point names a crash state (:s1, :s2, ...)")
+    return Point(int(rank), mode, op=int(op), state=None if state is None else int(state))
 
 
 def _is_torchrun(argv: tuple[str, ...]) -> bool:
