@@ -149,3 +149,42 @@ def run_point(chaos: Any, command: list[str], point: str | At, **options: Any) -
     if isinstance(point, At) and not _fired_at(result, point):
         raise PointDrifted(f"{pid} ({point.describe()}) fired at {fired_event(result)[2]}\n{result.explain()}")
     return result
+
+
+NET_HOLD_S = 3.0  # --net-hold of the net tests: longer than any collective here takes, far below gloo's timeout
+
+
+class NotCut(AssertionError):
+    """A net point ran but no link was cut (the point was skipped, or the cut failed): nothing was tested."""
+
+
+def need_netns() -> None:
+    """Skip unless network namespaces, veths and a bridge can be made here (root, iproute2)."""
+    from chaos.job import netcut
+
+    ok, why = netcut.available()
+    if not ok:
+        pytest.skip(f"a network cut between ranks needs network namespaces: {why}")
+
+
+def run_net_point(chaos: Any, command: list[str], point: str | At, **options: Any) -> Any:
+    """Run one ``net`` point of ``command`` at 2 ranks (``--ranks 2``, every copy in a network
+    namespace of its own, the link down for :data:`NET_HOLD_S`) and check the cut was made.
+
+    Raises :class:`NotCut` (a plain assertion error, never the failure type a strict xfail
+    expects) when the launcher cut no link. Returns the fixture's ``JobResult``; the record of
+    the cut is ``result.points[0].record.applied.record`` (``down``, ``up``, ``copies``).
+    """
+    need_netns()
+    options["options"] = [*options.get("options", ()), "--net-hold", f"{NET_HOLD_S:g}"]
+    result = run_point(chaos, command, point, ranks=2, **options)
+    applied = result.points[0].record.applied
+    if applied is None or applied.skipped or "down" not in applied.record or "up" not in applied.record:
+        why = applied.skipped if applied is not None and applied.skipped else "no link_down / link_up was recorded"
+        raise NotCut(f"{result.points[0].point.id}: no network cut was made: {why}\n{result.explain()}")
+    return result
+
+
+def net_endings(result: Any) -> list[str]:
+    """How each copy ended during the cut (``netcut.finish``): killed_after_hold, raised, exited_0, ..."""
+    return [c["ended"] for c in result.points[0].record.applied.record["copies"]]

@@ -27,12 +27,17 @@ family, ``--max-points 24``): 609 points, 24 tried: 12 hard failures, 3 lost wor
 Two ranks (``--ranks 2``, 12 points): 6 passes, 4 hard failures (a torn
 ``optimizer.bin``, a deleted ``random_states_1.pkl``, a truncated
 ``custom_checkpoint_0.pkl``, a real full disk), 2 lost work (power loss).
+
+A network cut between the two ranks (``--ranks 2 --faults net --net-hold 3 --max-points 6``,
+51 points: cuts in the writes of ``optimizer.bin``, ``model.safetensors`` and
+``random_states_1.pkl``, at steps 6 and 10): 6 passes; each rank finishes what it writes
+alone, blocks in the next collective until the hold is over, and resumes bit for bit.
 """
 
 from __future__ import annotations
 
 import pytest
-from framework_jobs import At, need, python_job, run_point
+from framework_jobs import At, need, net_endings, python_job, run_net_point, run_point
 
 from chaos.plugin import job_failed
 
@@ -106,3 +111,16 @@ def test_a_full_disk_during_save_state_leaves_a_checkpoint_load_state_cannot_loa
 def test_a_shuffled_loader_resumes_on_another_data_order(chaos):
     result = run_point(chaos, python_job("accelerate_loop.py", "--shuffle"), "rank0:step7:kill", **OPTIONS)
     chaos.check(result)
+
+
+@pytest.mark.slow
+def test_two_ranks_cut_apart_while_rank_1_writes_its_random_states_resume_bit_for_bit(chaos):
+    """rank1:op17:net (``--ranks 2``): rank 1's link is cut right after its first write of
+    ``checkpoints/checkpoint_1/random_states_1.pkl``; both ranks finish what they write alone
+    and block in the next collective (gloo waits its 30 min timeout: no rank fails by itself),
+    are SIGKILLed when the hold is over, and ``load_state()``, with the link back, resumes from
+    the complete ``checkpoint_1`` bit for bit."""
+    result = run_net_point(chaos, ACC, At("write", "checkpoints/checkpoint_1/random_states_1.pkl", 1, "net",
+                                          "rank1:op17:net", rank=1), **OPTIONS)
+    chaos.check(result)
+    assert net_endings(result) == ["killed_after_hold", "killed_after_hold"], result.explain()

@@ -34,12 +34,16 @@ passes, 6 lost work, 2 hard failures.
 
 Two ranks (``--ranks 2 --devices 2``, 12 points): 7 passes, 2 lost work (power), 3 hard
 failures (the ENOSPC above, a zeroed and a truncated ``checkpoint.ckpt``).
+
+A network cut between the two ranks (``--ranks 2 --devices 2 --faults net --net-hold 3
+--max-points 4``, 35 points): 4 passes; both ranks block in the next collective until the
+hold is over and resume bit for bit.
 """
 
 from __future__ import annotations
 
 import pytest
-from framework_jobs import At, need, python_job, run_point
+from framework_jobs import NET_HOLD_S, At, need, net_endings, python_job, run_net_point, run_point
 
 from chaos.plugin import job_failed
 
@@ -48,6 +52,7 @@ lightning = need("lightning")
 pytestmark = pytest.mark.chaos
 
 FABRIC = python_job("fabric_loop.py")
+FABRIC_2 = python_job("fabric_loop.py", "--devices", "2")
 OPTIONS = {"result_files": ["final.pt"], "checkpoint_glob": "checkpoint.ckpt"}
 REPLAY = ("chaos run --result-file final.pt --checkpoint-glob checkpoint.ckpt --point {point} "
           "-- python chaos/examples/frameworks/fabric_loop.py --out '{{out}}'")
@@ -94,3 +99,15 @@ def test_a_truncated_checkpoint_stops_the_job(chaos):
 def test_an_enospc_on_the_move_into_place_destroys_the_previous_checkpoint(chaos):
     result = run_point(chaos, FABRIC, At("rename", "checkpoint.ckpt", 4, "enospc", "rank0:op32:enospc"), **OPTIONS)
     chaos.check(result)
+
+
+@pytest.mark.slow
+def test_two_ranks_cut_apart_while_the_checkpoint_is_moved_into_place_resume_bit_for_bit(chaos):
+    """rank0:op11:net (``--ranks 2 --devices 2``): rank 0's link is cut right after the rename
+    that puts the step-3 ``checkpoint.ckpt`` in place; both ranks block in the next collective
+    (gloo waits its 30 min timeout, no rank fails by itself), are SIGKILLed when the hold is
+    over, and the restart, with the link back, resumes bit for bit."""
+    result = run_net_point(chaos, FABRIC_2, At("rename", "checkpoint.ckpt", 1, "net", "rank0:op11:net"), **OPTIONS)
+    chaos.check(result)
+    assert net_endings(result) == ["killed_after_hold", "killed_after_hold"], result.explain()
+    assert result.points[0].record.applied.record["hold_s"] == NET_HOLD_S

@@ -40,12 +40,17 @@ around it with a per-restart ``PrefixStore``, which the Trainer's own process-gr
 cannot do). With ``--ranks 2`` (the harness restarts both ranks with a fresh
 rendezvous; 12 points): 5 hard failures (kills, corruption and a real full disk inside a
 save), 2 lost work (power loss), 5 passes.
+
+A network cut between the two ranks (``--ranks 2 --faults net --net-hold 3 --max-points 6``,
+58 points, then ``rank1:op15:net`` and ``rank1:op31:net``): 8 passes. Each rank finishes the
+files it writes alone and blocks in the next collective (gloo waits its 30 min timeout: no
+rank fails by itself), is SIGKILLed when the hold is over, and resumes bit for bit.
 """
 
 from __future__ import annotations
 
 import pytest
-from framework_jobs import At, need, python_job, run_point
+from framework_jobs import At, need, net_endings, python_job, run_net_point, run_point
 
 from chaos.plugin import job_failed
 
@@ -126,3 +131,18 @@ def test_two_ranks_resume_bit_for_bit_after_a_kill_between_saves(chaos):
     each attempt, so the torchelastic gloo restart failure above cannot interfere)."""
     result = run_point(chaos, HF, "rank1:step5:kill", ranks=2, **OPTIONS)
     chaos.check(result)
+
+
+@pytest.mark.slow
+def test_two_ranks_cut_apart_while_rank_1_writes_its_rng_state_resume_bit_for_bit(chaos):
+    """rank1:op15:net (``--ranks 2``): rank 1's link is cut right after its first write of
+    ``checkpoint-4/rng_state_1.pth``; each rank finishes the files it writes alone (rank 0 the
+    model, optimizer and ``trainer_state.json``, rank 1 its RNG state), both then block in the
+    next collective (gloo waits its 30 min timeout: no rank fails by itself), are SIGKILLed
+    when the hold is over, and the restart, with the link back, resumes from checkpoint-4 bit
+    for bit: no ``checkpoint-N`` without ``rng_state_1.pth`` (the 2-rank divergence ckpt-chaos
+    reports) comes out of a partition."""
+    result = run_net_point(chaos, HF, At("write", "checkpoint-4/rng_state_1.pth", 1, "net", "rank1:op15:net", rank=1),
+                           **OPTIONS)
+    chaos.check(result)
+    assert net_endings(result) == ["killed_after_hold", "killed_after_hold"], result.explain()

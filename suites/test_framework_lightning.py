@@ -33,12 +33,17 @@ Recorded explorations (lightning 2.6.6, torch 2.13.0 CPU, one process, seed 0):
 
 Two ranks (``--ranks 2 --devices 2``, DDP over gloo, 12 points): 9 passes, 2 lost work
 (power loss), 1 hard failure (a flipped bit in ``last.ckpt``).
+
+A network cut between the two ranks (``--ranks 2 --devices 2 --faults net --net-hold 3
+--max-points 6``, 35 points: cuts after the renames of ``epoch=0-step=2.ckpt`` and
+``last.ckpt``, at steps 4-8): 6 passes; both ranks block in the next collective until the
+hold is over and resume bit for bit.
 """
 
 from __future__ import annotations
 
 import pytest
-from framework_jobs import At, need, python_job, run_point
+from framework_jobs import At, need, net_endings, python_job, run_net_point, run_point
 
 from chaos.plugin import job_failed
 
@@ -122,3 +127,15 @@ def test_a_sigterm_before_the_end_exits_nonzero(chaos):
 def test_a_shuffled_loader_resumes_on_another_data_order(chaos):
     result = run_point(chaos, python_job("lightning_trainer.py", "--shuffle"), "rank0:step6:kill", **OPTIONS)
     chaos.check(result)
+
+
+@pytest.mark.slow
+def test_two_ranks_cut_apart_while_last_ckpt_is_moved_into_place_resume_bit_for_bit(chaos):
+    """rank0:op63:net (``--ranks 2 --devices 2``): rank 0's link is cut right after the rename
+    that puts the step-8 ``last.ckpt`` in place; both ranks block in the next collective (gloo
+    waits its 30 min timeout: no rank fails by itself), are SIGKILLed when the hold is over, and
+    ``fit(ckpt_path="last")``, with the link back, resumes from step 8 bit for bit."""
+    result = run_net_point(chaos, python_job("lightning_trainer.py", "--devices", "2"),
+                           At("rename", "checkpoints/last.ckpt", 4, "net", "rank0:op63:net"), **OPTIONS)
+    chaos.check(result)
+    assert net_endings(result) == ["killed_after_hold", "killed_after_hold"], result.explain()

@@ -222,3 +222,85 @@ def test_chaos_repro_bad_input_is_one_error_line(job_run, tmp_path, capsys):
     assert main(["repro", str(tmp_path / "R.json")]) == 0  # default --out: beside the results
     point = _failing(job_run["doc"])[0]["id"]
     assert (tmp_path / f"repro-{point.replace(':', '-')}" / "repro.py").is_file()
+
+
+def _net_doc(tmp_path: Path, point: str, ended: list[str], causes: dict[int, str]) -> dict:
+    """A results document with one failing net point, its fault and launcher record made by the
+    harness's own functions (``Point.to_fault``, ``netcut.cut``'s fields, ``netcut.finish`` and
+    ``describe``), as ``chaos run --ranks 2 --faults net --json`` writes them."""
+    from chaos.job import netcut
+    from chaos.job.spec import JobSpec, parse_point
+
+    (tmp_path / "train.py").write_text("import torch\n")
+    p = parse_point(point)
+    if p.step is None:
+        p = type(p)(p.rank, p.mode, op=p.op, kind="rename", path="checkpoints/checkpoint_1", seq=40, nth=2)
+    spec = JobSpec(command=("python", "train.py", "--out", "{out}"), cwd=str(tmp_path), ranks=2,
+                   faults=("net",), net_hold_s=3.0)
+    net = {"rank": p.rank, "step": p.step, "ord": p.op, "op": p.kind, "path": p.path, "hold_s": 3.0,
+           "side": "host", "down": {"action": "link_down", "ts": 10.0}, "up": {"action": "link_up", "ts": 13.1}}
+    codes = {"killed_after_hold": -9, "raised": 1, "stopped": -9, "exited_0": 0}
+    netcut.finish(net, [codes[e] for e in ended], [i for i, e in enumerate(ended) if e in ("killed_after_hold",
+                  "stopped")], causes, held_out="killed_after_hold" in ended, timed_out=False)
+    what = netcut.describe(net)
+    entry = {"id": point, "seed": 0, "verdict": "fail", "outcome": "hard_failure",
+             "summary": f"{what}; then the resume exited 1 (FileNotFoundError: {tmp_path}/o/checkpoints/x.bin)",
+             "faults": [p.to_fault(hold_s=3.0)], "fault_applied": {"what": what, **net},
+             "oracles": {"liveness": {"result": "fail", "summary": "the resume exited 1",
+                                      "evidence": {"output_tail": "Traceback\nFileNotFoundError: x.bin"}}},
+             "attempts": [{"attempt": 0, "outcome": what}, {"attempt": 1, "outcome": "exited 1"}]}
+    return {"schema_version": 1, "job": {"spec": spec.to_dict()}, "scenarios": [entry],
+            "environment": {"python": "3.11.7", "torch": "2.13.0+cpu"}}
+
+
+def test_a_net_point_is_worded_as_a_network_cut_of_a_rank(tmp_path):
+    """``rank1:op12:net`` / ``rank0:step6:net`` (pointset's net ids): the draft says whose link was cut,
+    where, for how long, how each rank ended and that the link came back, and that the rerun needs root."""
+    found = repro.find(_net_doc(tmp_path, "rank1:op12:net", ["killed_after_hold", "killed_after_hold"], {}), "R.json")
+    fault = repro.describe_fault(found)
+    assert fault == ("rank 1's network link was cut right after its 2nd `rename` of `<out>/checkpoints/checkpoint_1` "
+                     "(traced file event 12) and kept down for 3 s while the job went on (every packet to or from "
+                     "that rank dropped, as with a pulled cable: each rank runs in a network namespace of its own): "
+                     "every rank was still running, blocked, when the hold ended and was killed (SIGKILL); the link "
+                     "was back up before the restart; then the harness restarted the job (at most 1 restart(s))")
+    script = repro.job_script(found.spec)
+    text = repro.issue_markdown(found, repro.versions(found, script), repro.Scrubber.for_finding(found), script)
+    assert text.startswith("# train.py: resume fails after a network cut right after rename of "
+                           "checkpoints/checkpoint_1\n")
+    assert f"- {fault}.\n" in text and "point `rank1:op12:net`" in text
+    assert "\n## Observed\n\nThe resume exited 1 (FileNotFoundError: <cwd>/o/checkpoints/x.bin).\n" in text  # once
+    assert "\n## How to reproduce\n\nThe network cut needs root and iproute2" in text
+    assert "chaos run --ranks 2 --faults net --net-hold 3.0 --seed 0 --point rank1:op12:net -- python train.py" in text
+    assert str(tmp_path) not in text
+
+    mixed = repro.find(_net_doc(tmp_path, "rank0:step6:net", ["raised", "stopped"],
+                                {0: "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer"}),
+                       "R.json")
+    assert repro.describe_fault(mixed).startswith(
+        "rank 0's network link was cut at training step 6 and kept down for 3 s")
+    assert (": rank 0 raised `RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer`; rank 1 "
+            "was stopped by the harness once another rank had failed; the link was back up") in repro.describe_fault(mixed)
+    assert repro.title(mixed, repro.job_script(mixed.spec), []) == "train.py: resume fails after a network cut at step 6"
+
+
+def test_a_kill_point_draft_does_not_mention_the_network(job_run):
+    found = repro.find(job_run["doc"], "R.json")
+    text = repro.issue_markdown(found, repro.versions(found, None), repro.Scrubber.for_finding(found))
+    assert "network" not in text
+
+
+def test_a_repro_the_harness_skips_here_says_so_and_exits_2(job_run, tmp_path):
+    """The rerun of a net point where no cut can be made (here: a one-process job, so no ranks to cut
+    apart) is skipped by the harness: the script says why and exits 2 (could not run), never 1."""
+    doc = json.loads(job_run["results"].read_text())
+    first = _failing(doc)[0]
+    first["id"] = "rank0:step1:net"
+    first["faults"] = [{"kind": "netcut", "rank": 0, "step": 1, "attempt": 0, "params": {"hold_s": 5.0},
+                        "spec": "rank0:step1:net"}]
+    results = tmp_path / "net.json"
+    results.write_text(json.dumps(doc))
+    assert _chaos("repro", str(results), "--out", str(tmp_path / "d"), cwd=tmp_path).returncode == 0
+    got = _run_repro(tmp_path / "d", "--here", "--scratch", str(tmp_path), cwd=tmp_path)
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert ("repro: COULD NOT RUN rank0:step1:net here: the harness skipped it: a network cut between ranks cannot "
+            "be made here: a network cut between ranks needs at least two") in got.stdout

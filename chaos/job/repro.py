@@ -186,11 +186,59 @@ def describe_fault(finding: Finding) -> str:
     elif kind == "diskfull":
         size = params.get("size_bytes")
         done = what or f"the job's output directory was a {size}-byte disk (real ENOSPC when full)"
+    elif kind == "netcut":
+        done = _net_cut(finding, who, step, params, applied if isinstance(applied, dict) else {})
     else:
         done = what or f"fault {f.get('spec') or finding.point}"
     restarted = ("torchrun's agent restarted the workers" if finding.spec.torchrun else
                  f"the harness restarted the job (at most {finding.spec.max_restarts} restart(s))")
     return f"{done}; then {restarted}"
+
+
+# How a copy of the job ended during a network cut (``netcut.finish``'s ``ended``), for a reader upstream.
+NET_ENDINGS = {"killed_after_hold": "was still running, blocked, when the hold ended and was killed (SIGKILL)",
+               "timed_out": "was stopped at the attempt's time limit", "exited_0": "exited 0",
+               "stopped": "was stopped by the harness once another rank had failed"}
+
+
+def _net_ending(copy: dict[str, Any]) -> str:
+    ended, rc = copy.get("ended"), copy.get("returncode")
+    if ended in NET_ENDINGS:
+        return NET_ENDINGS[ended]
+    if ended == "raised":
+        return f"raised `{copy.get('cause')}`"
+    if ended == "signal" and isinstance(rc, int):
+        return f"was killed by signal {-rc}"
+    return f"exited {rc}"
+
+
+def _net_cut(finding: Finding, who: str, step: Any, params: dict[str, Any], applied: dict[str, Any]) -> str:
+    """A ``net`` point in words: whose link, where, for how long, how every rank ended, the link back up.
+
+    ``params`` is the fault's (``op``/``event``/``path``/``nth`` of a cut after a file event,
+    ``hold_s``), ``applied`` the launcher's record (``netcut.cut``/``finish``: ``copies``, ``up``);
+    copy *i* of a ``--ranks N`` job is rank *i*.
+    """
+    hold = params.get("hold_s", applied.get("hold_s", finding.spec.net_hold_s))
+    at = f"at training step {step}" if step is not None else f"right after {_where(params)}"
+    done = (f"{who}'s network link was cut {at} and kept down for {float(hold):g} s while the job went on (every "
+            "packet to or from that rank dropped, as with a pulled cable: each rank runs in a network namespace of "
+            "its own)")
+    copies = [c for c in applied.get("copies") or [] if isinstance(c, dict)]
+    if copies:
+        endings = [_net_ending(c) for c in copies]
+        if len(set(endings)) == 1:
+            done += f": {'every rank' if len(copies) > 1 else 'the job'} {endings[0]}"
+        else:
+            done += ": " + "; ".join(f"rank {c.get('copy')} {e}" for c, e in zip(copies, endings, strict=True))
+    if "up" in applied:
+        done += "; the link was back up before the restart"
+    return done
+
+
+def _fault_kind(finding: Finding) -> Any:
+    faults = finding.entry.get("faults") or [{}]
+    return faults[0].get("kind") if isinstance(faults[0], dict) else None
 
 
 def _short_fault(finding: Finding) -> str:
@@ -204,6 +252,8 @@ def _short_fault(finding: Finding) -> str:
             "kill": f"a kill at step {f.get('step')}", "term": f"SIGTERM at step {f.get('step')}",
             "corrupt": f"{when} of {path} at rest", "powerloss": f"a power loss after {target}",
             "ioerror": f"{str(when).upper()} on {target}",
+            "netcut": f"a network cut at step {f.get('step')}" if f.get("step") is not None
+                      else f"a network cut right after {target}",
             "diskfull": "a full disk"}.get(kind, finding.point)
 
 
@@ -381,6 +431,9 @@ def issue_markdown(finding: Finding, found: list[tuple[str, str]], scrubber: Scr
         lines += ["", "Attempts: " + "; ".join(f"{a.get('attempt')}: {a.get('outcome')}" for a in attempts
                                                 if isinstance(a, dict)) + "."]
     lines += ["", "## How to reproduce", ""]
+    if _fault_kind(finding) == "netcut":
+        lines += ["The network cut needs root and iproute2 (`ip`): the harness starts each rank in a network "
+                  "namespace of its own on a private bridge, and cuts the rank's link there.", ""]
     if copied:
         lines += [f"The job script `{copied}` and `repro.py` are attached. `python repro.py` reruns exactly this "
                   "point through the harness and exits 0 when the same outcome comes back:", ""]
@@ -510,6 +563,9 @@ def main(argv=None):
         else:
             shutil.rmtree(work, ignore_errors=True)
     outcome, summary = entry.get("outcome"), entry.get("summary", "")
+    if entry.get("verdict") == "skipped":
+        print("repro: COULD NOT RUN %s here: the harness skipped it: %s" % (POINT, summary))
+        return 2
     if outcome == EXPECTED:
         print("repro: REPRODUCED %s: %s again: %s" % (POINT, outcome, summary))
         return 0
