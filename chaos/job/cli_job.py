@@ -22,6 +22,7 @@ from chaos.errors import ChaosError, ConfigError
 from chaos.job.spec import (
     DEFAULT_GRACE_S,
     DEFAULT_NET_HOLD_S,
+    DEFAULT_NODE_HOLD_S,
     FAULT_KINDS,
     MODES,
     JobSpec,
@@ -71,6 +72,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--net-hold", type=float, default=DEFAULT_NET_HOLD_S, metavar="S",
                    help="a net point: seconds the rank's link stays down; a job still running then is SIGKILLed "
                         f"and restarted with the network back (default {DEFAULT_NET_HOLD_S:g})")
+    p.add_argument("--nodes", type=int, default=None, metavar="N",
+                   help="run COMMAND, a torchrun agent, once per simulated node (each in its own network namespace, "
+                        "root and iproute2): {rdzv} in COMMAND is node 0's rendezvous endpoint ({node}: the node's "
+                        "index, {addr}: its address); explores node faults: loss, link cut, rendezvous host loss")
+    p.add_argument("--node-hold", type=float, default=DEFAULT_NODE_HOLD_S, metavar="S",
+                   help=f"a node link point: seconds the node stays cut off before its link comes back up "
+                        f"(default {DEFAULT_NODE_HOLD_S:g})")
+    p.add_argument("--chaos-mesh", default=None, metavar="DIR",
+                   help="write the node points tried as Chaos Mesh resources (PodChaos pod-kill, NetworkChaos "
+                        "partition) for a Kubeflow PyTorchJob into DIR, one YAML file per point")
     p.add_argument("--max-restarts", type=int, default=1, metavar="K", help="restarts after a fault (default 1)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per attempt")
     p.add_argument("--rtol", type=float, default=1e-3, help="tolerance mode: relative tolerance of results")
@@ -112,7 +123,9 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
                   checkpoint_glob=args.checkpoint_glob, max_restarts=args.max_restarts,
                   timeout_s=args.timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m),
                   faults=tuple(f for f in args.faults.split(",") if f) if args.faults is not None else None,
-                  grace_s=args.grace, net_hold_s=args.net_hold)
+                  grace_s=args.grace, net_hold_s=args.net_hold, nodes=args.nodes, node_hold_s=args.node_hold)
+    if args.chaos_mesh is not None and job.nodes is None:
+        raise ConfigError("--chaos-mesh writes node faults: it needs --nodes N")
     return args, job
 
 
@@ -196,6 +209,8 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
     from chaos.job.results import exit_status, results_document, write_results
 
     only = [parse_point(p) for p in args.point] or None
+    if only and job.nodes is None and any(p.family == "node" for p in only):
+        raise ConfigError(f"--point {next(p.id for p in only if p.family == 'node')}: a node point needs --nodes N")
     _check_ci_outputs(args)
     results: list[Any] = []
     started = time.monotonic()
@@ -204,6 +219,8 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
     def on_reference(ref: Any) -> None:
         mode = "torchrun (its agent restarts the workers)" if job.torchrun else (
             f"{job.ranks} rank(s)" if job.ranks else "one process")
+        if job.nodes:
+            mode = f"{job.nodes} nodes, a torchrun agent each in its own network namespace"
         if ref.netlab:
             mode += ", each in its own network namespace"
         _say(f"fault-free runs: {mode}, {sum(ref.events.values())} file event(s) traced, "
@@ -242,6 +259,11 @@ def _run(args: argparse.Namespace, job: JobSpec) -> int:
              f"rtol {job.rtol:g}, not bit for bit")
     if args.json:
         _say(f"results written to {args.json}")
+    if args.chaos_mesh:
+        from chaos.job.nodes import write_chaos_mesh
+
+        written = write_chaos_mesh(args.chaos_mesh, job, [r.point for r in final])
+        _say(f"Chaos Mesh resources for {len(written)} node point(s) written to {args.chaos_mesh}")
     _ci_reports(args, doc)
     return exit_status(final)
 

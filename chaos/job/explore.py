@@ -23,6 +23,9 @@ Where network cuts are explored (``netcut.usable``), every run chain — the fau
 runs included, so the job runs the same way in all of them — gets its own
 ``NetworkLab``: each copy in its rank's network namespace, torn down with the chain
 (and once more, with anything an interrupt left, in ``explore``'s ``finally``).
+A ``--nodes N`` job runs every chain on N simulated nodes of its own lab (``nodes.py``:
+one torchrun agent per namespace); a node point that left every agent failed is
+relaunched like a torchrun job stopped by the harness (``_restarts``).
 """
 
 from __future__ import annotations
@@ -136,8 +139,8 @@ def _restarts(job: JobSpec, run: Run, point: Point) -> None:
     """The harness's restarts: none for a torchrun COMMAND its agent restarts by itself, except
     after a SIGTERM, a corruption or a power loss, which stopped torchrun too. A SIGTERM'd job
     is restarted even when it exited 0: it was preempted, not finished."""
-    if job.torchrun and not (point.mode in HALT_MODES or point.mode == "term"):
-        return
+    if job.torchrun and not (point.mode in HALT_MODES or point.mode == "term" or point.family == "node"):
+        return  # a node point's agents that all failed are relaunched, as a scheduler restarts a failed job
     for attempt in range(1, job.max_restarts + 1):
         if run.attempts[-1].ok and not (attempt == 1 and point.mode == "term"):
             break
@@ -210,8 +213,13 @@ def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab
     """Attempt 0 (the point armed), the at-rest fault if any, then the restarts (``_restarts``).
 
     ``netlab``: the whole chain runs in a ``NetworkLab`` of its own (torn down before this
-    returns); a net point without one is skipped with the reason.
+    returns); a net point without one is skipped with the reason. A ``--nodes`` job always
+    runs in one: a namespace per node (``nodes.run_chain``).
     """
+    if job.nodes is not None:
+        from chaos.job import nodes
+
+        return nodes.run_chain(job, run, point, seed, _chain)
     if point is not None and point.family == "net" and not netlab:
         ok, why = netcut.usable(job)
         applied = atrest.Applied(f"no network cut at {point.id}", {"hold_s": job.net_hold_s}, outcome="unsupported",
@@ -245,6 +253,10 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
     applied = _at_rest(run, point, base, seed) if point is not None and point.mode in HALT_MODES else None
     if point is not None and point.family == "net":
         applied = _net_applied(job, run, point)
+    if point is not None and point.family == "node":
+        from chaos.job import nodes
+
+        applied = nodes.applied(job, run, point)
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
     if point is not None and not (applied is not None and applied.skipped):
         _restarts(job, run, point)
@@ -266,6 +278,7 @@ class Reference:
     netlab: bool = False  # every run in network namespaces of its own (network cuts explored)
     traces: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     facts: Facts = field(default_factory=Facts, repr=False)
+    nodes: int | None = None  # --nodes: every run on that many simulated nodes, one agent each
 
     def lookup(self, job: JobSpec, point: Point) -> Point:
         """A replayed point with what the fault-free run did there (any kind, asked for or not)."""
@@ -282,7 +295,8 @@ class Reference:
                 "file_events": {str(r): n for r, n in sorted(self.events.items())},
                 "peak_out_bytes": self.facts.peak or None,
                 "network": "each rank in its own network namespace (a NetworkLab per run)" if self.netlab
-                else "the host's"}
+                else "each node's torchrun agent in its own network namespace (a NetworkLab per run)"
+                if self.nodes else "the host's"}
 
 
 def enumerate_points(job: JobSpec, traces: dict[tuple[int, int], list[dict[str, Any]]],
@@ -362,7 +376,7 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
     points = pointset.enumerate_points(job, traces, facts, kinds)
     notes += left_out + pointset.notes(job, traces, facts, kinds, points)
     return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
-                     traces, facts), runs[0]
+                     traces, facts, job.nodes), runs[0]
 
 
 @dataclass
@@ -393,6 +407,8 @@ class PointResult:
             extra["grace_s"] = self.job.grace_s
         if self.point.family == "net":
             extra["hold_s"] = self.job.net_hold_s
+        if self.point.family == "node" and self.point.mode == "link":
+            extra["hold_s"] = self.job.node_hold_s
         return {
             "id": self.point.id, "seed": self.seed, "checkpointer": "job", "backend": "file",
             "world_size": self.job.world_size, "faults": [self.point.to_fault(**extra)], "fired": fired,

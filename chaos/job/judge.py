@@ -43,6 +43,12 @@ step 6 for a 3 s hold: copies 0 and 1 raised (RuntimeError: ...)", or "...: stil
 running after the hold, SIGKILLed"). A cut the launcher never made is *not_reached*;
 one after which every copy finished by itself and every oracle passed did nothing to
 judge: *no_effect*.
+
+A node point (``--nodes``, ``nodes.py``) is judged the same way; its fault line says
+what was done to which node and how every agent ended, then whether the job survived it
+without a relaunch by the harness or died and had every agent relaunched. A link cut
+during which every rank kept announcing steps, after which the job finished without a
+restart, did nothing to judge: *no_effect*.
 """
 
 from __future__ import annotations
@@ -358,6 +364,12 @@ def _short(path: Any, out: str) -> str:
     return str(path)
 
 
+def _node_no_effect(rec: PointRecord) -> str | None:
+    from chaos.job import nodes
+
+    return nodes.no_effect(rec)
+
+
 def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
     """The verdict of one point. A point that never fired, or whose fault did nothing, is *skipped*, never a pass."""
     p = rec.point
@@ -379,6 +391,10 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
         return PointVerdict("skipped" if traced else "error", "not_reached" if traced else "error", why,
                             {"liveness": live})
     what, fault = _fault(rec, fired)
+    if p.family == "node" and what and not (applied is not None and applied.skipped):
+        from chaos.job import nodes
+
+        what = f"{what}; {nodes.outcome_phrase(rec)}"  # survived, or died and was relaunched
     if applied is not None and applied.skipped:
         oracles = {"liveness": _liveness(job, rec)} if rec.attempts else {}
         return PointVerdict("skipped", applied.outcome, applied.skipped, oracles, fault)
@@ -414,4 +430,6 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
     if p.family == "net" and rec.attempts[0].ok:
         return PointVerdict("skipped", "no_effect", f"{what}: every copy finished within the hold and every oracle "
                             "passed: the cut did nothing to judge", oracles, fault)
+    if p.family == "node" and (idle := _node_no_effect(rec)):
+        return PointVerdict("skipped", "no_effect", f"{what}: {idle}", oracles, fault)
     return verdict("pass", "pass", "; ".join(o.summary for o in oracles.values() if o.result == "pass"))

@@ -71,6 +71,7 @@ class AttemptOutcome:
     halted: dict[str, Any] | None = None  # a halt request answered: which rank, after which event
     term: dict[str, Any] | None = None    # a term request answered: SIGTERM sent, who exited within the grace
     net: dict[str, Any] | None = None     # a net request answered: the cut, the hold, how each copy ended
+    node: dict[str, Any] | None = None    # a node point answered (--nodes, nodes.py): the loss or cut, each agent's end
     prestarted: bool = False  # its copies were spares started ahead, held at the gate until it began
 
     @property
@@ -126,6 +127,8 @@ class AttemptOutcome:
             d["term"] = self.term
         if self.net is not None:
             d["net"] = self.net
+        if self.node is not None:
+            d["node"] = self.node
         if self.prestarted:
             d["prestarted"] = True
         return d
@@ -324,7 +327,12 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     """Run attempt ``attempt`` to its end (or ``job.timeout_s``); nothing of it survives the call.
 
     ``lab``: each copy of ``--ranks N`` runs in its rank's namespace of it (a net point cuts there).
+    A ``--nodes`` job runs one torchrun agent per namespace instead (``nodes.run_attempt``).
     """
+    if job.nodes is not None:
+        from chaos.job import nodes
+
+        return nodes.run_attempt(job, out, scratch, attempt, point, mark, lab)
     mark = attempt_mark(mark, attempt)
     trace_dir = os.path.join(scratch, "trace")
     argv = job.argv(out, resume=attempt > 0)

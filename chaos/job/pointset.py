@@ -24,7 +24,9 @@ of those, so the same run and seed always give the same points in the same order
   is skipped with the reason);
 - ``net`` (``--ranks N``, N >= 2, where network namespaces can be made): a rank's link
   cut at each of its announced steps, and in the middle of its saves: right after the
-  first write to a file since it was opened, and after each rename.
+  first write to a file since it was opened, and after each rename;
+- ``node`` (``--nodes N`` only, ``nodes.points``): each node's loss (node 0's is the
+  rendezvous host's) and each node's link cut, at each step its first local rank announced.
 
 :func:`sample` then draws ``--max-points`` of them, spread over the families.
 """
@@ -39,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.job import atrest, diskfull, netcut
+from chaos.job import atrest, diskfull, netcut, nodes
 from chaos.job.spec import CORRUPT_FAMILIES, FAULT_KINDS, STEP_KINDS, JobSpec, Point
 
 ENOSPC_EVENTS = ("write", "mkdir", "rename", "link")  # plus an open that creates its file
@@ -60,9 +62,11 @@ class Facts:
 
 def kinds_to_explore(job: JobSpec) -> tuple[tuple[str, ...], list[str]]:
     """The ``--faults`` kinds explored and notes on those left out (default: all that apply here)."""
+    if job.nodes is not None:
+        return nodes.kinds_to_explore(job)
     if job.faults is not None:
         return tuple(k for k in FAULT_KINDS if k in job.faults), []
-    kinds, notes = list(FAULT_KINDS), []
+    kinds, notes = [k for k in FAULT_KINDS if k != "node"], []  # node: only with --nodes
     ok, why = diskfull.available()
     if not ok:
         kinds.remove("diskfull")
@@ -190,7 +194,8 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
         size = diskfull.choose_size(facts.peak, facts.seed)
         if size is not None:
             disk.append(Point(0, "diskfull", size=size))
-    return kill_ops + kill_steps + terms + errnos + corrupt + power + disk + net_ops + net_steps
+    node = nodes.points(job, traces) if "node" in kinds else []
+    return kill_ops + kill_steps + terms + errnos + corrupt + power + disk + net_ops + net_steps + node
 
 
 def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], points: list[Point]) -> list[str]:

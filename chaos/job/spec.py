@@ -6,9 +6,11 @@ checkpointer in the built-in workload. ``JobSpec`` says how to launch and judge 
 file event of one rank; a corruption of the file an event completed; a power loss
 there; an injected ENOSPC / EIO at an event; a SIGKILL or a SIGTERM with a grace period
 at a step; a real full disk; a network cut between the ranks (a rank's link down for
-``--net-hold`` seconds) at a step or a file event. Both round-trip through text: a
+``--net-hold`` seconds) at a step or a file event; on simulated nodes (``--nodes N``,
+``nodes.py``) a node's loss, its link cut for ``--node-hold`` seconds, or the loss of the
+rendezvous host, at a step. Both round-trip through text: a
 point's ``id`` (``rank0:op17:before``, ``rank0:op9:bitflip``, ``rank1:step6:net``,
-``disk:full:8192``) is what ``--point``
+``disk:full:8192``, ``node1:step3:loss``) is what ``--point``
 takes, so every failing point's replay command reruns exactly that point.
 
 The ``ENV_*`` names and the other constants the harness shares with the boot path it
@@ -63,6 +65,12 @@ from chaos.job.contract import (  # noqa: F401 - the contract, re-exported for t
 _POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+))?"
                        rf"|rank(\d+):step(\d+):({'|'.join(STEP_MODES)})|disk:full:(\d+)")
 
+# Node faults of a job spread over simulated nodes (``--nodes N``, chaos/job/nodes.py): harness-side
+# only, so they are not part of contract.py (a node point fires in-rank as a ``net`` request).
+NODE_MODES = ("loss", "link", "rdzv")  # node<i>:step<n>:MODE
+FAULT_KINDS = (*FAULT_KINDS, "node")   # noqa: F811 - the contract's kinds plus the node family
+DEFAULT_NODE_HOLD_S = 5.0  # --node-hold: a node's link stays down this long, then comes back up
+
 
 @dataclass(frozen=True)
 class Point:
@@ -95,10 +103,13 @@ class Point:
     seq: int | None = None
     nth: int | None = None
     size: int | None = None
+    node: int | None = None  # a node point (``--nodes``): the node; ``rank`` is the rank that announces the step
     state: int | None = None  # a power point: which mixed crash state at its cut (None: every pending change lost)
 
     @property
     def id(self) -> str:
+        if self.node is not None:
+            return f"node{self.node}:step{self.step}:{self.mode}"
         if self.mode == "diskfull":
             return f"disk:full:{self.size}"
         if self.step is not None:
@@ -108,6 +119,8 @@ class Point:
     @property
     def family(self) -> str:
         """Which ``--faults`` kind this point belongs to."""
+        if self.node is not None:
+            return "node"
         if self.mode == "diskfull":
             return "diskfull"
         if self.mode == "term":
@@ -128,7 +141,10 @@ class Point:
         return self.mode != "diskfull"
 
     def env(self) -> dict[str, Any]:
-        """What the boot path needs to fire this point."""
+        """What the boot path needs to fire this point (a node point: the announcing rank asks the
+        launcher for the node fault with a ``net`` request, and waits for its answer)."""
+        if self.node is not None:
+            return {"rank": self.rank, "mode": "net", "op": None, "step": self.step}
         return {"rank": self.rank, "mode": self.mode, "op": self.op, "step": self.step}
 
     def to_fault(self, **extra: Any) -> dict[str, Any]:
@@ -138,6 +154,10 @@ class Point:
         diskfull or netcut; ``params.when`` the finer mode (``corrupt`` + ``bitflip``, ...).
         """
         fam = self.family
+        if fam == "node":
+            from chaos.job import nodes
+
+            return nodes.to_fault(self, extra)
         kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
                 "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut"}[fam]
         when = None if fam in ("power", "diskfull", "net") else self.mode
@@ -151,7 +171,12 @@ class Point:
 
 def parse_point(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
-    ``rank0:op9:power:s2`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192``."""
+    ``rank0:op9:power:s2`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
+    ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``nodes.parse_node_point``)."""
+    if text.strip().startswith("node"):
+        from chaos.job import nodes
+
+        return nodes.parse_node_point(text)
     m = _POINT_RE.fullmatch(text.strip())
     if not m:
         raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:MODE (MODE one of {', '.join(OP_MODES)}), "
@@ -202,6 +227,8 @@ class JobSpec:
     grace_s: float = DEFAULT_GRACE_S        # --grace: SIGTERM to SIGKILL at a term point
     net_hold_s: float = DEFAULT_NET_HOLD_S  # --net-hold: a net point's link stays down this long
     cwd: str = field(default_factory=os.getcwd)
+    nodes: int | None = None                # --nodes N: one torchrun agent per simulated node (nodes.py)
+    node_hold_s: float = DEFAULT_NODE_HOLD_S  # --node-hold: a link point's node stays cut off this long
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -242,6 +269,10 @@ class JobSpec:
             loss_groups(self.loss_regex)
         if self.loss_band is not None and not 0 <= self.loss_band < 1:
             raise ConfigError(f"--loss-band is a relative band in [0, 1), got {self.loss_band:g}")
+        if self.nodes is not None or (self.faults is not None and "node" in self.faults):
+            from chaos.job import nodes
+
+            nodes.check_spec(self)
 
     @property
     def torchrun(self) -> bool:
@@ -264,6 +295,10 @@ class JobSpec:
     def world_size(self) -> int:
         if self.ranks is not None:
             return self.ranks
+        if self.nodes is not None:
+            from chaos.job import nodes
+
+            return self.nodes * nodes.nproc_per_node(self.command)
         if self.torchrun:
             for i, a in enumerate(self.command):
                 if a.startswith("--nproc-per-node=") or a.startswith("--nproc_per_node="):
@@ -314,6 +349,10 @@ class JobSpec:
             args += ["--grace", repr(self.grace_s)]
         if self.net_hold_s != DEFAULT_NET_HOLD_S:
             args += ["--net-hold", repr(self.net_hold_s)]
+        if self.nodes is not None:
+            args += ["--nodes", str(self.nodes)]
+        if self.node_hold_s != DEFAULT_NODE_HOLD_S:
+            args += ["--node-hold", repr(self.node_hold_s)]
         return args
 
     def replay_command(self, point: Point | None = None, seed: int = 0) -> str:
@@ -340,7 +379,8 @@ class JobSpec:
                    modes=tuple(spec.get("modes") or MODES),
                    faults=tuple(spec["faults"]) if spec.get("faults") is not None else None,
                    grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)),
-                   net_hold_s=float(spec.get("net_hold_s", DEFAULT_NET_HOLD_S)), cwd=spec.get("cwd") or os.getcwd())
+                   net_hold_s=float(spec.get("net_hold_s", DEFAULT_NET_HOLD_S)), cwd=spec.get("cwd") or os.getcwd(),
+                   nodes=spec.get("nodes"), node_hold_s=float(spec.get("node_hold_s", DEFAULT_NODE_HOLD_S)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"command": list(self.command), "resume_command": list(self.resume_command or []) or None,
@@ -350,4 +390,5 @@ class JobSpec:
                 "checkpoint_glob": self.checkpoint_glob, "max_restarts": self.max_restarts,
                 "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes),
                 "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
-                "net_hold_s": self.net_hold_s, "cwd": self.cwd}
+                "net_hold_s": self.net_hold_s, "cwd": self.cwd, "nodes": self.nodes,
+                "node_hold_s": self.node_hold_s}
