@@ -7,12 +7,12 @@ the tree as it was just before it, :class:`faults.crashstate.CrashModel` lists t
 states a POSIX file system may legally be left in. :func:`explore` then, for each
 state:
 
-1. materialises it into a scratch directory (two directories used alternately, on
-   tmpfs where there is one, so the next state is written while the ranks load the
-   previous one; only files that differ from what is there are rewritten, see
-   :func:`sync_tree`);
+1. materialises it into a scratch directory (two sets of directories per recovery
+   group used alternately, on tmpfs where there is one, so the next batch is written
+   while the ranks load the previous one; only files that differ from what is there
+   are rewritten, see :func:`sync_tree`);
 2. runs the checkpointer's own ``load_latest`` in a :class:`~chaos.recovery_pool.RecoveryPool`
-   (warm rank processes, real process group);
+   (warm rank processes, real process group), ``batch`` states per round trip;
 3. classifies what loaded against the *committed states* (the fingerprints of what
    was handed to every ``save()`` up to N):
 
@@ -31,6 +31,12 @@ state:
                    before save N is taken as durable, so when a save had been
                    acknowledged its checkpoint was there to load: ``liveness: true``;
    ``hang``        a collective timed out or a rank did not answer (the pool restarts).
+
+Only distinct trees are recovered: combinations of crash point and choices that leave
+byte-identical trees (the same fingerprint, :meth:`CrashModel.fingerprint_choice`) share
+one recovery, and are reported as *pruned*, never as checked (``states_generated`` =
+``states_checked`` + ``states_pruned``), each judged from that recovery against its own
+crash point's acknowledgement (``pruned_counts``).
 
 Every class but ``ok`` is a violation. Short traces are enumerated exhaustively,
 long ones sampled with a seed; the report says which, with the counts. Sampling
@@ -62,11 +68,12 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from typing import Any
 
 from chaos.errors import HarnessError
 from chaos.recovery_pool import RecoveryPool
-from faults.crashstate import CrashModel, CrashSet, CrashState, Snapshot, merge_traces
+from faults.crashstate import CrashModel, CrashSet, CrashState, Deduper, Snapshot, merge_traces
 
 CLASSES = ("ok", "atomicity", "durability", "error", "hang")
 MODES = ("power", "power-uniform", "kill")
@@ -98,6 +105,7 @@ class PowerLossInput:
     ``exhaustive_limit``. ``scratch``: where states are materialised (None: a fresh
     directory under :func:`scratch_root`, removed afterwards). ``mode``: see
     :func:`plan_states`. ``parallel``: recovery groups run at once (see :func:`explore`).
+    ``batch``: states sent to a group per round trip (1: one at a time).
     """
 
     ckpt_root: str
@@ -116,11 +124,25 @@ class PowerLossInput:
     scratch: str | None = None
     mode: str = "power"
     parallel: int = 1
+    batch: int = 8
 
 
 @dataclass
 class PowerLossReport:
-    """What was explored and what was found (``to_dict()`` is JSON-ready)."""
+    """What was explored and what was found (``to_dict()`` is JSON-ready).
+
+    The state counts, kept apart: ``states_generated`` distinct combinations of crash
+    point and choices (each a crash state of the model); ``states_distinct`` distinct
+    trees among them (byte-identical contents, by fingerprint); ``states_checked`` trees
+    recovered by the real checkpointer and judged (``checked``, ``counts``); and
+    ``states_pruned`` = generated - checked, states whose tree is byte-identical to a
+    checked one and which share its recovery (never counted as checked). ``pruned_counts``
+    classifies them from that shared recovery, each against its own crash point's
+    acknowledgement. ``generated`` is the distinct count (its meaning before pruning was
+    counted). Rates: ``checked_per_s`` = checked / ``seconds`` (the recovery phase: what
+    ``states_per_s`` measured before); ``states_per_s`` = (checked + pruned) /
+    ``total_seconds`` (planning included).
+    """
 
     checkpointer: str
     step: int
@@ -142,6 +164,13 @@ class PowerLossReport:
     violations: list[dict[str, Any]]
     pool: dict[str, Any]
     cpu: dict[str, Any] = field(default_factory=dict)
+    states_generated: int = 0
+    states_distinct: int = 0
+    states_checked: int = 0
+    states_pruned: int = 0
+    pruned_counts: dict[str, int] = field(default_factory=dict)
+    checked_per_s: float = 0.0
+    total_seconds: float = 0.0
 
     @property
     def violation_count(self) -> int:
@@ -163,8 +192,10 @@ class PowerLossReport:
         how = "exhaustive" if self.exhaustive else f"sampled, seed {self.seed}"
         counts = " ".join(f"{c}={self.counts[c]}" for c in CLASSES)
         return (f"{self.mode} crash states of save {self.step}: checked {self.checked} of "
-                f"{self.generated} distinct ({self.total_possible} combinations, {how}) in "
-                f"{self.seconds:.1f} s = {self.states_per_s:.1f} states/s; {counts}")
+                f"{self.generated} distinct ({self.states_generated} states generated, {self.states_pruned} "
+                f"pruned as byte-identical to a checked one; {self.total_possible} combinations, {how}) in "
+                f"{self.total_seconds:.1f} s = {self.states_per_s:.1f} states/s, "
+                f"{self.checked_per_s:.1f} checked/s; {counts}")
 
 
 # ---------------------------------------------------------------------- classification
@@ -236,20 +267,13 @@ def classify(results: list[dict[str, Any]], committed: Mapping[Any, Mapping[Any,
 # ---------------------------------------------------------------------- exploration
 def _kill_states(model: CrashModel) -> CrashSet:
     """After each op, everything issued persisted: the states a process kill leaves."""
-    seen: dict[str, CrashState] = {}
-    out: list[CrashState] = []
+    dedup = Deduper(model)
     for k in reversed(range(model.n_prefixes)):
-        st = model.state(k, {}, {})  # no choice given = every pending item persisted
-        fp = model.fingerprint(st)
-        if fp in seen:
-            seen[fp].equivalents += 1
-            continue
-        st.fingerprint = fp
-        seen[fp] = st
-        out.append(st)
-    out.sort(key=lambda s: s.prefix)
+        dedup.add(k, {}, {}, unique=True)  # no choice given = every pending item persisted
+    out = dedup.states()
     return CrashSet(out, model.n_prefixes, len(out), True, model.seed,
-                    "process kill after every op (all issued I/O persisted)", model.n_prefixes)
+                    "process kill after every op (all issued I/O persisted)", model.n_prefixes,
+                    dedup.enumerated, dedup.end_equivalents())
 
 
 def covering_prefixes(model: CrashModel) -> list[int]:
@@ -271,56 +295,39 @@ def covering_prefixes(model: CrashModel) -> list[int]:
 def _covering_set(model: CrashModel, seed: int, exhaustive_limit: int, samples: int) -> CrashSet:
     """Like ``CrashModel.generate`` but over :func:`covering_prefixes` only.
 
-    Uses the model's per-prefix enumerators (``_all``, ``_extremes``, ``_random``);
-    ``total_possible`` still counts every crash point's combinations.
+    Uses the model's per-prefix enumerators (``all_choices``, ``extreme_choices``,
+    ``random_choice``) and keeps, of the combinations leaving one tree, the latest crash
+    point: it names the most that was lost, and a state the end can leave is judged as
+    after the ack. ``total_possible`` still counts every crash point's combinations.
     """
     ks = covering_prefixes(model)
     total_all = sum(model.count(k) for k in range(model.n_prefixes))
     covering_total = sum(model.count(k) for k in ks)
-    seen: dict[str, CrashState] = {}
-    out: list[CrashState] = []
-
-    index: dict[str, int] = {}
-
-    def add(st: CrashState) -> None:
-        # Keep the latest crash point that leaves these contents: it names the most
-        # that was lost, and a state the end can leave is judged as after the ack.
-        fp = model.fingerprint(st)
-        if fp in seen:
-            old = seen[fp]
-            if st.prefix > old.prefix:
-                st.fingerprint, st.equivalents = fp, old.equivalents + 1
-                seen[fp] = out[index[fp]] = st
-            else:
-                old.equivalents += 1
-        else:
-            st.fingerprint = fp
-            seen[fp] = st
-            index[fp] = len(out)
-            out.append(st)
-
+    dedup = Deduper(model, latest=True)
     if covering_total <= exhaustive_limit:
         for k in reversed(ks):
-            for st in model._all(k):
-                add(st)
+            for ch in model.all_choices(k):
+                dedup.add(k, *ch, unique=True)
         exhaustive, how = True, (f"exhaustive over the {len(ks)} covering crash points "
                                  f"(before each fsync and at the end; {covering_total} combinations)")
     else:
         rng = random.Random(seed)
         for k in reversed(ks):
-            for st in model._extremes(k):
-                if len(out) < samples:
-                    add(st)
+            for ch in model.extreme_choices(k):
+                if len(dedup) < samples:
+                    dedup.add(k, *ch)
         attempts = samples * 20
-        while len(out) < samples and attempts > 0:
+        while len(dedup) < samples and attempts > 0:
             attempts -= 1
-            add(model._random(rng.choice(ks), rng))
+            k = rng.choice(ks)
+            dedup.add(k, *model.random_choice(k, rng))
         exhaustive, how = False, (f"seeded sample (seed {seed}) of the {len(ks)} covering crash points "
                                   f"(before each fsync and at the end; {covering_total} combinations): "
                                   f"all-lost and all-persisted of each, then uniform point and choices, "
                                   f"{samples} wanted")
-    out.sort(key=lambda s: (s.prefix, s.id))
-    return CrashSet(out, total_all, len(out), exhaustive, seed, how, model.n_prefixes)
+    out = dedup.states()
+    return CrashSet(out, total_all, len(out), exhaustive, seed, how, model.n_prefixes, dedup.enumerated,
+                    dedup.end_equivalents())
 
 
 def plan_states(inp: PowerLossInput) -> tuple[CrashModel, CrashSet]:
@@ -372,14 +379,15 @@ def sync_tree(model: CrashModel, st: CrashState, dest: str) -> int:
     Consecutive crash states share most files (the older checkpoint, fsynced shards),
     and writing them to tmpfs again is most of a state's cost in the parent. Whatever
     the previous recovery did to the directory (deleted stale files, wrote metrics,
-    even rewrote a shard in place) is undone: every kept file is *read back and
-    compared* byte for byte, never trusted from a size or a timestamp, and anything
-    not in the state is removed. The result equals ``model.materialize`` into an
-    empty directory.
+    even rewrote a shard in place) is undone: every kept file of the right size is *read
+    back and compared* byte for byte, never trusted from a size or a timestamp (a size
+    that differs is rewritten without reading), and anything not in the state is
+    removed. The result equals ``model.materialize`` into an empty directory.
     """
     dirs, files = model.contents(st)
     want_dirs = set(dirs)
     written = 0
+    sizes: dict[str, int] = {}
     # Top-down: drop what the state does not have (or has as the other kind).
     stack = [""]
     while stack:
@@ -396,16 +404,53 @@ def sync_tree(model: CrashModel, st: CrashState, dest: str) -> int:
                     shutil.rmtree(e.path)
             elif r not in files or e.is_symlink() or not e.is_file(follow_symlinks=False):
                 _remove(e.path)
+            else:
+                sizes[r] = e.stat(follow_symlinks=False).st_size
     for d in dirs:
         p = os.path.join(dest, d)
         if not os.path.isdir(p):
             os.mkdir(p)
     for rel, data in files.items():
         p = os.path.join(dest, rel)
-        if _read(p) != data:
+        if sizes.get(rel) != len(data) or _read(p) != data:
             _write(p, data)
             written += len(data)
     return written
+
+
+class _Judge:
+    """Verdicts of one exploration: checked states by class, pruned ones by class.
+
+    A checked state is judged against its own crash point's acknowledgement (a state the
+    end of the trace can leave is what a power loss just after ``wait()`` leaves: save N
+    is acknowledged). The combinations pruned into it share its recovery and are judged
+    from it against theirs: after the ack for those at the end, ``acked_before`` for the
+    rest (a cheap comparison in the parent, cached per acknowledgement).
+    """
+
+    def __init__(self, inp: PowerLossInput, cs: CrashSet, end: int) -> None:
+        self.inp, self.cs, self.end = inp, cs, end
+        self.counts = dict.fromkeys(CLASSES, 0)
+        self.pruned = dict.fromkeys(CLASSES, 0)
+        self.violations: list[dict[str, Any]] = []
+
+    def settle(self, st: CrashState, results: list[dict[str, Any]]) -> None:
+        inp = self.inp
+        after_ack = st.prefix == self.end
+        acked = inp.step if after_ack else inp.acked_before
+        cls, detail = classify(results, inp.committed, acked)
+        if after_ack:
+            detail["after_ack"] = True
+        self.counts[cls] += 1
+        if cls != "ok":
+            self.violations.append({"id": st.id, "class": cls, "prefix": st.prefix,
+                                    "after_seq": st.after_seq, "lost": st.lost,
+                                    "equivalents": st.equivalents, **detail})
+        at_end = self.cs.end_equivalents.get(st.id, 0) - (1 if after_ack else 0)
+        before = st.equivalents - 1 - at_end
+        for n, ack, same in ((at_end, inp.step, after_ack), (before, inp.acked_before, not after_ack)):
+            if n > 0:
+                self.pruned[cls if same else classify(results, inp.committed, ack)[0]] += n
 
 
 def explore(inp: PowerLossInput,
@@ -417,67 +462,98 @@ def explore(inp: PowerLossInput,
     With several pools, that many states are recovered at once: a recovery spends
     part of its time with one rank waiting for the other in a collective, and a
     second group fills those gaps (it cannot beat the CPU cost, reported in ``cpu``).
+
+    States go to a pool ``inp.batch`` at a time (one round trip per batch); while a
+    pool recovers one batch, the parent writes the next into that pool's other set of
+    directories (:func:`sync_tree`: only what differs from the state last there).
+    Only distinct trees are recovered: :func:`plan_states` keeps one state per tree and
+    counts the combinations it stands for, which are reported as pruned.
     """
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     model, cs = plan_states(inp)
-    gen_s = time.perf_counter() - t0
+    gen_s, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
     own_scratch = inp.scratch is None
     scratch = inp.scratch or tempfile.mkdtemp(prefix="chaos-powerloss-", dir=scratch_root())
     own_pool = pool is None
     pools: list[RecoveryPool] = [] if pool is None else (list(pool) if isinstance(pool, list) else [pool])
     n_pools = max(1, inp.parallel) if own_pool else len(pools)
-    # Two directories per pool: one being loaded, the next one being written.
-    slots = [[os.path.join(scratch, f"p{p}{x}") for x in "ab"] for p in range(n_pools)]
+    batch = max(1, inp.batch)
+    # Two sets of directories per pool: one being loaded, the next one being written.
+    slots = [[[os.path.join(scratch, f"p{p}{x}{j}") for j in range(batch)] for x in "ab"] for p in range(n_pools)]
     for pair in slots:
-        for d in pair:
-            os.makedirs(d, exist_ok=True)
-    counts = dict.fromkeys(CLASSES, 0)
-    violations: list[dict[str, Any]] = []
-    end = model.n_prefixes - 1
+        for group in pair:
+            for d in group:
+                os.makedirs(d, exist_ok=True)
+    judge = _Judge(inp, cs, model.n_prefixes - 1)
     try:
         if own_pool:
             for _ in range(n_pools):
                 pools.append(RecoveryPool(inp.world_size, inp.workload, inp.checkpointer, inp.ckpt_options))
         starts0 = [0 if own_pool else p.stats.starts for p in pools]
         restarts0 = [len(p.stats.restarts) for p in pools]
-
-        def settle(p: int, st: CrashState) -> None:
-            # A state reachable after the last op is also what a power loss right after
-            # wait() returned leaves: by then save N is acknowledged and must survive.
-            # (States are kept at the latest crash point that produces them.)
-            after_ack = st.prefix == end
-            acked = inp.step if after_ack else inp.acked_before
-            cls, detail = classify(pools[p].collect(), inp.committed, acked)
-            if after_ack:
-                detail["after_ack"] = True
-            counts[cls] += 1
-            if cls != "ok":
-                violations.append({"id": st.id, "class": cls, "prefix": st.prefix,
-                                   "after_seq": st.after_seq, "lost": st.lost,
-                                   "equivalents": st.equivalents, **detail})
-
         t1 = time.perf_counter()
         cpu0, wcpu0 = time.process_time(), sum(p.cpu_seconds() for p in pools)
-        pending: list[CrashState | None] = [None] * n_pools
-        for i, st in enumerate(cs.states):
-            p = i % n_pools
-            sync_tree(model, st, slots[p][(i // n_pools) % 2])  # the pool's other slot is in use
-            prev = pending[p]
-            if prev is not None:
-                settle(p, prev)
-            pools[p].submit(slots[p][(i // n_pools) % 2])
-            pending[p] = st
-        for p, prev in enumerate(pending):
-            if prev is not None:
-                settle(p, prev)
+        todo = list(reversed(cs.states))  # popped from the end: in plan order
+        flight: list[list[CrashState] | None] = [None] * n_pools
+        ready: list[list[CrashState]] = [[] for _ in range(n_pools)]
+        side = [0] * n_pools
+
+        def prepare(p: int) -> None:
+            # Written into the set the pool is not reading (the one its last batch did not use).
+            out: list[CrashState] = []
+            while todo and len(out) < batch:
+                st = todo.pop()
+                sync_tree(model, st, slots[p][side[p]][len(out)])
+                out.append(st)
+            ready[p] = out
+
+        def launch(p: int) -> None:
+            if ready[p]:
+                pools[p].submit_batch(slots[p][side[p]][:len(ready[p])])
+                flight[p], ready[p] = ready[p], []
+                side[p] ^= 1
+                prepare(p)
+
+        for p in range(n_pools):
+            prepare(p)
+            launch(p)
+        while any(f is not None for f in flight):
+            done = [p for p, f in enumerate(flight) if f is not None and pools[p].poll_batch()]
+            if not done:
+                wait([x for p, f in enumerate(flight) if f is not None for x in pools[p].waitables()], timeout=1.0)
+                continue
+            for p in done:
+                sent, flight[p] = flight[p], None
+                assert sent is not None
+                again: list[CrashState] = []
+                for st, res in zip(sent, pools[p].collect_batch(), strict=True):
+                    if res is None:
+                        again.append(st)  # the group ended the batch early: rewritten and sent again
+                    else:
+                        judge.settle(st, res)
+                if again:
+                    todo.extend(reversed(again))
+                    if not ready[p]:
+                        prepare(p)
+                launch(p)
+                for q in range(n_pools):  # a pool left idle by an empty queue gets the states sent again
+                    if flight[q] is None and todo:
+                        if not ready[q]:
+                            prepare(q)
+                        launch(q)
         seconds = time.perf_counter() - t1
+        counts, violations = judge.counts, sorted(judge.violations, key=lambda v: (v["prefix"], v["id"]))
         checked = sum(counts.values())
         pcpu, wcpu = time.process_time() - cpu0, sum(p.cpu_seconds() for p in pools) - wcpu0
-        cpu = {"parent_s": round(pcpu, 3), "workers_s": round(wcpu, 3),
+        states = cs.enumerated or checked
+        cpu = {"parent_s": round(pcpu, 3), "workers_s": round(wcpu, 3), "generate_s": round(gen_cpu, 3),
                "per_state_ms": round((pcpu + wcpu) / checked * 1e3, 2) if checked else None,
                "capacity_states_per_s_2_cores": round(2 * checked / (pcpu + wcpu), 1) if pcpu + wcpu > 0 else None,
+               "per_generated_state_ms": round((pcpu + wcpu + gen_cpu) / states * 1e3, 3) if states else None,
+               "capacity_generated_per_s_2_cores": (round(2 * states / (pcpu + wcpu + gen_cpu), 1)
+                                                    if pcpu + wcpu + gen_cpu > 0 else None),
                "load_avg_1m": round(os.getloadavg()[0], 2)}
-        pool_info = {"own_pool": own_pool, "pools": n_pools,
+        pool_info = {"own_pool": own_pool, "pools": n_pools, "batch": batch,
                      "starts": sum(p.stats.starts - s0 for p, s0 in zip(pools, starts0, strict=True)),
                      "restarts": [r for p, r0 in zip(pools, restarts0, strict=True) for r in p.stats.restarts[r0:]],
                      "start_seconds": round(max(p.stats.start_seconds for p in pools), 3)}
@@ -489,16 +565,22 @@ def explore(inp: PowerLossInput,
             shutil.rmtree(scratch, ignore_errors=True)
         else:
             for pair in slots:
-                for d in pair:
-                    shutil.rmtree(d, ignore_errors=True)
+                for group in pair:
+                    for d in group:
+                        shutil.rmtree(d, ignore_errors=True)
+    pruned = states - cs.generated  # combinations whose tree is byte-identical to a kept state's
+    total_s = gen_s + seconds
     return PowerLossReport(
         checkpointer=inp.checkpointer, step=inp.step, acked_before=inp.acked_before, mode=inp.mode,
         world_size=inp.world_size, total_possible=cs.total_possible, generated=cs.generated,
         checked=checked, exhaustive=cs.exhaustive, seed=cs.seed, sampling=cs.sampling,
         prefixes=cs.prefixes, trace_ops=len(model.ops), seconds=round(seconds, 3),
         generate_seconds=round(gen_s, 3),
-        states_per_s=round(checked / seconds, 1) if seconds > 0 else 0.0,
-        counts=counts, violations=violations, pool=pool_info, cpu=cpu)
+        states_per_s=round(states / total_s, 1) if total_s > 0 else 0.0,
+        counts=counts, violations=violations, pool=pool_info, cpu=cpu,
+        states_generated=states, states_distinct=cs.generated, states_checked=checked, states_pruned=pruned,
+        pruned_counts=judge.pruned, checked_per_s=round(checked / seconds, 1) if seconds > 0 else 0.0,
+        total_seconds=round(total_s, 3))
 
 
 # ---------------------------------------------------------------------- recording

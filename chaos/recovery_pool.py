@@ -234,14 +234,58 @@ def _recover(cls: type, spec: _WorkerSpec, template: dict[str, Any], path: str,
     return out
 
 
-def _health(gen: int) -> bool:
-    """All ranks in step: an all_reduce of (gen, -gen) with MAX must give back exactly that."""
+def _health(gen: int, group: Any = None) -> bool:
+    """All ranks in step: an all_reduce of (gen, -gen) with MAX must give back exactly that.
+
+    ``group``: the pool's own gloo group, which no checkpointer uses, so a collective the
+    code under test left unmatched on the default group cannot pair with this one."""
     import torch
     import torch.distributed as dist
 
     t = torch.tensor([gen, -gen], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.tolist() == [gen, -gen]
+
+
+def _agree(gen: int, flag: int, group: Any) -> tuple[bool, int]:
+    """After one state of a batch: are all ranks done with state ``gen``, and the worst
+    ``flag`` (0 ok, 1 a rank raised, 2 a rank timed out) any rank saw. On the pool's own
+    group (see :func:`_health`): a rank still stuck in the checkpointer's collectives
+    makes it time out instead of completing it."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([gen, -gen, flag], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    got = t.tolist()
+    return got[:2] == [gen, -gen], int(got[2])
+
+
+def _run_batch(cls: type, spec: _WorkerSpec, template: dict[str, Any], job: int, paths: list[str],
+               fingerprint: Any, conn: Any, group: Any) -> None:
+    """Recover every directory of a batch in order, sending each result as soon as it is known.
+
+    After each state the ranks agree (one all_reduce) that they are on the same state and
+    whether any of them failed; the state's result then goes out with the outcome. A group
+    out of step, or a timeout on any rank, ends the batch there (the parent restarts the
+    group and sends the rest again), the last state of a batch included.
+    """
+    for i, path in enumerate(paths):
+        out = _recover(cls, spec, template, path, fingerprint)
+        flag = 2 if out["timeout"] else (1 if out["error"] else 0)
+        stop = None
+        if spec.world_size > 1:
+            try:
+                ok, flag = _agree(job * 1_000_003 + i + 1, flag, group)
+            except BaseException:  # noqa: BLE001 - a broken group is the answer
+                ok = False
+            if not ok:
+                stop = "process group out of step after a failed recovery"
+        if stop is None and flag >= 2:
+            stop = "a collective timed out"
+        conn.send(("bresult", job, i, out, stop))  # the last state of a batch says it too
+        if stop is not None:
+            return
 
 
 def _worker_main(spec: _WorkerSpec, conn: Any) -> None:
@@ -268,6 +312,8 @@ def _worker_main(spec: _WorkerSpec, conn: Any) -> None:
             conn.send(("store_ready",))
         dist.init_process_group("gloo", store=store, rank=spec.rank, world_size=spec.world_size,
                                 timeout=timeout)
+        # The pool's own group for its health checks, made before any checkpointer makes one.
+        own = dist.new_group(backend="gloo", timeout=timeout) if spec.world_size > 1 else None
         template = Trainer(WorkloadConfig.from_dict(spec.workload), spec.rank, spec.world_size).template()
         cls = load_checkpointer(spec.checkpointer)
         fingerprint = _Fingerprinter()
@@ -288,9 +334,11 @@ def _worker_main(spec: _WorkerSpec, conn: Any) -> None:
                 break
             if msg[0] == "load":
                 conn.send(("result", msg[1], _recover(cls, spec, template, msg[2], fingerprint)))
+            elif msg[0] == "batch":
+                _run_batch(cls, spec, template, msg[1], msg[2], fingerprint, conn, own)
             elif msg[0] == "health":
                 try:
-                    ok = _health(msg[1])
+                    ok = _health(msg[1], own)
                 except BaseException:  # noqa: BLE001
                     ok = False
                 conn.send(("health", msg[1], ok))
@@ -305,6 +353,21 @@ class _Worker:
     rank: int
     proc: Any
     conn: Any
+
+
+@dataclass
+class _Batch:
+    """A batch in flight: what each rank sent back so far."""
+
+    job: int
+    paths: list[str]
+    results: dict[int, list[dict[str, Any]]]
+    stopped: dict[int, str] = field(default_factory=dict)  # rank -> why it ended the batch early
+    died: dict[int, str] = field(default_factory=dict)  # rank -> "rank R exited C"
+    last: float = 0.0  # time.monotonic() of the last message
+
+    def rank_done(self, rank: int) -> bool:
+        return len(self.results[rank]) >= len(self.paths) or rank in self.stopped or rank in self.died
 
 
 @dataclass
@@ -342,6 +405,7 @@ class RecoveryPool:
         self._workers: list[_Worker] = []
         self._job = 0
         self._pending: int | None = None
+        self._batch: _Batch | None = None
         self._closed = False
         self._cpu_done = 0.0
         _pools.add(self)
@@ -422,6 +486,7 @@ class RecoveryPool:
                 pass
         self._workers = []
         self._pending = None
+        self._batch = None
 
     def restart(self, why: str) -> None:
         """Kill the group and start a fresh one (after a hang or a broken process group)."""
@@ -447,7 +512,7 @@ class RecoveryPool:
         """Start recovery from ``path`` on every rank; :meth:`collect` returns the results."""
         if self._closed:
             raise HarnessError("recovery pool is closed")
-        if self._pending is not None:
+        if self._pending is not None or self._batch is not None:
             raise HarnessError("a recovery is already in flight; collect() it first")
         self._job += 1
         self._pending = self._job
@@ -506,6 +571,118 @@ class RecoveryPool:
             self.restart("a collective timed out")
         elif any(r["error"] for r in out) and self.world_size > 1 and not self._healthy():
             self.restart("process group out of step after a failed recovery")
+        return out
+
+    # -- batches ----------------------------------------------------------------
+    def submit_batch(self, paths: list[str | os.PathLike[str]]) -> None:
+        """Start recovery from each of ``paths``, in order, on every rank, in one round trip.
+
+        Each rank streams one result per state as it finishes it, so a state is bounded by
+        ``job_timeout_s`` from the previous answer, however long the batch. After every
+        state the ranks run one all_reduce to agree they are in step (the health check
+        :meth:`collect` runs only after a failure); :meth:`collect_batch` returns the results.
+        """
+        if self._closed:
+            raise HarnessError("recovery pool is closed")
+        if self._pending is not None or self._batch is not None:
+            raise HarnessError("a recovery is already in flight; collect it first")
+        if not paths:
+            raise HarnessError("an empty batch")
+        self._job += 1
+        b = _Batch(self._job, [os.fspath(x) for x in paths], {w.rank: [] for w in self._workers},
+                   last=time.monotonic())
+        self._batch = b
+        for w in self._workers:
+            w.conn.send(("batch", b.job, b.paths))
+
+    def waitables(self) -> list[Any]:
+        """Connections and process sentinels to ``multiprocessing.connection.wait`` on while a
+        batch is in flight (any becomes ready when a rank answers or dies)."""
+        b = self._batch
+        if b is None:
+            return []
+        return [x for w in self._workers if not b.rank_done(w.rank) for x in (w.conn, w.proc.sentinel)]
+
+    def _drain(self, b: _Batch, w: _Worker) -> None:
+        """Read whatever rank ``w`` sent; notice its death once its pipe is empty."""
+        eof = False
+        while not b.rank_done(w.rank):
+            try:
+                if not w.conn.poll():
+                    break
+                msg = w.conn.recv()
+            except (EOFError, OSError):  # the pipe is closed and empty: the rank is gone
+                eof = True
+                break
+            b.last = time.monotonic()
+            if msg[0] == "bresult" and msg[1] == b.job and msg[2] == len(b.results[w.rank]):
+                b.results[w.rank].append(msg[3])
+                if msg[4] is not None:
+                    b.stopped[w.rank] = msg[4]
+        if not b.rank_done(w.rank) and (eof or not w.proc.is_alive()):
+            if not eof:
+                try:
+                    if w.conn.poll():
+                        return  # it wrote before dying: read that first, next time round
+                except (EOFError, OSError):
+                    pass
+            w.proc.join(timeout=1)
+            b.died[w.rank] = f"rank {w.rank} exited {w.proc.exitcode}"
+
+    def poll_batch(self) -> bool:
+        """Read what has arrived without waiting; True once :meth:`collect_batch` will not
+        wait (every rank finished or ended the batch, or the batch ran past its deadline)."""
+        b = self._batch
+        if b is None:
+            raise HarnessError("no batch in flight")
+        for w in self._workers:
+            self._drain(b, w)
+        return all(b.rank_done(w.rank) for w in self._workers) or time.monotonic() - b.last > self.job_timeout_s
+
+    def collect_batch(self) -> list[list[dict[str, Any]] | None]:
+        """Per state of the submitted batch, the per-rank results in rank order, or ``None``
+        for a state that was not run (the group ended the batch early: send it again).
+
+        A state on which a rank died or gave no answer within ``job_timeout_s`` gets the
+        same results :meth:`collect` gives it (``WorkerDied`` / ``Timeout`` / ``Aborted``)
+        and the states after it ``None``. A death, a hang, a timeout or a group out of step
+        restarts the group, as :meth:`collect` does.
+        """
+        b = self._batch
+        if b is None:
+            raise HarnessError("no batch in flight")
+        while not self.poll_batch():
+            left = b.last + self.job_timeout_s - time.monotonic()
+            wait(self.waitables(), timeout=max(0.0, left))
+        self._batch = None
+        n = len(b.paths)
+        self.stats.jobs += n
+        done = min(len(r) for r in b.results.values())
+        out: list[list[dict[str, Any]] | None] = [
+            [b.results[r][i] for r in range(self.world_size)] for i in range(done)]
+        hung = [r for r in range(self.world_size) if not b.rank_done(r)]
+        if done < n and (b.died or hung):
+            died = bool(b.died)
+            state: list[dict[str, Any]] = []
+            for r in range(self.world_size):
+                if len(b.results[r]) > done:
+                    state.append(b.results[r][done])
+                elif r in b.died:
+                    state.append({"rank": r, "step": None, "fingerprint": None,
+                                  "error": f"WorkerDied: recovery process {b.died[r]}", "timeout": False,
+                                  "seconds": 0.0})
+                else:
+                    state.append({"rank": r, "step": None, "fingerprint": None,
+                                  "error": ("Aborted: a peer recovery process died" if died else
+                                            f"Timeout: no answer within {self.job_timeout_s:.0f} s"),
+                                  "timeout": not died and r in hung,
+                                  "seconds": self.job_timeout_s})
+            out.append(state)
+        out.extend([None] * (n - len(out)))
+        why = ("; ".join(b.died.values()) or (f"ranks {hung} hung" if hung else "")
+               or next(iter(b.stopped.values()), ""))
+        if why:
+            self.restart(why)
         return out
 
     def recover(self, path: str | os.PathLike[str]) -> list[dict[str, Any]]:

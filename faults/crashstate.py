@@ -66,6 +66,9 @@ from faults import FaultError
 
 # A pending data element: ("w", offset, bytes) or ("t", length, b"").
 _DataOp = tuple[str, int, bytes]
+# The choices of one crash state after a prefix: directory inode -> entries persisted,
+# file inode -> (whole pending writes persisted, bytes of the next).
+_Choice = tuple[dict[int, int], dict[int, tuple[int, int]]]
 
 
 def _failed_sync(rec: dict[str, Any]) -> bool:
@@ -122,6 +125,20 @@ class _Prefix:
     pdata: dict[int, tuple[_DataOp, ...]]
     names: dict[int, str]  # last known relpath of each inode (for descriptions)
     seq: int | None  # seq of the last op in the prefix
+    # Per file inode, how many times its durable data was replaced (fsync) or its pending
+    # stream dropped (failed fsync). Between two such events a file's pending stream only
+    # grows, so (inode, epoch, whole, extra) names one content across every prefix.
+    epoch: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Tree:
+    """The names of one state's tree: directories (parents first) and (relpath, inode) of files."""
+
+    dirs: tuple[str, ...]
+    files: tuple[tuple[str, int], ...]
+    head: bytes  # the directories, encoded for the fingerprint
+    keyed: tuple[tuple[bytes, int], ...]  # files sorted by relpath, encoded for the fingerprint
 
 
 @dataclass
@@ -172,10 +189,18 @@ class CrashSet:
     seed: int
     sampling: str
     prefixes: int
+    # distinct combinations (crash point + choices) looked at to find them: each is a crash
+    # state of the model; several may leave the same contents (``equivalents``), and
+    # ``enumerated - generated`` of them share the verdict of an identical tree.
+    enumerated: int = 0
+    # state id -> how many of its ``equivalents`` are crashes after the last op (the rest
+    # crash earlier); only states that have some are listed
+    end_equivalents: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "total_possible": self.total_possible, "generated": self.generated,
+            "enumerated": self.enumerated,
             "exhaustive": self.exhaustive, "seed": self.seed, "sampling": self.sampling,
             "prefixes": self.prefixes, "states": [s.to_dict() for s in self.states],
         }
@@ -229,6 +254,14 @@ class CrashModel:
         self._next = 1
         self._oroot: int | None = None  # the outside tree ("/"), made on the first path outside the root
         self._prefixes: list[_Prefix] = []
+        # Memos (see "contents"): every crash state of one save is a small delta from a
+        # few shared trees and file versions, so each is computed once per model.
+        self._cut_memo: dict[tuple[int, int, int], list[int]] = {}
+        self._dims_memo: dict[int, tuple[list[tuple[int, int]], list[tuple[int, list[tuple[int, int]]]]]] = {}
+        self._tree_memo: dict[tuple[int, tuple[int, ...]], _Tree] = {}
+        self._digest_memo: dict[tuple[int, int, int, int], bytes] = {}
+        self._data_memo: dict[tuple[int, int, int, int], bytes] = {}
+        self._data_memo_bytes = 0
         self._replay(base)
 
     # ------------------------------------------------------------------ replay
@@ -253,6 +286,7 @@ class CrashModel:
         pdata: dict[int, tuple[_DataOp, ...]] = {}
         names: dict[int, str] = {0: ""}
         fds: dict[tuple[int, int], int] = {}
+        epoch: dict[int, int] = {}
 
         def loc(path: str | None) -> tuple[int, str] | None:
             """(tree, relpath): the root's tree (0) or, for an absolute path outside it (a
@@ -325,7 +359,8 @@ class CrashModel:
             if self._oroot is not None:
                 qdir, qdata = self._relevant(ddir, qdir, qdata)
             self._prefixes.append(_Prefix(
-                {d: dict(e) for d, e in ddir.items()}, dict(ddata), qdir, qdata, dict(names), seq))
+                {d: dict(e) for d, e in ddir.items()}, dict(ddata), qdir, qdata, dict(names), seq,
+                dict(epoch)))
 
         def queue(op: _DirOp) -> None:
             pdir[op.dir] = pdir.get(op.dir, ()) + (op,)
@@ -429,6 +464,7 @@ class CrashModel:
                 ino = file_of(rec)
                 if ino is not None and self._kind[ino] == "f":
                     pdata.pop(ino, None)
+                    epoch[ino] = epoch.get(ino, 0) + 1
             elif kind in ("fsync", "fdatasync"):
                 ino = file_of(rec)
                 if ino is None:
@@ -438,6 +474,7 @@ class CrashModel:
                         self._apply_dirop(ddir, op)
                 else:
                     ddata[ino] = _apply_data(ddata.get(ino, b""), pdata.pop(ino, ()))
+                    epoch[ino] = epoch.get(ino, 0) + 1
             elif kind == "close":
                 fds.pop(key, None)
             elif kind in ("rename", "link"):
@@ -501,22 +538,31 @@ class CrashModel:
             entries[op.name] = op.ino  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ choices
+    def _torn(self, ino: int, i: int, n: int) -> list[int]:
+        """The seeded torn points inside pending write ``i`` (``n`` bytes) of inode ``ino``."""
+        key = (ino, i, n)
+        got = self._cut_memo.get(key)
+        if got is None:
+            rng = random.Random(f"{self.seed}:{ino}:{i}:{n}")
+            got = self._cut_memo[key] = sorted(rng.sample(range(1, n), min(self.torn_per_write, n - 1)))
+        return got
+
     def _cuts(self, ino: int, ops: tuple[_DataOp, ...]) -> list[tuple[int, int]]:
         """Persistable prefixes of a pending stream: (whole elements, bytes of the next)."""
         cuts = [(i, 0) for i in range(len(ops) + 1)]
         for i, (kind, _a, data) in enumerate(ops):
             if kind == "w" and len(data) >= 2 and self.torn_per_write > 0:
-                rng = random.Random(f"{self.seed}:{ino}:{i}:{len(data)}")
-                k = min(self.torn_per_write, len(data) - 1)
-                for t in sorted(rng.sample(range(1, len(data)), k)):
-                    cuts.append((i, t))
+                cuts.extend((i, t) for t in self._torn(ino, i, len(data)))
         return cuts
 
     def _dims(self, k: int) -> tuple[list[tuple[int, int]], list[tuple[int, list[tuple[int, int]]]]]:
-        p = self._prefixes[k]
-        dirs = [(d, len(q) + 1) for d, q in sorted(p.pdir.items())]
-        data = [(i, self._cuts(i, q)) for i, q in sorted(p.pdata.items())]
-        return dirs, data
+        got = self._dims_memo.get(k)
+        if got is None:
+            p = self._prefixes[k]
+            dirs = [(d, len(q) + 1) for d, q in sorted(p.pdir.items())]
+            data = [(i, self._cuts(i, q)) for i, q in sorted(p.pdata.items())]
+            got = self._dims_memo[k] = (dirs, data)
+        return got
 
     def count(self, k: int) -> int:
         """Number of crash-state combinations after prefix ``k`` (duplicates included)."""
@@ -531,6 +577,12 @@ class CrashModel:
     @property
     def n_prefixes(self) -> int:
         return len(self._prefixes)
+
+    @staticmethod
+    def choice_id(k: int, dirs: dict[int, int], data: dict[int, tuple[int, int]]) -> str:
+        """The id of the crash state after prefix ``k`` with these choices (``CrashState.id``)."""
+        return f"k{k}" + "".join(f".d{d}={j}" for d, j in sorted(dirs.items())) + "".join(
+            f".f{i}={w}" + (f"+{t}" if t else "") for i, (w, t) in sorted(data.items()))
 
     def state(self, k: int, dirs: dict[int, int], data: dict[int, tuple[int, int]]) -> CrashState:
         """The crash state after prefix ``k`` with the given choices (data + description)."""
@@ -549,20 +601,29 @@ class CrashModel:
                 lost.append({"what": "data", "path": p.names.get(i, "?"), "persisted": kept,
                              "pending": total, "ops_persisted": whole, "ops_pending": len(q),
                              "torn": extra > 0, "reason": "file not fsynced"})
-        sid = f"k{k}" + "".join(f".d{d}={j}" for d, j in sorted(dirs.items())) + "".join(
-            f".f{i}={w}" + (f"+{t}" if t else "") for i, (w, t) in sorted(data.items()))
-        return CrashState(sid, k, p.seq, dict(dirs), dict(data), lost, "", 1, self)
+        return CrashState(self.choice_id(k, dirs, data), k, p.seq, dict(dirs), dict(data), lost, "", 1, self)
 
     # ------------------------------------------------------------------ contents
-    def contents(self, st: CrashState) -> tuple[list[str], dict[str, bytes]]:
-        """Directories (relpaths, parents first) and files of a state, in memory."""
-        p = self._prefixes[st.prefix]
+    # A state is (crash point, how many pending entries of each directory persisted, how
+    # much of each file's pending stream persisted). Its *tree* (which names exist) depends
+    # only on the crash point and the directory choices, and each file's bytes only on
+    # (inode, epoch, whole, extra): so trees and file versions are computed once and every
+    # state is assembled from them, the delta from a shared base being a dictionary lookup.
+    # ``contents``, ``fingerprint`` and ``materialize`` all read the same memos.
+    def _tree(self, k: int, dirs: dict[int, int]) -> _Tree:
+        p = self._prefixes[k]
+        dims, _data = self._dims(k)
+        choice = tuple(min(max(dirs.get(d, m - 1), 0), m - 1) for d, m in dims)
+        key = (k, choice)
+        got = self._tree_memo.get(key)
+        if got is not None:
+            return got
         tree = {d: dict(e) for d, e in p.ddir.items()}
-        chosen = [op for d, q in p.pdir.items() for op in q[: st.dirs.get(d, len(q))]]
+        chosen = [op for (d, _m), j in zip(dims, choice, strict=True) for op in p.pdir[d][:j]]
         for op in sorted(chosen, key=lambda o: o.seq):
             self._apply_dirop(tree, op)
-        dirs: list[str] = []
-        files: dict[str, bytes] = {}
+        out_dirs: list[str] = []
+        files: list[tuple[str, int]] = []
         stack: list[tuple[int, str]] = [(0, "")]
         seen = {0}
         while stack:
@@ -573,33 +634,90 @@ class CrashModel:
                     if ino in seen:
                         continue
                     seen.add(ino)
-                    dirs.append(path)
+                    out_dirs.append(path)
                     stack.append((ino, path))
                 else:
-                    files[path] = self._file_data(p, ino, st.data)
-        dirs.sort(key=lambda s: (s.count("/"), s))
-        return dirs, files
+                    files.append((path, ino))
+        out_dirs.sort(key=lambda s: (s.count("/"), s))
+        head = b"".join(b"D" + d.encode() + b"\0" for d in out_dirs)
+        keyed = [(b"F" + f.encode() + b"\0", ino) for f, ino in sorted(files)]
+        got = self._tree_memo[key] = _Tree(tuple(out_dirs), tuple(files), head, tuple(keyed))
+        return got
 
-    def _file_data(self, p: _Prefix, ino: int, choice: dict[int, tuple[int, int]]) -> bytes:
+    def _file_key(self, p: _Prefix, ino: int, choice: dict[int, tuple[int, int]]) -> tuple[int, int, int, int]:
+        """(inode, epoch, whole, extra): the same key means the same bytes, whatever the prefix."""
+        ep = p.epoch.get(ino, 0)
+        q = p.pdata.get(ino)
+        if not q:
+            return ino, ep, 0, 0
+        whole, extra = choice.get(ino, (len(q), 0))
+        whole = min(max(whole, 0), len(q))
+        if extra > 0 and whole < len(q) and q[whole][0] == "w":
+            extra = min(extra, len(q[whole][2]))
+        else:
+            extra = 0
+        return ino, ep, whole, extra
+
+    _DATA_MEMO_LIMIT = 256 << 20  # bytes of file versions kept (then dropped, rebuilt on demand)
+
+    def _data(self, p: _Prefix, key: tuple[int, int, int, int]) -> bytes:
+        got = self._data_memo.get(key)
+        if got is not None:
+            return got
+        ino, _ep, whole, extra = key
         base = p.ddata.get(ino, b"")
         q = p.pdata.get(ino)
         if not q:
-            return base
-        whole, extra = choice.get(ino, (len(q), 0))
-        tail = None
-        if extra and whole < len(q) and q[whole][0] == "w":
-            kind, off, data = q[whole]
-            tail = (kind, off, data[:extra])
-        return _apply_data(base, q[:whole], tail)
+            got = base
+        else:
+            tail = None
+            if extra:
+                kind, off, data = q[whole]
+                tail = (kind, off, data[:extra])
+            got = _apply_data(base, q[:whole], tail)
+        if self._data_memo_bytes + len(got) > self._DATA_MEMO_LIMIT:
+            self._data_memo.clear()
+            self._data_memo_bytes = 0
+        self._data_memo[key] = got
+        self._data_memo_bytes += len(got)
+        return got
+
+    def _digest(self, p: _Prefix, key: tuple[int, int, int, int]) -> bytes:
+        got = self._digest_memo.get(key)
+        if got is None:
+            got = self._digest_memo[key] = xxhash.xxh3_128_digest(self._data(p, key))
+        return got
+
+    def contents(self, st: CrashState) -> tuple[list[str], dict[str, bytes]]:
+        """Directories (relpaths, parents first) and files of a state, in memory."""
+        p = self._prefixes[st.prefix]
+        tree = self._tree(st.prefix, st.dirs)
+        return list(tree.dirs), {path: self._data(p, self._file_key(p, ino, st.data)) for path, ino in tree.files}
+
+    def file_digests(self, st: CrashState) -> dict[str, bytes]:
+        """relpath -> xxh3-128 of the file's bytes, for every file of the state (no bytes built
+        when the version was seen before): lets a caller tell which files two states share."""
+        p = self._prefixes[st.prefix]
+        tree = self._tree(st.prefix, st.dirs)
+        return {path: self._digest(p, self._file_key(p, ino, st.data)) for path, ino in tree.files}
+
+    def fingerprint_choice(self, k: int, dirs: dict[int, int], data: dict[int, tuple[int, int]]) -> str:
+        """Tree identity of the state after prefix ``k`` with these choices, without building it.
+
+        xxh3-128 over every directory's relpath and every file's relpath with the xxh3-128
+        of its bytes: equal fingerprints mean byte-identical trees (up to a 128-bit hash
+        collision), which is what lets one recovery judge them all.
+        """
+        p = self._prefixes[k]
+        tree = self._tree(k, dirs)
+        h = xxhash.xxh3_128(tree.head)
+        for name, ino in tree.keyed:
+            h.update(name)
+            h.update(self._digest(p, self._file_key(p, ino, data)))
+        return h.hexdigest()
 
     def fingerprint(self, st: CrashState) -> str:
-        dirs, files = self.contents(st)
-        h = xxhash.xxh3_128()
-        for d in dirs:
-            h.update(b"D" + d.encode() + b"\0")
-        for f in sorted(files):
-            h.update(b"F" + f.encode() + b"\0" + xxhash.xxh3_64_digest(files[f]))
-        return h.hexdigest()
+        return self.fingerprint_choice(st.prefix, st.dirs, st.data)
 
     def materialize(self, st: CrashState | dict[str, Any], dest: str | os.PathLike[str]) -> str:
         """Write the state's tree into ``dest`` (created; must be empty if it exists)."""
@@ -623,68 +741,139 @@ class CrashModel:
         return out
 
     # ------------------------------------------------------------------ enumeration
-    def _all(self, k: int) -> Iterator[CrashState]:
+    # Choices are (dirs, data) dicts as CrashState holds them; a CrashState (with its
+    # ``lost`` description) is built only for the combinations that are kept.
+    def all_choices(self, k: int) -> Iterator[_Choice]:
+        """Every combination of choices after prefix ``k`` (``count(k)`` of them)."""
         dirs, data = self._dims(k)
         ranges = [range(m) for _d, m in dirs] + [cuts for _i, cuts in data]
+        nd = len(dirs)
+        dkeys = [d for d, _m in dirs]
+        fkeys = [i for i, _c in data]
         for combo in itertools.product(*ranges):
-            dch = {d: combo[n] for n, (d, _m) in enumerate(dirs)}
-            fch = {i: combo[len(dirs) + n] for n, (i, _c) in enumerate(data)}
-            yield self.state(k, dch, fch)  # type: ignore[arg-type]
+            yield dict(zip(dkeys, combo[:nd], strict=True)), dict(zip(fkeys, combo[nd:], strict=True))  # type: ignore[arg-type]
+
+    def extreme_choices(self, k: int) -> list[_Choice]:
+        """After prefix ``k``: everything pending lost, and everything pending persisted."""
+        dirs, data = self._dims(k)
+        pdata = self._prefixes[k].pdata
+        return [({d: 0 for d, _m in dirs}, {i: (0, 0) for i, _c in data}),
+                ({d: m - 1 for d, m in dirs}, {i: (len(pdata[i]), 0) for i, _c in data})]
+
+    def random_choice(self, k: int, rng: random.Random) -> _Choice:
+        """One uniform combination after prefix ``k`` (draws from ``rng`` in a fixed order)."""
+        dirs, data = self._dims(k)
+        return {d: rng.randrange(m) for d, m in dirs}, {i: rng.choice(c) for i, c in data}
+
+    def _all(self, k: int) -> Iterator[CrashState]:
+        for dch, fch in self.all_choices(k):
+            yield self.state(k, dch, fch)
 
     def _extremes(self, k: int) -> Iterator[CrashState]:
-        dirs, data = self._dims(k)
-        yield self.state(k, {d: 0 for d, _m in dirs}, {i: (0, 0) for i, _c in data})
-        pdata = self._prefixes[k].pdata
-        yield self.state(k, {d: m - 1 for d, m in dirs}, {i: (len(pdata[i]), 0) for i, _c in data})
+        for dch, fch in self.extreme_choices(k):
+            yield self.state(k, dch, fch)
 
     def _random(self, k: int, rng: random.Random) -> CrashState:
-        dirs, data = self._dims(k)
-        return self.state(k, {d: rng.randrange(m) for d, m in dirs},
-                          {i: rng.choice(c) for i, c in data})
+        return self.state(k, *self.random_choice(k, rng))
 
     def generate(self, *, seed: int | None = None, exhaustive_limit: int = 4096,
                  samples: int = 512, max_attempts: int | None = None) -> CrashSet:
         """Distinct crash states: all of them when the total is at most
-        ``exhaustive_limit``, else up to ``samples`` drawn with ``seed``."""
+        ``exhaustive_limit``, else up to ``samples`` drawn with ``seed``.
+
+        Distinct means distinct contents (:meth:`fingerprint_choice`); ``enumerated``
+        counts the distinct combinations looked at, ``equivalents`` how many of them each
+        kept state stands for (a combination drawn twice counts once).
+        """
         seed = self.seed if seed is None else seed
         counts = [self.count(k) for k in range(self.n_prefixes)]
         total = sum(counts)
-        seen: dict[str, CrashState] = {}
-        out: list[CrashState] = []
+        dedup = Deduper(self)
+
+        def done(exhaustive: bool, how: str) -> CrashSet:
+            out = dedup.states()
+            return CrashSet(out, total, len(out), exhaustive, seed, how, self.n_prefixes, dedup.enumerated,
+                            dedup.end_equivalents())
 
         # Later prefixes first: of all combinations leaving the same contents, the one
         # kept is the crash latest in the save, whose ``lost`` list says the most
         # ("rename issued but lost" rather than "crashed before the rename").
-        def add(st: CrashState) -> None:
-            fp = self.fingerprint(st)
-            if fp in seen:
-                seen[fp].equivalents += 1
-            else:
-                st.fingerprint = fp
-                seen[fp] = st
-                out.append(st)
-
-        def done(exhaustive: bool, how: str) -> CrashSet:
-            out.sort(key=lambda s: (s.prefix, s.id))
-            return CrashSet(out, total, len(out), exhaustive, seed, how, self.n_prefixes)
-
         if total <= exhaustive_limit:
             for k in reversed(range(self.n_prefixes)):
-                for st in self._all(k):
-                    add(st)
+                for ch in self.all_choices(k):
+                    dedup.add(k, *ch, unique=True)
             return done(True, "exhaustive")
         rng = random.Random(seed)
         for k in reversed(range(self.n_prefixes)):
-            for st in self._extremes(k):
-                add(st)
-                if len(out) >= samples:
+            for ch in self.extreme_choices(k):
+                dedup.add(k, *ch)
+                if len(dedup) >= samples:
                     break
         attempts = max_attempts if max_attempts is not None else samples * 20
-        while len(out) < samples and attempts > 0:
+        while len(dedup) < samples and attempts > 0:
             attempts -= 1
-            add(self._random(rng.randrange(self.n_prefixes), rng))
+            k = rng.randrange(self.n_prefixes)
+            dedup.add(k, *self.random_choice(k, rng))
         return done(False, f"seeded sample: per-prefix all-lost/all-persisted, then uniform "
                            f"prefix and uniform choices (seed {seed}, {samples} wanted)")
+
+
+class Deduper:
+    """Keeps one crash state per distinct tree, counting the combinations behind each.
+
+    ``add(k, dirs, data)`` fingerprints a combination without building it; a new tree
+    becomes a :class:`CrashState`, a tree seen before adds to its ``equivalents``. With
+    ``latest=True`` a later crash point leaving the same tree replaces the kept state (its
+    ``lost`` says the most, and a state the end can leave is judged as after the ack);
+    otherwise the first one stays. A combination added twice (a sampler drawing it again)
+    counts once unless the caller says it is ``unique`` (exhaustive enumeration).
+    """
+
+    def __init__(self, model: CrashModel, *, latest: bool = False) -> None:
+        self.model = model
+        self.latest = latest
+        self.enumerated = 0
+        self._seen_ids: set[str] = set()
+        self._by_fp: dict[str, CrashState] = {}
+        self._order: list[str] = []
+        self._end = model.n_prefixes - 1
+        self._at_end: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def add(self, k: int, dirs: dict[int, int], data: dict[int, tuple[int, int]], *, unique: bool = False) -> None:
+        if not unique:
+            sid = CrashModel.choice_id(k, dirs, data)
+            if sid in self._seen_ids:
+                return
+            self._seen_ids.add(sid)
+        self.enumerated += 1
+        fp = self.model.fingerprint_choice(k, dirs, data)
+        if k == self._end:
+            self._at_end[fp] = self._at_end.get(fp, 0) + 1
+        old = self._by_fp.get(fp)
+        if old is None:
+            st = self.model.state(k, dirs, data)
+            st.fingerprint = fp
+            self._by_fp[fp] = st
+            self._order.append(fp)
+        elif self.latest and k > old.prefix:
+            st = self.model.state(k, dirs, data)
+            st.fingerprint, st.equivalents = fp, old.equivalents + 1
+            self._by_fp[fp] = st
+        else:
+            old.equivalents += 1
+
+    def end_equivalents(self) -> dict[str, int]:
+        """Kept state id -> how many of its combinations crash after the last op."""
+        return {self._by_fp[fp].id: n for fp, n in self._at_end.items()}
+
+    def states(self) -> list[CrashState]:
+        """The kept states, sorted by (prefix, id)."""
+        out = [self._by_fp[fp] for fp in self._order]
+        out.sort(key=lambda s: (s.prefix, s.id))
+        return out
 
 
 def materialize(state: CrashState, dest: str | os.PathLike[str]) -> str:
@@ -773,5 +962,5 @@ if __name__ == "__main__":  # pragma: no cover - a benchmark, not a test
         print(json.dumps(bench(where)))
 
 
-__all__ = ["CrashModel", "CrashSet", "CrashState", "Snapshot", "bench", "clear", "materialize",
+__all__ = ["CrashModel", "CrashSet", "CrashState", "Deduper", "Snapshot", "bench", "clear", "materialize",
            "merge_traces"]

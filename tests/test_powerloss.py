@@ -57,6 +57,12 @@ def _consistent(rep: object) -> None:
     assert d["violation_count"] == len(d["violations"]) == d["checked"] - d["counts"]["ok"]
     assert d["total_possible"] >= d["generated"]
     assert d["states_per_s"] > 0 and d["cpu"]["per_state_ms"] > 0
+    # generated = checked + pruned, pruned never counted as checked, each pruned one judged
+    assert d["states_checked"] == d["checked"] == d["states_distinct"]
+    assert d["states_generated"] == d["states_checked"] + d["states_pruned"] >= d["checked"]
+    assert sum(d["pruned_counts"].values()) == d["states_pruned"]
+    assert set(d["pruned_counts"]) == set(CLASSES)
+    assert d["checked_per_s"] > 0 and d["total_seconds"] >= d["seconds"]
 
 
 def test_recording_holds_what_explore_needs(careful: PowerLossInput) -> None:
@@ -95,6 +101,48 @@ def test_no_fsync_passes_a_kill_but_not_a_power_loss(no_fsync: PowerLossInput) -
         assert len(v["loaded_step"]) == 2
     # the acknowledged step 1 vanishing (rmtree persisted, new data not) or ranks split
     assert any(v["class"] == "durability" for v in bad) or any(None in v["loaded_step"] for v in bad)
+
+
+def _verdicts(rep: object) -> tuple:
+    d = rep.to_dict(max_violations=10_000)  # type: ignore[attr-defined]
+    return (d["counts"], d["pruned_counts"], d["states_generated"],
+            sorted((v["id"], v["class"], tuple(v["loaded_step"]), v.get("after_ack", False)) for v in d["violations"]))
+
+
+def test_no_fsync_verdicts_do_not_depend_on_batching_or_groups(no_fsync: PowerLossInput) -> None:
+    """One state per round trip in one group, or batches in two groups: the same verdict for
+    every state, and the same verdicts for the pruned ones."""
+    one = explore(dataclasses.replace(no_fsync, parallel=1, batch=1))
+    many = explore(dataclasses.replace(no_fsync, parallel=2, batch=8))
+    odd = explore(dataclasses.replace(no_fsync, parallel=2, batch=3))
+    for rep in (one, many, odd):
+        _consistent(rep)
+    assert _verdicts(one) == _verdicts(many) == _verdicts(odd)
+    assert one.counts["durability"] > 0 and many.pool["batch"] == 8
+    # the pruned states of a failing save include failing ones, judged as such
+    assert sum(n for c, n in many.pruned_counts.items() if c != "ok") > 0
+
+
+def test_pruned_states_have_exactly_the_tree_of_the_state_checked_for_them(no_fsync: PowerLossInput) -> None:
+    """On a real recording: every combination deduplicated into a kept state has its tree."""
+    import itertools
+
+    from chaos.powerloss import covering_prefixes
+    from faults.crashstate import Deduper
+
+    model, cs = plan_states(no_fsync)
+    assert cs.enumerated > cs.generated and sum(s.equivalents for s in cs.states) == cs.enumerated
+    dedup = Deduper(model, latest=True)
+    combos = [(k, ch) for k in reversed(covering_prefixes(model)) for ch in itertools.islice(model.all_choices(k), 1500)]
+    for k, ch in combos:
+        dedup.add(k, *ch, unique=True)
+    kept = {s.fingerprint: s for s in dedup.states()}
+    assert len(kept) < len(combos)  # there is something to prune
+    for k, ch in combos:
+        st = model.state(k, *ch)
+        rep = kept[model.fingerprint(st)]
+        assert model.contents(st) == model.contents(rep), st.id
+        assert rep.prefix >= k
 
 
 def test_sampling_is_reproducible_by_seed(no_fsync: PowerLossInput) -> None:
@@ -230,3 +278,56 @@ def test_bench_crashstates_command(capsys: pytest.CaptureFixture[str], tmp_path:
     assert code == (0 if doc["passed"] else 1)
     assert doc["checked"] == sum(doc["counts"].values()) > 0
     assert "states/s" in text and doc["cpu"]["capacity_states_per_s_2_cores"] > 0
+    # today's keys stay (history), the separate counts join them
+    assert {"states_per_s", "checked", "generated", "seconds", "generate_seconds", "counts", "cpu"} <= set(doc)
+    assert doc["states_generated"] == doc["states_checked"] + doc["states_pruned"]
+    assert sum(doc["pruned_counts"].values()) == doc["states_pruned"]
+    assert "pruned" in text and "checked/s" in text
+
+
+MISBEHAVES = '''
+import os
+import torch.distributed as dist
+
+class Misbehaves:
+    """Rank 1 enters a barrier rank 0 never joins when the state holds ``hang``."""
+    def __init__(self, root, rank, world_size):
+        self.root, self.rank = root, rank
+    def save(self, step, state): pass
+    def wait(self): pass
+    def load_latest(self, template):
+        if os.path.exists(os.path.join(self.root, "hang")) and self.rank == 1:
+            dist.barrier()
+        return None
+    def close(self): pass
+'''
+
+
+def test_states_a_hang_cut_out_of_a_batch_are_sent_again(tmp_path: Path) -> None:
+    """A hanging state ends its batch; the states after it are written again and judged."""
+    from faults.crashstate import Snapshot
+    from faults.interposer import Interposer, read_trace
+
+    (tmp_path / "misbehaves.py").write_text(MISBEHAVES)
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    base = Snapshot.capture(root)
+    trace = tmp_path / "trace.jsonl"
+    with Interposer(root, 0, trace):  # no fsync at all: x and hang may or may not survive
+        (root / "x").write_bytes(b"1")
+        (root / "hang").write_bytes(b"")
+    spec = f"{tmp_path / 'misbehaves.py'}:Misbehaves"
+    wl = {"d_model": 32, "n_layers": 1, "n_heads": 2}
+    inp = PowerLossInput(ckpt_root=str(root), base=base, traces=[read_trace(trace, with_data=True)],
+                         checkpointer=spec, world_size=2, workload=wl, step=1, committed={}, acked_before=None,
+                         scratch=str(tmp_path / "states"), batch=4)
+    with RecoveryPool(2, wl, spec, pg_timeout_s=1.0, job_timeout_s=4.0) as pool:
+        rep = explore(inp, pool=pool)
+    _consistent(rep)
+    model, cs = plan_states(inp)
+    hangs = sum(1 for s in cs.states if "hang" in model.contents(s)[1])
+    assert 1 <= hangs < cs.generated
+    assert rep.checked == rep.generated == cs.generated  # every state judged, none lost with its batch
+    # the others load nothing although save 1 (the end of this trace) was acknowledged
+    assert rep.counts["hang"] == hangs and rep.counts["durability"] == rep.checked - hangs
+    assert len(rep.pool["restarts"]) == hangs, (rep.pool, rep.violations)

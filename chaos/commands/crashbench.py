@@ -1,15 +1,22 @@
 """`chaos bench-crashstates`: how fast power-loss crash states are checked.
 
 Records one real save of a checkpointer (2 gloo ranks, a small model), builds its
-crash states and runs the checkpointer's recovery on each in a warm worker group,
-then prints how many states were checked, states per second and the class counts::
+crash states and runs the checkpointer's recovery on each distinct tree in warm worker
+groups, then prints the state counts, states per second and the class counts::
 
     chaos bench-crashstates                                   # the reference checkpointer
     chaos bench-crashstates --checkpointer tests/checkpointers/no_fsync.py:NoFsyncCheckpointer
     chaos bench-crashstates --max-states 1000 --seed 3 --json out.json
 
-Besides the wall-clock rate it reports the CPU time spent per state (parent plus
-workers) and the rate that CPU cost allows on 2 otherwise idle cores, because on a
+The counts are kept apart: states *generated* (distinct combinations of crash point
+and choices, every one a crash state of the model), *distinct* trees among them,
+*checked* (recovered by the real checkpointer and judged) and *pruned* (byte-identical
+to a checked tree, sharing its recovery; never counted as checked). ``states_per_s`` is
+(checked + pruned) per second of planning plus recovery; ``checked_per_s`` is checked
+states per second of recovery (what ``states_per_s`` measured before pruning was counted).
+
+Besides the wall-clock rates it reports the CPU time spent per checked state (parent
+plus workers) and the rate that CPU cost allows on 2 otherwise idle cores, because on a
 shared box the wall-clock figure mostly measures the neighbours.
 """
 
@@ -51,11 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-model", type=int, default=64, help="model width (default 64)")
     parser.add_argument("--max-states", type=int, default=500,
                         help="states to sample when the total exceeds --exhaustive-limit (default 500)")
-    parser.add_argument("--exhaustive-limit", type=int, default=4096,
-                        help="enumerate every state when there are at most this many (default 4096; "
-                             "the reference's ~10k covering combinations, ~2k distinct, then take a few minutes)")
+    parser.add_argument("--exhaustive-limit", type=int, default=32768,
+                        help="enumerate every state when there are at most this many (default 32768: the "
+                             "reference's 10-15k covering combinations, ~2k distinct trees, all of them)")
     parser.add_argument("--parallel", type=int, default=2,
                         help="recovery groups working at once, to fill collective waits (default 2)")
+    parser.add_argument("--batch", type=int, default=8,
+                        help="states sent to a recovery group per round trip (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--mode", choices=("power", "power-uniform", "kill"), default="power",
                         help="power: power-loss states at the covering crash points (default); "
@@ -93,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                           max_states=args.max_states, exhaustive_limit=args.exhaustive_limit)
         record_s = time.perf_counter() - t0
         inp = dataclasses.replace(inp, mode=args.mode, scratch=os.path.join(work, "states"),
-                                  parallel=args.parallel)
+                                  parallel=args.parallel, batch=args.batch)
         report = explore(inp)
     except ChaosError as exc:
         print(f"error: {exc}")
@@ -106,14 +115,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"save             step {report.step} ({report.trace_ops} traced ops, "
           f"{report.prefixes} crash points); acknowledged before: {report.acked_before}")
     how = "exhaustive" if report.exhaustive else f"sampled with seed {report.seed}: {report.sampling}"
-    print(f"states           {report.checked} checked of {report.generated} distinct generated, "
-          f"{report.total_possible} combinations ({how})")
-    print(f"speed            {report.states_per_s} states/s wall ({report.seconds} s), "
-          f"{report.cpu.get('per_state_ms')} ms CPU per state = "
-          f"{report.cpu.get('capacity_states_per_s_2_cores')} states/s on 2 idle cores "
+    print(f"states           {report.states_generated} generated, {report.states_distinct} distinct trees, "
+          f"{report.states_checked} checked, {report.states_pruned} pruned (byte-identical to a checked "
+          f"tree); {report.total_possible} combinations at all crash points ({how})")
+    print(f"speed            {report.states_per_s} states/s wall ({report.total_seconds} s: planning "
+          f"{report.generate_seconds} s, recovery {report.seconds} s); {report.checked_per_s} checked/s")
+    print(f"cpu              {report.cpu.get('per_state_ms')} ms per checked state = "
+          f"{report.cpu.get('capacity_states_per_s_2_cores')} checked/s on 2 idle cores; "
+          f"{report.cpu.get('per_generated_state_ms')} ms per generated state = "
+          f"{report.cpu.get('capacity_generated_per_s_2_cores')} states/s "
           f"(load average {report.cpu.get('load_avg_1m')})")
     print("classes          " + "  ".join(f"{k}={v}" for k, v in report.counts.items()))
-    print(f"pool             {report.pool.get('pools')} x {report.world_size} ranks, started in "
+    print("pruned classes   " + "  ".join(f"{k}={v}" for k, v in report.pruned_counts.items()))
+    print(f"pool             {report.pool.get('pools')} x {report.world_size} ranks, "
+          f"{report.pool.get('batch')} states per round trip, started in "
           f"{report.pool.get('start_seconds')} s, "
           f"{len(report.pool.get('restarts', []))} restarts; recording took {record_s:.1f} s")
     for v in report.violations[:5]:
