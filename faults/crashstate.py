@@ -251,6 +251,7 @@ class CrashModel:
         self.ops = [r for r in records if r.get("event", "op") == "op" and r.get("error") is None
                     or _failed_sync(r)]
         self._kind: dict[int, str] = {0: "d"}
+        self._file_no: dict[int, int] = {}  # file inode -> its ordinal among files (seeds its torn points)
         self._next = 1
         self._oroot: int | None = None  # the outside tree ("/"), made on the first path outside the root
         self._prefixes: list[_Prefix] = []
@@ -276,6 +277,8 @@ class CrashModel:
         ino = self._next
         self._next += 1
         self._kind[ino] = kind
+        if kind == "f":
+            self._file_no[ino] = len(self._file_no)
         return ino
 
     def _replay(self, base: Snapshot) -> None:
@@ -543,7 +546,9 @@ class CrashModel:
         key = (ino, i, n)
         got = self._cut_memo.get(key)
         if got is None:
-            rng = random.Random(f"{self.seed}:{ino}:{i}:{n}")
+            # keyed on the file's ordinal among files, not its inode: directories above an
+            # extra root (a deeper $TMPDIR) shift inode numbers, and must not move torn points
+            rng = random.Random(f"{self.seed}:{self._file_no.get(ino, ino)}:{i}:{n}")
             got = self._cut_memo[key] = sorted(rng.sample(range(1, n), min(self.torn_per_write, n - 1)))
         return got
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -206,12 +207,22 @@ def _mixed(model: CrashModel, seed: int, k: int) -> Any:
     found = model.generate(seed=seed, exhaustive_limit=MIXED_EXHAUSTIVE, samples=MIXED_SAMPLES).states
     worst = _all_lost(model, seed).fingerprint
     mixed = sorted((st for st in found if st.prefix == last and st.lost and st.fingerprint != worst),
-                   key=lambda st: st.id)
+                   key=_stable_key)
     random.Random(seed).shuffle(mixed)
     if k > len(mixed):
         return (f"the cut allows {len(mixed)} crash state(s) besides everything lost and nothing lost; "
                 f"this point asks for the {k}th")
     return mixed[k - 1]
+
+
+def _stable_key(st: Any) -> str:
+    """An order of crash states that does not depend on inode numbers or on the random names of
+    temp files outside {out} (both differ between runs of the same job), only on what each loses."""
+    def one(x: dict[str, Any]) -> tuple[str, ...]:
+        where = [str(x.get(k)) if not os.path.isabs(str(x.get(k) or "")) else "<outside>" for k in ("path", "src")]
+        return (str(x.get("what")), str(x.get("op")), *where, str(x.get("persisted")), str(x.get("pending")),
+                str(x.get("torn")))
+    return json.dumps(sorted(one(x) for x in st.lost))
 
 
 def _lost_line(x: dict[str, Any]) -> str:
