@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError
-from chaos.job import atrest, diskfull, launch, losscurve, netcut, pointset, spares
+from chaos.job import atrest, diskfull, launch, losscurve, netcut, nodes, pointset, spares
 from chaos.job.compare import first_difference
 from chaos.job.judge import Golden, PointRecord, PointVerdict, judge, last_steps
 from chaos.job.pointset import Facts, sample
@@ -123,7 +123,8 @@ class Run:
     def attempt(self, job: JobSpec, attempt: int, point: Point | None) -> launch.AttemptOutcome:
         if self.prestart and attempt == 0 and point is not None and job.max_restarts > 0:
             launch.prestart(job, self.out, self.scratch, 1, None, self.mark, self.lab)
-        out = launch.run_attempt(job, self.out, self.scratch, attempt, point, self.mark, self.lab)
+        run_attempt = nodes.run_attempt if job.nodes is not None else launch.run_attempt  # one agent per node
+        out = run_attempt(job, self.out, self.scratch, attempt, point, self.mark, self.lab)
         self.attempts.append(out)
         return out
 
@@ -217,8 +218,6 @@ def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab
     runs in one: a namespace per node (``nodes.run_chain``).
     """
     if job.nodes is not None:
-        from chaos.job import nodes
-
         return nodes.run_chain(job, run, point, seed, _chain)
     if point is not None and point.family == "net" and not netlab:
         ok, why = netcut.usable(job)
@@ -254,8 +253,6 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
     if point is not None and point.family == "net":
         applied = _net_applied(job, run, point)
     if point is not None and point.family == "node":
-        from chaos.job import nodes
-
         applied = nodes.applied(job, run, point)
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
     if point is not None and not (applied is not None and applied.skipped):

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.job import losscurve
+from chaos.job import losscurve, nodes
 from chaos.job.compare import first_difference
 from chaos.job.launch import AttemptOutcome
 from chaos.job.launch import cause as _cause
@@ -365,8 +365,6 @@ def _short(path: Any, out: str) -> str:
 
 
 def _node_no_effect(rec: PointRecord) -> str | None:
-    from chaos.job import nodes
-
     return nodes.no_effect(rec)
 
 
@@ -392,8 +390,6 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
                             {"liveness": live})
     what, fault = _fault(rec, fired)
     if p.family == "node" and what and not (applied is not None and applied.skipped):
-        from chaos.job import nodes
-
         what = f"{what}; {nodes.outcome_phrase(rec)}"  # survived, or died and was relaunched
     if applied is not None and applied.skipped:
         oracles = {"liveness": _liveness(job, rec)} if rec.attempts else {}

@@ -327,12 +327,8 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     """Run attempt ``attempt`` to its end (or ``job.timeout_s``); nothing of it survives the call.
 
     ``lab``: each copy of ``--ranks N`` runs in its rank's namespace of it (a net point cuts there).
-    A ``--nodes`` job runs one torchrun agent per namespace instead (``nodes.run_attempt``).
+    A ``--nodes`` job's attempts are ``nodes.run_attempt``'s instead (``explore.Run.attempt``).
     """
-    if job.nodes is not None:
-        from chaos.job import nodes
-
-        return nodes.run_attempt(job, out, scratch, attempt, point, mark, lab)
     mark = attempt_mark(mark, attempt)
     trace_dir = os.path.join(scratch, "trace")
     argv = job.argv(out, resume=attempt > 0)

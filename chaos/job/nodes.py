@@ -70,96 +70,19 @@ if TYPE_CHECKING:
     from chaos.job.judge import PointRecord
     from faults.network import NetworkLab
 
-RDZV, NODE, ADDR = "{rdzv}", "{node}", "{addr}"
+NODE, ADDR = "{node}", "{addr}"
 ENV_NODE = "CHAOS_JOB_NODE"  # <mark>/node<i>: every process of node i (its agent, its workers)
-MAX_NODES = 8                # node addresses sort as strings; 10.x.x.10 would sort before 10.x.x.2
 REPLACEMENT_BASE = 50        # a replacement agent's CHAOS_JOB_ATTEMPT: REPLACEMENT_BASE + the attempt
 NODE_SETTLE_S = 2.0          # after one agent failed, how long the others get to end by themselves
-KINDS_WITH_NODES = ("kill", "errno", "node")  # in-rank faults need nothing from the launcher; node is its own
-_NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(S.NODE_MODES)})")
 
 
 # -- the spec ---------------------------------------------------------------------------------
-
-def _opt(argv: Iterable[str], *names: str) -> tuple[int, str] | None:
-    """(index of the value's argument, value) of torchrun option ``names`` (``--x v`` or ``--x=v``)."""
-    args = list(argv)
-    for i, a in enumerate(args):
-        for n in names:
-            if a == n and i + 1 < len(args):
-                return i + 1, args[i + 1]
-            if a.startswith(n + "="):
-                return i, a.split("=", 1)[1]
-    return None
-
-
-def _value(argv: Iterable[str], *names: str) -> str | None:
-    found = _opt(argv, *names)
-    return None if found is None else found[1]
-
-
-def nproc_per_node(argv: Iterable[str]) -> int:
-    """torchrun's ``--nproc-per-node`` as a number (1 where absent or not a number)."""
-    v = _value(argv, "--nproc-per-node", "--nproc_per_node")
-    return int(v) if v is not None and v.isdigit() else 1
-
-
-def nnodes_range(text: str) -> tuple[int, int] | None:
-    """``--nnodes`` ``N`` or ``MIN:MAX`` as (MIN, MAX); None if it is neither."""
-    m = re.fullmatch(r"(\d+)(?::(\d+))?", text.strip())
-    if not m:
-        return None
-    lo = int(m.group(1))
-    return lo, int(m.group(2)) if m.group(2) else lo
-
-
-def check_spec(job: S.JobSpec) -> None:
-    """ConfigError unless ``job`` can run on ``job.nodes`` simulated nodes (called by ``JobSpec``)."""
-    if job.nodes is None:
-        raise ConfigError("--faults node needs --nodes N: a node fault takes a job spread over simulated nodes")
-    n = job.nodes
-    if not 2 <= n <= MAX_NODES:
-        raise ConfigError(f"--nodes must be in 2..{MAX_NODES}, got {n}")
-    if not job.node_hold_s > 0:
-        raise ConfigError(f"--node-hold must be a positive number of seconds, got {job.node_hold_s:g}")
-    for what, cmd in (("COMMAND", job.command), ("--resume-cmd", job.resume_command)):
-        if cmd is None:
-            continue
-        line = " ".join(cmd)
-        if not S._is_torchrun(tuple(cmd)):
-            raise ConfigError(f"--nodes needs a torchrun {what} (one torchrun agent runs on each node), got {line!r}")
-        if not any(RDZV in a for a in cmd):
-            raise ConfigError(f"--nodes: {what} {line!r} has no {RDZV}: give the agents their rendezvous with "
-                              f"--rdzv-endpoint {RDZV} (node 0's address and a free port, filled in by the harness)")
-        backend = _value(cmd, "--rdzv-backend", "--rdzv_backend")
-        if backend != "c10d":
-            raise ConfigError(f"--nodes: {what} needs --rdzv-backend c10d (got {backend or 'the static default'}): "
-                              "the nodes meet in torchrun's c10d rendezvous")
-        if "--standalone" in cmd:
-            raise ConfigError(f"--nodes: {what} has --standalone, which keeps every agent to its own node")
-        nn = _value(cmd, "--nnodes")
-        span = nnodes_range(nn) if nn is not None else None
-        if span is None:
-            raise ConfigError(f"--nodes: {what} needs --nnodes {n} (or an elastic --nnodes MIN:MAX that holds {n}), "
-                              f"got {nn!r}" if nn is not None else f"--nodes: {what} needs --nnodes {n} (or MIN:MAX)")
-        if not span[0] <= n <= span[1]:
-            raise ConfigError(f"--nodes {n} does not fit {what}'s --nnodes {nn}")
-        procs = _value(cmd, "--nproc-per-node", "--nproc_per_node")
-        if procs is not None and not procs.isdigit():
-            raise ConfigError(f"--nodes: {what} needs a number for --nproc-per-node (got {procs!r}): the harness "
-                              "must know which ranks live on which node")
-    if job.faults is not None:
-        bad = [k for k in job.faults if k not in KINDS_WITH_NODES]
-        if bad:
-            raise ConfigError(f"--faults {','.join(bad)} with --nodes: only {','.join(KINDS_WITH_NODES)} are "
-                              "explored on simulated nodes")
-
 
 def kinds_to_explore(job: S.JobSpec) -> tuple[tuple[str, ...], list[str]]:
     """The kinds explored on nodes and a note on those left out (``pointset.kinds_to_explore``)."""
     if job.faults is not None:
         return tuple(k for k in S.FAULT_KINDS if k in job.faults), []
-    return KINDS_WITH_NODES, ["with --nodes, SIGTERM, corruption, power loss, a full disk and network cuts between "
+    return S.KINDS_WITH_NODES, ["with --nodes, SIGTERM, corruption, power loss, a full disk and network cuts between "
                               "ranks are not explored (the node launcher answers node requests only)"]
 
 
@@ -170,12 +93,12 @@ def node_launch(argv: list[str], node: int, addrs: list[str], port: int, ifname:
     ``ifname``: the node's veth inside its namespace.
     """
     rdzv = f"{addrs[0]}:{port}"
-    out = [a.replace(RDZV, rdzv).replace(NODE, str(node)).replace(ADDR, addrs[node]) for a in argv]
+    out = [a.replace(S.RDZV, rdzv).replace(NODE, str(node)).replace(ADDR, addrs[node]) for a in argv]
     env = {"GLOO_SOCKET_IFNAME": ifname, "TP_SOCKET_IFNAME": ifname}
-    if _opt(out, "--local-addr", "--local_addr") is None:
+    if S.torchrun_option(out, "--local-addr", "--local_addr") is None:
         env["PET_LOCAL_ADDR"] = addrs[node]
     is_host = f"is_host={1 if node == 0 else 0}"
-    conf = _opt(out, "--rdzv-conf", "--rdzv_conf")
+    conf = S.torchrun_option(out, "--rdzv-conf", "--rdzv_conf")
     if conf is None:
         env["PET_RDZV_CONF"] = is_host
     elif "is_host" not in conf[1]:
@@ -189,22 +112,7 @@ def node_launch(argv: list[str], node: int, addrs: list[str], port: int, ifname:
 
 def trigger_rank(job: S.JobSpec, node: int) -> int:
     """The rank whose step announcement fires a point of node ``node``: its first local rank."""
-    return node * nproc_per_node(job.command)
-
-
-def parse_node_point(text: str) -> S.Point:
-    """``node1:step3:loss`` | ``node0:step3:rdzv`` | ``node1:step3:link``. The announcing rank is
-    filled in by ``Reference.lookup`` from the fault-free run (-1 until then)."""
-    m = _NODE_POINT.fullmatch(text.strip())
-    if not m:
-        raise ConfigError(f"malformed --point {text!r}: expected nodeI:stepN:MODE, MODE one of "
-                          f"{', '.join(S.NODE_MODES)}")
-    node, step, mode = int(m.group(1)), int(m.group(2)), m.group(3)
-    if mode == "loss" and node == 0:
-        raise ConfigError(f"--point {text}: node 0 hosts the rendezvous; its loss is node0:step{step}:rdzv")
-    if mode == "rdzv" and node != 0:
-        raise ConfigError(f"--point {text}: the rendezvous host is node 0 (node0:step{step}:rdzv)")
-    return S.Point(-1, mode, step=step, node=node)
+    return node * S.nproc_per_node(job.command)
 
 
 def for_job(job: S.JobSpec, point: S.Point) -> S.Point:
@@ -235,13 +143,6 @@ def points(job: S.JobSpec, traces: dict[tuple[int, int], list[dict[str, Any]]]) 
     found += [S.Point(trigger_rank(job, node), "link", step=n, node=node) for node in range(job.nodes)
               for n in steps[node]]
     return found
-
-
-def to_fault(point: S.Point, extra: dict[str, Any]) -> dict[str, Any]:
-    """A node point as an entry of the results' ``faults`` list."""
-    kind = {"loss": "node_loss", "rdzv": "rendezvous_host_loss", "link": "node_link_cut"}[point.mode]
-    params = {"node": point.node, "announced_by_rank": point.rank, **{k: v for k, v in extra.items() if v is not None}}
-    return {"kind": kind, "rank": None, "step": point.step, "attempt": 0, "params": params, "spec": point.id}
 
 
 # -- one attempt ----------------------------------------------------------------------------

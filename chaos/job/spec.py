@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,10 @@ _POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+))?"
 NODE_MODES = ("loss", "link", "rdzv")  # node<i>:step<n>:MODE
 FAULT_KINDS = (*FAULT_KINDS, "node")   # noqa: F811 - the contract's kinds plus the node family
 DEFAULT_NODE_HOLD_S = 5.0  # --node-hold: a node's link stays down this long, then comes back up
+RDZV = "{rdzv}"  # in a --nodes COMMAND: the rendezvous endpoint the harness fills in (nodes.py)
+MAX_NODES = 8    # node addresses sort as strings; 10.x.x.10 would sort before 10.x.x.2
+KINDS_WITH_NODES = ("kill", "errno", "node")  # in-rank faults need nothing from the launcher; node is its own
+_NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(NODE_MODES)})")
 
 
 @dataclass(frozen=True)
@@ -155,9 +160,7 @@ class Point:
         """
         fam = self.family
         if fam == "node":
-            from chaos.job import nodes
-
-            return nodes.to_fault(self, extra)
+            return _node_fault(self, extra)
         kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
                 "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut"}[fam]
         when = None if fam in ("power", "diskfull", "net") else self.mode
@@ -172,11 +175,9 @@ class Point:
 def parse_point(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
     ``rank0:op9:power:s2`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
-    ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``nodes.parse_node_point``)."""
+    ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``_parse_node_point``)."""
     if text.strip().startswith("node"):
-        from chaos.job import nodes
-
-        return nodes.parse_node_point(text)
+        return _parse_node_point(text)
     m = _POINT_RE.fullmatch(text.strip())
     if not m:
         raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:MODE (MODE one of {', '.join(OP_MODES)}), "
@@ -270,9 +271,7 @@ class JobSpec:
         if self.loss_band is not None and not 0 <= self.loss_band < 1:
             raise ConfigError(f"--loss-band is a relative band in [0, 1), got {self.loss_band:g}")
         if self.nodes is not None or (self.faults is not None and "node" in self.faults):
-            from chaos.job import nodes
-
-            nodes.check_spec(self)
+            _check_nodes(self)
 
     @property
     def torchrun(self) -> bool:
@@ -296,9 +295,7 @@ class JobSpec:
         if self.ranks is not None:
             return self.ranks
         if self.nodes is not None:
-            from chaos.job import nodes
-
-            return self.nodes * nodes.nproc_per_node(self.command)
+            return self.nodes * nproc_per_node(self.command)
         if self.torchrun:
             for i, a in enumerate(self.command):
                 if a.startswith("--nproc-per-node=") or a.startswith("--nproc_per_node="):
@@ -392,3 +389,101 @@ class JobSpec:
                 "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
                 "net_hold_s": self.net_hold_s, "cwd": self.cwd, "nodes": self.nodes,
                 "node_hold_s": self.node_hold_s}
+
+
+# -- a job on simulated nodes (--nodes N): the pure checks, parsed here; nodes.py runs it
+
+def torchrun_option(argv: Iterable[str], *names: str) -> tuple[int, str] | None:
+    """(index of the value's argument, value) of torchrun option ``names`` (``--x v`` or ``--x=v``)."""
+    args = list(argv)
+    for i, a in enumerate(args):
+        for n in names:
+            if a == n and i + 1 < len(args):
+                return i + 1, args[i + 1]
+            if a.startswith(n + "="):
+                return i, a.split("=", 1)[1]
+    return None
+
+
+def _value(argv: Iterable[str], *names: str) -> str | None:
+    found = torchrun_option(argv, *names)
+    return None if found is None else found[1]
+
+
+def nproc_per_node(argv: Iterable[str]) -> int:
+    """torchrun's ``--nproc-per-node`` as a number (1 where absent or not a number)."""
+    v = _value(argv, "--nproc-per-node", "--nproc_per_node")
+    return int(v) if v is not None and v.isdigit() else 1
+
+
+def nnodes_range(text: str) -> tuple[int, int] | None:
+    """``--nnodes`` ``N`` or ``MIN:MAX`` as (MIN, MAX); None if it is neither."""
+    m = re.fullmatch(r"(\d+)(?::(\d+))?", text.strip())
+    if not m:
+        return None
+    lo = int(m.group(1))
+    return lo, int(m.group(2)) if m.group(2) else lo
+
+
+def _check_nodes(job: JobSpec) -> None:
+    """ConfigError unless ``job`` can run on ``job.nodes`` simulated nodes (``JobSpec.__post_init__``)."""
+    if job.nodes is None:
+        raise ConfigError("--faults node needs --nodes N: a node fault takes a job spread over simulated nodes")
+    n = job.nodes
+    if not 2 <= n <= MAX_NODES:
+        raise ConfigError(f"--nodes must be in 2..{MAX_NODES}, got {n}")
+    if not job.node_hold_s > 0:
+        raise ConfigError(f"--node-hold must be a positive number of seconds, got {job.node_hold_s:g}")
+    for what, cmd in (("COMMAND", job.command), ("--resume-cmd", job.resume_command)):
+        if cmd is None:
+            continue
+        line = " ".join(cmd)
+        if not _is_torchrun(tuple(cmd)):
+            raise ConfigError(f"--nodes needs a torchrun {what} (one torchrun agent runs on each node), got {line!r}")
+        if not any(RDZV in a for a in cmd):
+            raise ConfigError(f"--nodes: {what} {line!r} has no {RDZV}: give the agents their rendezvous with "
+                              f"--rdzv-endpoint {RDZV} (node 0's address and a free port, filled in by the harness)")
+        backend = _value(cmd, "--rdzv-backend", "--rdzv_backend")
+        if backend != "c10d":
+            raise ConfigError(f"--nodes: {what} needs --rdzv-backend c10d (got {backend or 'the static default'}): "
+                              "the nodes meet in torchrun's c10d rendezvous")
+        if "--standalone" in cmd:
+            raise ConfigError(f"--nodes: {what} has --standalone, which keeps every agent to its own node")
+        nn = _value(cmd, "--nnodes")
+        span = nnodes_range(nn) if nn is not None else None
+        if span is None:
+            raise ConfigError(f"--nodes: {what} needs --nnodes {n} (or an elastic --nnodes MIN:MAX that holds {n}), "
+                              f"got {nn!r}" if nn is not None else f"--nodes: {what} needs --nnodes {n} (or MIN:MAX)")
+        if not span[0] <= n <= span[1]:
+            raise ConfigError(f"--nodes {n} does not fit {what}'s --nnodes {nn}")
+        procs = _value(cmd, "--nproc-per-node", "--nproc_per_node")
+        if procs is not None and not procs.isdigit():
+            raise ConfigError(f"--nodes: {what} needs a number for --nproc-per-node (got {procs!r}): the harness "
+                              "must know which ranks live on which node")
+    if job.faults is not None:
+        bad = [k for k in job.faults if k not in KINDS_WITH_NODES]
+        if bad:
+            raise ConfigError(f"--faults {','.join(bad)} with --nodes: only {','.join(KINDS_WITH_NODES)} are "
+                              "explored on simulated nodes")
+
+
+def _parse_node_point(text: str) -> Point:
+    """``node1:step3:loss`` | ``node0:step3:rdzv`` | ``node1:step3:link``. The announcing rank is
+    filled in by ``Reference.lookup`` from the fault-free run (-1 until then)."""
+    m = _NODE_POINT.fullmatch(text.strip())
+    if not m:
+        raise ConfigError(f"malformed --point {text!r}: expected nodeI:stepN:MODE, MODE one of "
+                          f"{', '.join(NODE_MODES)}")
+    node, step, mode = int(m.group(1)), int(m.group(2)), m.group(3)
+    if mode == "loss" and node == 0:
+        raise ConfigError(f"--point {text}: node 0 hosts the rendezvous; its loss is node0:step{step}:rdzv")
+    if mode == "rdzv" and node != 0:
+        raise ConfigError(f"--point {text}: the rendezvous host is node 0 (node0:step{step}:rdzv)")
+    return Point(-1, mode, step=step, node=node)
+
+
+def _node_fault(point: Point, extra: dict[str, Any]) -> dict[str, Any]:
+    """A node point as an entry of the results' ``faults`` list."""
+    kind = {"loss": "node_loss", "rdzv": "rendezvous_host_loss", "link": "node_link_cut"}[point.mode]
+    params = {"node": point.node, "announced_by_rank": point.rank, **{k: v for k, v in extra.items() if v is not None}}
+    return {"kind": kind, "rank": None, "step": point.step, "attempt": 0, "params": params, "spec": point.id}
