@@ -193,7 +193,7 @@ def test_the_careful_job_survives_power_loss_everywhere_sampled(tmp_path: Path) 
     assert len(judged) >= 7 and {s["verdict"] for s in judged} == {"pass"}
     assert all(s["fault_applied"]["lost"] for s in judged)  # each lost something: never a plain kill
     # a skip is a mixed-state point whose cut had fewer distinct states than its number
-    assert all(":s" in s["id"] and "this point asks for the" in s["fault_applied"]["skipped"]
+    assert all(":s" in s["id"] and "this point asks for state" in s["fault_applied"]["skipped"]
                for s in doc["scenarios"] if s["verdict"] == "skipped")
 
 

@@ -35,6 +35,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,16 +203,30 @@ def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base:
 
 def _mixed(model: CrashModel, seed: int, k: int) -> Any:
     """The k-th of the cut's other distinct states (neither everything lost nor nothing lost), in
-    an order drawn with ``seed``; a string saying why there is none when the cut has fewer."""
+    an order drawn with ``seed``; a string saying why there is none when the cut has fewer.
+
+    Only states of the cut itself (every traced op issued, then the power goes): all of them
+    up to ``MIXED_EXHAUSTIVE`` combinations, else ``MIXED_SAMPLES`` drawn with the seed."""
     last = model.n_prefixes - 1
-    found = model.generate(seed=seed, exhaustive_limit=MIXED_EXHAUSTIVE, samples=MIXED_SAMPLES).states
-    worst = _all_lost(model, seed).fingerprint
-    mixed = sorted((st for st in found if st.prefix == last and st.lost and st.fingerprint != worst),
-                   key=_stable_key)
+    total = model.count(last)
+    if total <= MIXED_EXHAUSTIVE:
+        choices: Iterable[Any] = model.all_choices(last)
+    else:
+        rng = random.Random(seed)
+        choices = (model.random_choice(last, rng) for _ in range(MIXED_SAMPLES))
+    worst, kept = (model.fingerprint_choice(last, *ch) for ch in model.extreme_choices(last))
+    distinct: dict[str, Any] = {}
+    for ch in choices:
+        fp = model.fingerprint_choice(last, *ch)
+        if fp not in (worst, kept):
+            distinct.setdefault(fp, ch)
+    mixed = sorted((model.state(last, *ch) for ch in distinct.values()), key=_stable_key)
+    mixed = [st for st in mixed if st.lost]
     random.Random(seed).shuffle(mixed)
     if k > len(mixed):
-        return (f"the cut allows {len(mixed)} crash state(s) besides everything lost and nothing lost; "
-                f"this point asks for the {k}th")
+        how = "of its" if total <= MIXED_EXHAUSTIVE else f"in {MIXED_SAMPLES} drawn from its"
+        return (f"the cut has {len(mixed)} distinct crash state(s) besides everything lost and nothing lost "
+                f"({how} {total} combinations); this point asks for state {k}")
     return mixed[k - 1]
 
 
