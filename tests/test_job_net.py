@@ -39,10 +39,13 @@ JOB = textwrap.dedent('''
 
     out, steps, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+    # start-up is generous (two interpreters importing torch on a loaded CI core can be
+    # seconds apart); training runs on a group with the collective timeout under test
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1), process_group=group)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ckpt = os.path.join(out, "ckpt.pt")
     step = 0
@@ -70,7 +73,7 @@ JOB = textwrap.dedent('''
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(ckpt + ".tmp", ckpt)
-            dist.barrier()
+            dist.barrier(group=group)
             probe.saved(step)
     if rank == 0:
         with open(os.path.join(out, "final.json"), "w") as f:
