@@ -80,6 +80,30 @@ def _rules(mode: str | None) -> list[IORule]:
     return []
 
 
+def _let_sigterm_land() -> None:
+    """Return once the job's own SIGTERM handler has run (a term point, ``JobInterposer._term``).
+
+    The launcher writes its answer only after ``kill()`` returned, so SIGTERM is pending
+    or already delivered here. On the main thread the kernel delivers it on the way out of
+    a syscall and Python runs the handler at the next bytecode boundary, so waiting until
+    the kernel no longer holds it pending is enough (a fixed 50 ms sleep cost every term
+    point as much as a whole attempt of a pure-Python job). On another thread the handler
+    runs on the main thread whenever that one gets to it, and a torchrun worker gets the
+    signal only once its agent forwarded it: give those the 50 ms. A signal the job blocks
+    stays pending: after 50 ms the job carries on as it would.
+    """
+    import signal
+    import threading
+
+    forwarded = os.environ.get(S.ENV_RANKS_ONLY) == "1"  # torchrun's agent got the SIGTERM, not this process
+    if forwarded or threading.current_thread() is not threading.main_thread():
+        time.sleep(0.05)
+        return
+    until = time.monotonic() + 0.05
+    while signal.SIGTERM in signal.sigpending() and time.monotonic() < until:
+        time.sleep(0.001)
+
+
 class JobInterposer(Interposer):
     """The interposer, numbering file events and firing one ``Point`` given as a dict."""
 
@@ -205,7 +229,7 @@ class JobInterposer(Interposer):
         deadline = time.monotonic() + TERM_WAIT_S
         while time.monotonic() < deadline:
             if os.path.exists(sent):
-                time.sleep(0.05)  # the signal is already pending: its Python handler runs in this sleep
+                _let_sigterm_land()
                 return
             time.sleep(0.005)
         self._enter()
