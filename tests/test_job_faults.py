@@ -62,13 +62,14 @@ def mounts_under(path: Path) -> list[str]:
 # ---------------------------------------------------------------------- point ids
 @pytest.mark.parametrize("text", ["rank0:op12:bitflip", "rank1:op3:truncate", "rank0:op4:zero", "rank2:op9:delete",
                                   "rank0:op9:power", "rank0:op4:enospc", "rank1:op2:eio", "rank0:step5:term",
-                                  "disk:full:8192"])
+                                  "disk:full:8192", "rank1:op3:truncate:step5", "rank0:op12:bitflip:step13"])
 def test_new_point_ids_round_trip(text: str) -> None:
     assert parse_point(text).id == text
 
 
 @pytest.mark.parametrize("text", ["rank0:op1:power2", "disk:full:", "disk:full:0", "rank0:step5:bitflip",
-                                  "rank0:op3:term"])
+                                  "rank0:op3:term", "rank0:op3:after:step4", "rank0:op3:power:step4",
+                                  "rank0:op3:bitflip:s1", "rank0:op3:bitflip:step"])
 def test_a_malformed_new_point_is_a_config_error(text: str) -> None:
     with pytest.raises(ConfigError, match="malformed --point"):
         parse_point(text)
@@ -147,11 +148,70 @@ def test_the_careful_job_detects_each_corruption_and_falls_back(tmp_path: Path) 
     proc, doc = run_json(tmp_path, "--result-file", "final.json", "--checkpoint-glob", "ckpt-*.json",
                          "--faults", "corrupt", "--", *CAREFUL)
     assert proc.returncode == 0, proc.stdout
-    assert doc["summary"]["pass"] == doc["summary"]["total"] == 8  # 2 checkpoints x 4 families
+    # 2 checkpoints x 4 families, right after each was completed; and ckpt-000009.json's again
+    # at rest once step 10 was announced (ckpt-000012.json is the last save: no step after it)
+    assert doc["summary"]["pass"] == doc["summary"]["total"] == 12
+    assert sorted(s["id"] for s in doc["scenarios"] if ":step" in s["id"]) == sorted(
+        f"rank0:op21:{fam}:step10" for fam in ("bitflip", "truncate", "zero", "delete"))
     flip = next(s for s in doc["scenarios"] if s["id"].endswith(":bitflip") and "000012" in s["summary"])
     durable = flip["oracles"]["durability"]["evidence"]
     assert durable["not_relied_on"]["files"] == ["ckpt-000012.json"]
     assert durable["ranks"]["0"]["resumed_at"] == durable["ranks"]["0"]["newest_complete"] == 9
+    # at rest, after its save was acknowledged: the acknowledgement of step 9 no longer counts
+    rot = next(s for s in doc["scenarios"] if s["id"] == "rank0:op21:truncate:step10")
+    assert "at rest, once rank 0 announced step 10 (event 21 completed it)" in rot["summary"]
+    durable = rot["oracles"]["durability"]["evidence"]
+    assert durable["not_relied_on"] == {"files": ["ckpt-000009.json"], "acknowledged_from_step": 9,
+                                        "why": "corrupted by the harness after the job completed them"}
+    assert durable["ranks"]["0"]["resumed_at"] == durable["ranks"]["0"]["newest_complete"] == 6
+
+
+# A job that marks each checkpoint complete with a second file, and trusts any marked one:
+# no checksum. Corrupting the data file right after its rename finds no marker yet (the
+# job rightly skips it); the same corruption once the job moved on is loaded as good.
+MARKED = """
+    import argparse, glob, json, os
+    from chaos import probe
+    ap = argparse.ArgumentParser(); ap.add_argument("--out"); out = ap.parse_args().out
+    def put(path, text):
+        with open(path + ".tmp", "w") as f:
+            f.write(text); f.flush(); os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+        fd = os.open(out, os.O_RDONLY); os.fsync(fd); os.close(fd)
+    marked = sorted(int(p[len(out) + 6:-5]) for p in glob.glob(os.path.join(out, "ckpt-*.done")))
+    step, w = 0, 1.0
+    if marked:
+        state = json.load(open(os.path.join(out, f"ckpt-{marked[-1]}.json")))
+        step, w = state["step"], state["w"]
+        probe.resumed(step)
+    while step < 8:
+        step += 1
+        w = w * 0.5 + step
+        probe.step(step, w)
+        if step % 3 == 0:
+            put(os.path.join(out, f"ckpt-{step}.json"), json.dumps({"step": step, "w": w}))
+            put(os.path.join(out, f"ckpt-{step}.done"), "")
+            probe.saved(step)
+    put(os.path.join(out, "final.json"), json.dumps({"w": w}))
+"""
+
+
+def test_rot_at_rest_after_the_save_is_what_a_commit_marker_without_a_checksum_misses(tmp_path: Path) -> None:
+    marked = script(tmp_path, "marked.py", MARKED)
+    _, doc = run_json(tmp_path, "--result-file", "final.json", "--faults", "corrupt", "--seed", "1", "--", *marked)
+    by_id = {s["id"]: s for s in doc["scenarios"]}
+    [rot_id] = [i for i, s in by_id.items() if i.endswith(":zero:step4") and s["faults"][0]["params"]["path"]
+                == "ckpt-3.json"]
+    now_id = rot_id.removesuffix(":step4")
+    assert by_id[now_id]["fault_applied"]["file"] == by_id[rot_id]["fault_applied"]["file"] == "ckpt-3.json"
+    # right after the rename: no marker yet, the job resumes from scratch, as it should
+    assert by_id[now_id]["outcome"] == "pass", by_id[now_id]["summary"]
+    # at rest, marker written and the save acknowledged: the zeroed bytes are loaded and fail the resume
+    rot = by_id[rot_id]
+    assert rot["outcome"] == "hard_failure", rot["summary"]
+    assert "JSONDecodeError" in rot["summary"] and rot["faults"][0]["params"]["at_step"] == 4
+    halt = rot["attempts"][0]["halted"]
+    assert halt["rank"] == 0
 
 
 def test_a_corruption_that_changes_nothing_is_skipped_with_the_reason(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ Each function edits {out} in place and returns an :class:`Applied` record (what 
 done, exactly, with the seed), or a reason why the fault would change nothing or
 cannot be made, which makes the point *skipped*, never passed.
 
-- :func:`corrupt` — one seeded ``faults.corrupt`` family on the file event N completed:
+- :func:`corrupt` — one seeded ``faults.corrupt`` family on the file event N completed
+  (right after it, or for ``rankR:opN:MODE:stepS`` once rank R announced step S):
   ``bitflip`` (one bit, anywhere in the file), ``truncate`` (to a seeded length shorter
   than the file), ``zero`` (up to 64 bytes from a seeded offset), ``delete``. Example:
   ``rank0:op14:bitflip`` on a 71-byte ``ckpt.json`` with seed 3 might flip bit 5 of
@@ -101,9 +102,11 @@ def corrupt(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: in
     path = os.path.join(out, rel)
     s = point_seed(seed, point)
     base = {"family": point.mode, "file": rel, "seed": s}
+    when = (f"event {point.op}" if point.at_step is None else
+            f"rank {point.rank}'s step {point.at_step} (event {point.op} completed the file)")
     if not os.path.isfile(path):
-        return Applied(f"{point.mode} of {rel}", base, skipped=f"{rel} was absent when the job stopped after event "
-                       f"{point.op}: nothing to corrupt", excluded=[rel])
+        return Applied(f"{point.mode} of {rel}", base, skipped=f"{rel} was absent when the job stopped after {when}: "
+                       "nothing to corrupt", excluded=[rel])
     size = os.path.getsize(path)
     rng = random.Random(s)
     try:
@@ -126,6 +129,10 @@ def corrupt(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: in
     record["corruption"]["path"] = rel
     if not rec.changed:
         return Applied(f"{point.mode} of {rel}", record, skipped=f"{rel}: {C.why_unchanged(rec)}", excluded=[rel])
+    if point.at_step is not None:
+        record["at_step"] = point.at_step
+        return Applied(f"{rel}: {_describe(point.mode, rec)} at rest, once rank {point.rank} announced step "
+                       f"{point.at_step} (event {point.op} completed it)", record, excluded=[rel])
     return Applied(f"{rel}: {_describe(point.mode, rec)} after event {point.op} completed it", record,
                    excluded=[rel])
 

@@ -115,6 +115,7 @@ class JobInterposer(Interposer):
         self._cur: int | None = None
         self._errored = False  # an enospc / eio point fired: kill at the next announced step
         self._net_fired = False  # a net point fires once
+        self._deferred: tuple[str, dict[str, Any]] | None = None  # a corruption waiting for its step (at_step)
         self._requests = os.path.dirname(trace_path)
 
     def _target(self, *modes: str) -> bool:
@@ -148,7 +149,10 @@ class JobInterposer(Interposer):
             if self._target("after"):
                 self._cut(kind, (fields.get("path"),), "after")
             elif self._target(*S.HALT_MODES):
-                self._halt(kind, fields)
+                if self.point.get("at_step") is None:  # type: ignore[union-attr]
+                    self._halt(kind, fields)
+                else:  # the file is complete; the corruption lands once the job has moved on
+                    self._deferred = (kind, {"ord": self._cur, **fields})
             elif self._target("net"):
                 self._net({"op": kind, "ord": self._cur, "path": fields.get("path"), "dst": fields.get("dst")})
         return rec
@@ -169,10 +173,12 @@ class JobInterposer(Interposer):
             self._o["close"](fd)
         self._o["rename"](tmp, final)
 
-    def _halt(self, kind: str, fields: dict[str, Any]) -> None:
-        """Right after event N of a corruption / power-loss point: freeze until every copy is stopped."""
+    def _halt(self, kind: str, fields: dict[str, Any], step: Any = None) -> None:
+        """Right after event N of a corruption / power-loss point, or at the step a deferred corruption
+        waits for (``step``; ``fields`` then are event N's): freeze until every copy is stopped."""
         rec = self._emit({"event": "fired", "action": "halt", "op": kind, "when": self.point["mode"],  # type: ignore[index]
-                          "ord": self._cur, "path": fields.get("path"), "dst": fields.get("dst")})
+                          "ord": fields.get("ord", self._cur), "path": fields.get("path"), "dst": fields.get("dst"),
+                          **({} if step is None else {"step_n": step, "last_ord": self._cur})})
         self._request(S.HALT_REQUEST, {"rank": self.rank, "ord": self._cur, "ts": rec["ts"]})
         deadline = time.monotonic() + HALT_WAIT_S
         while time.monotonic() < deadline:
@@ -200,6 +206,9 @@ class JobInterposer(Interposer):
             finally:
                 self._leave()
             self._die()
+        if self._deferred is not None and info.get("n") == p.get("at_step"):
+            self._enter()  # held until the copies are stopped: no thread writes past the halt
+            self._halt(*self._deferred, step=info.get("n"))
         if p.get("step") is None or info.get("n") != p["step"]:
             return
         if p.get("mode") == "term":

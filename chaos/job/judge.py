@@ -199,9 +199,13 @@ def _resumed_at(rec: PointRecord, rank: int) -> tuple[int, str]:
 
 
 def _saving_step(rec: PointRecord) -> int | None:
-    """The step the halted rank was at (its last announced step before the halt), if it announced any."""
+    """The step the halted rank was at when it completed the corrupted file (its last announced
+    step before event N: for a corruption deferred to a later step, ``at_step``, not the halt's
+    step), if it announced any."""
     n = None
     for r in rec.traces.get((rec.point.rank, 0), []):
+        if r.get("event") == "op" and rec.point.op is not None and r.get("ord") == rec.point.op:
+            return n
         if r.get("event") == "fired" and r.get("action") == "halt":
             return n
         if r.get("event") == "phase" and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS:

@@ -12,7 +12,10 @@ of those, so the same run and seed always give the same points in the same order
 - ``corrupt``: for each checkpoint file the job left under {out} — matching
   ``--checkpoint-glob`` when given, else every file a traced event completed — each
   family of ``spec.CORRUPT_FAMILIES`` at the event that completed it (its last close,
-  or the rename that put it, or its directory, in place);
+  or the rename that put it, or its directory, in place), and again at the first step
+  the rank announced after that event (``rankR:opN:MODE:stepS``): by then the save is
+  over (its commit marker, checksum file or ``probe.saved`` written) and the job trusts
+  the file, which is when bit rot at rest strikes;
 - ``power``: every event after which something was pending (unsynced data, an
   un-fsynced directory entry), so a power loss there differs from a kill; every event
   when the crash-state model cannot say (each point then finds out at its own cut).
@@ -112,6 +115,15 @@ def completions(traces: Traces) -> dict[str, dict[str, Any]]:
     return done
 
 
+def next_step(traces: Traces, rank: int, ts: float) -> int | None:
+    """The first step ``rank`` announced in attempt 0 after the moment ``ts`` (None: it announced none)."""
+    for r in traces.get((rank, 0), []):
+        if (r.get("ts", 0.0) > ts and r.get("event") == "phase" and r.get("name") == "chaos.probe"
+                and r.get("info", {}).get("kind") in STEP_KINDS):
+            return int(r["info"]["n"])
+    return None
+
+
 def _completer(done: dict[str, dict[str, Any]], rel: str) -> dict[str, Any] | None:
     parts = rel.split(os.sep)
     cands = [done[p] for p in (os.sep.join(parts[:i]) for i in range(len(parts), 0, -1)) if p in done
@@ -187,8 +199,12 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
             ev = _completer(done, rel)
             if ev is None:
                 continue
+            later = next_step(traces, ev["rank"], ev.get("ts", 0.0))
             for fam in CORRUPT_FAMILIES:
                 corrupt.append(Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq")))
+                if later is not None:  # the same bytes once the job trusts the file: rot at rest
+                    corrupt.append(Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq"),
+                                         at_step=later))
     disk: list[Point] = []
     if "diskfull" in kinds and facts is not None:
         size = diskfull.choose_size(facts.peak, facts.seed)

@@ -176,7 +176,9 @@ def describe_fault(finding: Finding) -> str:
         done += f": {what}" if what else ""
     elif kind == "corrupt":
         done = what or f"the file completed by {_where(params)} was corrupted at rest ({when})"
-        done = f"every process was stopped right after {_where(params)}, then at rest: {done}"
+        stopped = (f"right after {_where(params)}" if params.get("at_step") is None else
+                   f"once {who} announced training step {params['at_step']}, its save over")
+        done = f"every process was stopped {stopped}, then at rest: {done}"
     elif kind == "powerloss":
         lost = what.split(": ", 1)[1] if what and what.startswith("power loss") and ": " in what else what
         done = (f"power was lost right after {_where(params)}: data and directory entries that were not "

@@ -63,7 +63,7 @@ from chaos.job.contract import (  # noqa: F401 - the contract, re-exported for t
     loss_groups,
 )
 
-_POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+))?"
+_POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+)|:step(\d+))?"
                        rf"|rank(\d+):step(\d+):({'|'.join(STEP_MODES)})|disk:full:(\d+)")
 
 # Node faults of a job spread over simulated nodes (``--nodes N``, chaos/job/nodes.py): harness-side
@@ -87,7 +87,9 @@ class Point:
       there and replace {out} by a power-loss crash state: every pending change lost, or with
       ``state`` k the k-th of the other states the cut allows, drawn with the point's seed:
       some un-fsynced data or directory entries kept, a write torn), ``enospc`` / ``eio`` (the event
-      raises instead of being performed);
+      raises instead of being performed); a corruption with ``at_step`` S waits until the rank
+      announces step S (the save that wrote the file is over and the job trusts it: bit rot
+      at rest), then stops every copy and corrupts the file event N completed;
     - ``step`` with mode ``kill`` (SIGKILL) or ``term`` (SIGTERM, SIGKILL after the grace);
     - ``step`` or ``op`` with mode ``net``: the rank's network link is cut there (after the
       event, for an op) for ``--net-hold`` seconds while the job goes on (``netcut.py``);
@@ -110,6 +112,7 @@ class Point:
     size: int | None = None
     node: int | None = None  # a node point (``--nodes``): the node; ``rank`` is the rank that announces the step
     state: int | None = None  # a power point: which mixed crash state at its cut (None: every pending change lost)
+    at_step: int | None = None  # a corruption point: strike once the rank announced this step, not right after event N
 
     @property
     def id(self) -> str:
@@ -119,6 +122,8 @@ class Point:
             return f"disk:full:{self.size}"
         if self.step is not None:
             return f"rank{self.rank}:step{self.step}:{self.mode}"
+        if self.at_step is not None:
+            return f"rank{self.rank}:op{self.op}:{self.mode}:step{self.at_step}"
         return f"rank{self.rank}:op{self.op}:{self.mode}" + (f":s{self.state}" if self.state is not None else "")
 
     @property
@@ -150,7 +155,10 @@ class Point:
         launcher for the node fault with a ``net`` request, and waits for its answer)."""
         if self.node is not None:
             return {"rank": self.rank, "mode": "net", "op": None, "step": self.step}
-        return {"rank": self.rank, "mode": self.mode, "op": self.op, "step": self.step}
+        env = {"rank": self.rank, "mode": self.mode, "op": self.op, "step": self.step}
+        if self.at_step is not None:
+            env["at_step"] = self.at_step
+        return env
 
     def to_fault(self, **extra: Any) -> dict[str, Any]:
         """The point as an entry of the results' ``faults`` list (the existing schema).
@@ -166,7 +174,7 @@ class Point:
         when = None if fam in ("power", "diskfull", "net") else self.mode
         params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
                                     ("path", self.path), ("seq", self.seq), ("nth", self.nth),
-                                    ("size_bytes", self.size)) if v is not None}
+                                    ("size_bytes", self.size), ("at_step", self.at_step)) if v is not None}
         params.update({k: v for k, v in extra.items() if v is not None})
         return {"kind": kind, "rank": None if fam == "diskfull" else self.rank, "step": self.step, "attempt": 0,
                 "params": params, "spec": self.id}
@@ -174,7 +182,7 @@ class Point:
 
 def parse_point(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
-    ``rank0:op9:power:s2`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
+    ``rank0:op9:power:s2`` | ``rank1:op3:truncate:step5`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
     ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``_parse_node_point``)."""
     if text.strip().startswith("node"):
         return _parse_node_point(text)
@@ -182,7 +190,7 @@ def parse_point(text: str) -> Point:
     if not m:
         raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:MODE (MODE one of {', '.join(OP_MODES)}), "
                           f"rankR:stepN:{'|'.join(STEP_MODES)} or disk:full:BYTES")
-    rank, op, mode, state, srank, step, smode, size = m.groups()
+    rank, op, mode, state, at_step, srank, step, smode, size = m.groups()
     if size is not None:
         if int(size) < 1:
             raise ConfigError(f"malformed --point {text!r}: a full disk needs a size of at least one byte")
@@ -191,7 +199,11 @@ def parse_point(text: str) -> Point:
         return Point(int(srank), smode, step=int(step))
     if state is not None and (mode != "power" or int(state) < 1):
         raise ConfigError(f"malformed --point {text!r}: only a power point names a crash state (:s1, :s2, ...)")
-    return Point(int(rank), mode, op=int(op), state=None if state is None else int(state))
+    if at_step is not None and mode not in CORRUPT_FAMILIES:
+        raise ConfigError(f"malformed --point {text!r}: only a corruption waits for a step (:stepN): "
+                          f"{', '.join(CORRUPT_FAMILIES)}")
+    return Point(int(rank), mode, op=int(op), state=None if state is None else int(state),
+                 at_step=None if at_step is None else int(at_step))
 
 
 def _is_torchrun(argv: tuple[str, ...]) -> bool:
