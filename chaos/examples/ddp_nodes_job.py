@@ -4,9 +4,10 @@
         --rdzv-backend c10d --rdzv-endpoint HOST:PORT --max-restarts 2 \\
         chaos/examples/ddp_nodes_job.py --out DIR [--steps 8] [--save-every 2]
 
-The same model, data and careful save as ``ddp_job.py`` (temp file, fsync, rename,
-directory fsync; rank 0 saves ``DIR/ckpt.pt``, every rank resumes from it, rank 0
-writes ``DIR/final.pt``), with one difference that matters when a node is replaced:
+The same model and data as ``ddp_job.py``, saved in one file the durable way (temp file,
+fsync, rename, directory fsync; rank 0 saves ``DIR/ckpt.pt``, every rank resumes from
+it, rank 0 writes ``DIR/final.pt``; no checksum or second checkpoint to fall back to, as
+the node faults corrupt nothing), with one difference that matters when a node is replaced:
 the process group is made with a plain ``init_process_group("gloo")`` on the store
 torchelastic gives the workers, never with a per-restart key prefix.
 ``ddp_job.py`` keys each restart apart with ``TORCHELASTIC_RESTART_COUNT``; after a

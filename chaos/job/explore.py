@@ -138,9 +138,11 @@ def _new_run(root: str, name: str) -> Run:
 
 def _restarts(job: JobSpec, run: Run, point: Point) -> None:
     """The harness's restarts: none for a torchrun COMMAND its agent restarts by itself, except
-    after a SIGTERM, a corruption or a power loss, which stopped torchrun too. A SIGTERM'd job
-    is restarted even when it exited 0: it was preempted, not finished."""
-    if job.torchrun and not (point.mode in HALT_MODES or point.mode == "term" or point.family == "node"):
+    after a SIGTERM, a corruption or a power loss, which stopped torchrun too, and after a
+    full disk: the agent's own restarts met the same full disk, and a job that gave up on it
+    is relaunched once the disk has room again, as whoever freed the space would. A
+    SIGTERM'd job is restarted even when it exited 0: it was preempted, not finished."""
+    if job.torchrun and not (point.mode in HALT_MODES or point.mode == "term" or point.family in ("node", "diskfull")):
         return  # a node point's agents that all failed are relaunched, as a scheduler restarts a failed job
     for attempt in range(1, job.max_restarts + 1):
         if run.attempts[-1].ok and not (attempt == 1 and point.mode == "term"):
