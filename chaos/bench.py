@@ -1,46 +1,84 @@
 """`chaos bench`: the reference checkpointer against DCP, DCP async, torch.save and the disk.
 
-Two gloo ranks on CPU save and load the same training-shaped state (model and Adam
-moments replicated, RNG per rank) with each checkpointer, and the same ranks measure
-the disk's raw ``write + fsync`` bandwidth for the same number of bytes. Throughput is
-computed over the *payload* (replicated bytes once plus per-rank bytes per rank), so
-every checkpointer is measured on the same figure. Each timing is the median of
-``repeats`` runs, bracketed by barriers, and a raw write+fsync sample is taken right
-before every save so that disk noise hits both sides alike; stall is the slowest rank's ``save()`` return
-time (for async checkpointers, the time before training could continue).
+Gloo ranks (2 by default) save and load the same training-shaped state (model and Adam
+moments replicated, RNG per rank) with each checkpointer, and the same ranks measure the
+disk's raw ``write + fsync`` bandwidth for the same number of bytes right before every
+save. Throughput is computed over the *payload* (replicated bytes once plus per-rank
+bytes per rank), so every checkpointer is measured on the same figure.
+
+Noise is reported, not hidden. Every checkpointer is open for the whole run and every
+repeat saves with all of them; checkpointers that are compared run back to back in the
+same repeat (:data:`GROUPS`: the reference next to DCP, the reference's async variants
+on either side of DCP's ``async_save``), and which goes first alternates from repeat to
+repeat. Each ratio is computed per repeat from the two saves of that repeat (the same
+moment, the same disk, the same page-cache state), and every figure is given as
+min / median / max over the repeats. ``ratios`` (the ``--json`` key the HTML report and
+earlier results read) holds the median of each per-repeat series, ``ratio_spread`` the
+min / median / max and the series itself. Stall is the slowest rank's ``save()`` return
+time (for async checkpointers, the time before training could continue); save is until
+``wait()`` returned on every rank. Timings are bracketed by barriers.
+
+``device="cuda"`` (``chaos bench --device cuda``) puts the model and optimizer tensors
+on one GPU per rank (``CUDA_VISIBLE_DEVICES`` per rank, as ``chaos run --device cuda``
+does), so the reference's async save snapshots device memory into its pinned staging
+buffers and DCP's ``async_save`` stages its own copy; the ranks' default group stays
+gloo (nothing trains here) and each checkpointer keeps its own gloo group for its
+messages. A device-to-pinned-host copy of each rank's state is timed once per repeat,
+the floor an async stall cannot go below. Missing CUDA or too few GPUs is a ConfigError
+before any rank starts (:func:`validate`).
 
 Targets from the design: reference sync save >= 80% of raw bandwidth and faster than
 DCP; reference async stall <= 0.5x DCP async's; verified load <= 1.2x DCP's load.
-Missing checkpointers are skipped with a note; every load is checked bit-exact.
+Missing checkpointers are skipped with a note; every load is checked bit-exact on
+every rank.
 
-``--workload parallel=fsdp`` benchmarks a sharded FSDP2 state instead (``chaos.bench_sharded``:
-reference against DCP per repeat pair, and a resharded load at half the world size); it
-launches its ranks through :func:`launch`, as this module does.
+Who calls what: ``chaos.commands.bench`` validates a config and runs :func:`run_bench`
+(``parallel=ddp``) or ``chaos.bench_sharded.run`` (``parallel=fsdp``, whose report is
+built on :func:`make_report`); ``chaos.commands.scalebench`` runs :func:`run_bench` at
+several sizes. Rank processes come from ``chaos.bench_ranks``.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
-import queue
+import re
 import shutil
-import socket
 import statistics
 import tempfile
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from typing import Any
 
+from chaos import bench_ranks
+from chaos.bench_ranks import VARIANTS, spread, triple
+from chaos.errors import ConfigError
+
+__all__ = ["DEFAULT_CHECKPOINTERS", "DEVICES", "GROUPS", "RATIOS", "TARGETS", "VARIANTS", "BenchConfig", "Result",
+           "groups", "make_report", "make_state", "print_report", "run_bench", "to_markdown", "validate"]
+
 DEFAULT_CHECKPOINTERS = ("reference", "reference-async", "reference-async-trust", "dcp", "dcp-async", "torch-save")
-# reference-async-trust: replicas=trust, DCP's own assumption that replicated tensors
-# are identical on every rank (no bytes read for those another rank writes); plain
-# reference-async also hashes them before save() returns, safety DCP does not have.
-VARIANTS = {
-    "reference-async": ("reference", {"async_save": True}),
-    "reference-async-trust": ("reference", {"async_save": True, "replicas": "trust"}),
+DEVICES = ("cpu", "cuda")
+# Run back to back in every repeat, the order reversed on odd repeats: each reference
+# variant next to the DCP checkpointer it is compared with (dcp-async in the middle of
+# the async group sits next to both reference variants whichever way round).
+GROUPS = (("reference", "dcp"), ("reference-async", "dcp-async", "reference-async-trust"))
+# Ratio key -> (numerator, denominator), each (checkpointer, measure); computed per repeat.
+# "raw" is the raw write+fsync sample taken just before that checkpointer's save, so
+# raw s / save s is the save's bandwidth over the disk's at that moment.
+RATIOS: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {
+    "reference_vs_raw": (("reference", "raw"), ("reference", "save")),
+    "reference_vs_dcp_save": (("dcp", "save"), ("reference", "save")),
+    "async_stall_vs_dcp_async": (("reference-async", "stall"), ("dcp-async", "stall")),
+    "async_stall_trust_vs_dcp_async": (("reference-async-trust", "stall"), ("dcp-async", "stall")),
+    "verified_load_vs_dcp_load": (("reference", "load"), ("dcp", "load")),
+}
+RATIO_MEANING = {
+    "reference_vs_raw": "reference save MB/s / raw write+fsync MB/s sampled just before it (above 1: faster than a plain write)",
+    "reference_vs_dcp_save": "DCP save s / reference save s (above 1: the reference saves faster)",
+    "async_stall_vs_dcp_async": "reference async stall s / DCP async_save stall s (below 1: training blocked less)",
+    "async_stall_trust_vs_dcp_async": "the same with replicas=trust (DCP's own assumption)",
+    "verified_load_vs_dcp_load": "reference verified load s / DCP unverified load s (below 1: the reference loads faster)",
 }
 TARGETS = {
     "reference_vs_raw": (">=", 0.8),
@@ -49,6 +87,11 @@ TARGETS = {
     "async_stall_trust_vs_dcp_async": ("<=", 0.5),
     "verified_load_vs_dcp_load": ("<=", 1.2),
 }
+# Adapters that keep every step they save: between repeats (untimed) the bench removes
+# their older steps, so 7 repeats at 1 GB do not fill the disk. The reference keeps its
+# own retention (keep_last=3), whose cost is part of its saves.
+_KEEPS_EVERY_STEP = ("dcp", "dcp-async", "torch-save")
+_STEP_ENTRY = re.compile(r"^(?:step_|ckpt_)(\d+)(?:\.pt)?$")
 
 
 @dataclass
@@ -56,11 +99,12 @@ class BenchConfig:
     size_mb: float = 100.0
     world_size: int = 2
     checkpointers: tuple[str, ...] = DEFAULT_CHECKPOINTERS
-    repeats: int = 3
+    repeats: int = 7
     root: str | None = None
     timeout_s: float = 600.0
     parallel: str = "ddp"  # "fsdp": the sharded FSDP2 benchmark (chaos.bench_sharded)
     workload: dict[str, Any] = field(default_factory=dict)  # --workload overrides (fsdp only)
+    device: str = "cpu"  # "cuda": the state on one GPU per rank (ddp only)
 
 
 @dataclass
@@ -75,16 +119,70 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def make_state(rank: int, size_bytes: int) -> dict[str, Any]:
-    """Training-shaped: model + Adam moments (replicated, ~1/3 each), per-rank RNG/data."""
+# ----------------------------------------------------------------- configuration
+def validate(cfg: BenchConfig) -> None:
+    """Raise a one-line ConfigError for a config that cannot run, before any rank starts.
+
+    ``--workload`` keys belong to the fsdp bench (``chaos.bench_sharded.validate``).
+    ``cuda`` needs the replicated (ddp) bench, CUDA, and one GPU per rank
+    (``chaos.workload.device.unavailable`` says which is missing; the same text
+    ``chaos run --device cuda`` gives), and a ``CUDA_VISIBLE_DEVICES`` that lists enough.
+    Called by ``chaos.commands.bench.run_bench`` and :func:`run_bench`.
+    """
+    if cfg.parallel == "ddp" and cfg.workload:
+        raise ConfigError(f"chaos bench: --workload {', '.join(sorted(cfg.workload))} apply to parallel=fsdp only "
+                          "(the ddp bench saves a synthetic training-shaped state)")
+    if cfg.device not in DEVICES:
+        raise ConfigError(f"chaos bench: --device {cfg.device!r} is unknown: choose {' or '.join(DEVICES)}")
+    if cfg.device != "cuda":
+        return
+    if cfg.parallel != "ddp":
+        raise ConfigError(f"chaos bench --device cuda measures the replicated state (parallel=ddp), "
+                          f"not parallel={cfg.parallel}")
+    from chaos.workload.device import unavailable
+
+    why = unavailable(cfg.world_size)
+    if why is not None:
+        raise ConfigError(f"chaos bench --device cuda: {why}")
+    bench_ranks.rank_envs("cuda", cfg.world_size)  # a short CUDA_VISIBLE_DEVICES raises here
+
+
+def groups(names: tuple[str, ...] | list[str]) -> list[tuple[str, ...]]:
+    """The checkpointers of one run split into the groups that run back to back (:data:`GROUPS`).
+
+    In the order of ``names``; a name outside :data:`GROUPS` (torch-save, a user's own)
+    is a group of its own. ``groups(["torch-save", "dcp", "reference"])`` is
+    ``[("torch-save",), ("reference", "dcp")]``.
+    """
+    out: list[tuple[str, ...]] = []
+    placed: set[str] = set()
+    for name in names:
+        if name in placed:
+            continue
+        group = next((g for g in GROUPS if name in g), (name,))
+        members = tuple(n for n in group if n in names and n not in placed)
+        out.append(members)
+        placed.update(members)
+    return out
+
+
+# ----------------------------------------------------------------- in the ranks
+def make_state(rank: int, size_bytes: int, device: Any = "cpu") -> dict[str, Any]:
+    """Training-shaped: model + Adam moments (replicated, ~1/3 each), per-rank RNG/data.
+
+    Model weights and the Adam moments live on ``device`` (a GPU for ``--device cuda``);
+    Adam's ``step`` counters, the RNG states and the progress stay on the CPU, where
+    torch keeps them in a real job.
+    """
     import torch
 
     g = torch.Generator().manual_seed(1234)
     per_kind = max(1, size_bytes // 3 // 4)  # float32 elements per kind
     chunk = 1 << 20  # 4 MB tensors, like mid-sized layers
     sizes = [chunk] * (per_kind // chunk) + ([per_kind % chunk] if per_kind % chunk else [])
-    model = {f"layer{i}.weight": torch.randn(n, generator=g) for i, n in enumerate(sizes)}
-    state = {i: {"step": torch.tensor(10.0), "exp_avg": torch.randn(n, generator=g), "exp_avg_sq": torch.rand(n, generator=g)} for i, n in enumerate(sizes)}
+    model = {f"layer{i}.weight": torch.randn(n, generator=g).to(device) for i, n in enumerate(sizes)}
+    state = {i: {"step": torch.tensor(10.0), "exp_avg": torch.randn(n, generator=g).to(device),
+                 "exp_avg_sq": torch.rand(n, generator=g).to(device)} for i, n in enumerate(sizes)}
     r = torch.Generator().manual_seed(rank)
     return {
         "model": model,
@@ -92,20 +190,6 @@ def make_state(rank: int, size_bytes: int) -> dict[str, Any]:
         "rng": {"torch": torch.randint(0, 255, (5056,), generator=r, dtype=torch.uint8), "python": torch.randint(0, 2**31, (625,), generator=r)},
         "progress": {"step": 10, "tokens": 10240},
     }
-
-
-def _zeros_like(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return torch.zeros_like(value)
-    if isinstance(value, dict):
-        return {k: _zeros_like(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_zeros_like(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_zeros_like(v) for v in value)
-    return value
 
 
 def _payload_bytes(state: dict[str, Any], world: int) -> int:
@@ -119,255 +203,371 @@ def _payload_bytes(state: dict[str, Any], world: int) -> int:
     return total
 
 
-def _max(value: float) -> float:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def _raw(rank: int, world: int, base: str, nbytes: int, buf: Any) -> float:
-    """Wall time for every rank to write and fsync its share of ``nbytes``."""
-    import torch.distributed as dist
-
-    share = nbytes // world
-    path = os.path.join(base, f"raw-{rank}.bin")
-    view = memoryview(buf.numpy()).cast("B")[:share]
-    dist.barrier()
-    t0 = time.perf_counter()
-    with open(path, "wb") as f:
-        f.write(view)
-        f.flush()
-        os.fsync(f.fileno())
-    dist.barrier()
-    seconds = _max(time.perf_counter() - t0)
-    os.remove(path)
-    return seconds
-
-
-def _one(name: str, rank: int, world: int, base: str, state: dict, payload: int, repeats: int, buf: Any, raws: list[float]) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    from chaos.errors import ConfigError
-    from chaos.protocol import load_checkpointer
-    from chaos.statehash import fingerprint
-
-    spec, opts = VARIANTS.get(name, (name, {}))
-    try:
-        cls = load_checkpointer(spec)
-    except ConfigError as exc:
-        return asdict(Result(name, skipped=str(exc)))
-    root = os.path.join(base, name)
-    ck = cls(root, rank, world, **opts)
-    saves, stalls = [], []
-    for i in range(repeats):
-        raws.append(_raw(rank, world, base, payload, buf))  # interleaved: same disk weather
-        dist.barrier()
-        t0 = time.perf_counter()
-        ck.save(i + 1, state)
-        stall = time.perf_counter() - t0
-        ck.wait()
-        dist.barrier()
-        saves.append(_max(time.perf_counter() - t0))
-        stalls.append(_max(stall))
-    loads, ok = [], True
-    for _ in range(repeats):
-        template = _zeros_like(state)
-        dist.barrier()
-        t0 = time.perf_counter()
-        found = ck.load_latest(template)
-        dist.barrier()
-        loads.append(_max(time.perf_counter() - t0))
-        ok = ok and found is not None and found[0] == repeats and fingerprint(found[1]) == fingerprint(state)
-    ck.close()
-    dist.barrier()
-    if rank == 0:
-        shutil.rmtree(root, ignore_errors=True)
-    save_s = statistics.median(saves)
-    return asdict(Result(name, save_s=save_s, stall_s=statistics.median(stalls), load_s=statistics.median(loads),
-                         save_mb_s=payload / save_s / 1e6, correct=ok, extra={"save_all_s": saves, "stall_all_s": stalls, "load_all_s": loads}))
-
-
-def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, Any]:
-    """One rank of the replicated (DDP-shaped) benchmark: every checkpointer in turn."""
+def _tensors(value: Any) -> list[Any]:
     import torch
 
-    state = make_state(rank, int(cfg.size_mb * 1e6))
-    payload = _payload_bytes(state, world)
-    buf = torch.randint(0, 255, (payload // world + 1,), dtype=torch.uint8)
-    raws: list[float] = []
-    results = [_one(name, rank, world, base, state, payload, cfg.repeats, buf, raws) for name in cfg.checkpointers]
-    return {"payload_bytes": payload, "raw_s": statistics.median(raws), "raw_all_s": raws, "results": results}
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
-def _entry(target: Any, rank: int, world: int, port: int, timeout_s: float, args: tuple, out: Any) -> None:
-    """A rank process: join the gloo group, run ``target(rank, world, *args)``, send rank 0's value."""
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
-    try:
+class DeviceCopy:
+    """Times a copy of every device tensor of ``state`` into pinned host buffers (``--device cuda``).
+
+    The buffers are allocated once (pinned only when the tensors are on a GPU), so a
+    sample is the copy alone: the least an async save's snapshot of device memory can
+    block training for. :meth:`sample` is collective (the slowest rank's seconds).
+    """
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        import torch
+
+        self.sources = [t for t in _tensors(state) if t.device.type != "cpu"] or _tensors(state)
+        self.cuda = any(t.is_cuda for t in self.sources)
+        self.buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=self.cuda) for t in self.sources]
+        self.bytes = sum(t.numel() * t.element_size() for t in self.sources)
+
+    def sample(self) -> float:
         import torch
         import torch.distributed as dist
 
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
-        value = target(rank, world, *args)
-        dist.destroy_process_group()
-        if rank == 0:
-            out.put(("ok", value))
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        out.put(("error", f"rank {rank}:\n{traceback.format_exc()}"))
+        if self.cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for buf, t in zip(self.buffers, self.sources, strict=True):
+            buf.copy_(t, non_blocking=self.cuda)
+        if self.cuda:
+            torch.cuda.synchronize()
+        return bench_ranks.max_all(time.perf_counter() - t0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _setup_device(device: str) -> Any:
+    """The rank's ``torch.device``: for cuda its one visible GPU (``chaos.workload.device.setup``)."""
+    import torch
+
+    if device != "cuda":
+        return torch.device("cpu")
+    from chaos.workload.device import setup
+
+    return setup("cuda", deterministic=False)
 
 
-def launch(target: Any, world_size: int, timeout_s: float, args: tuple, ctx: Any = None) -> Any:
-    """Run ``target(rank, world_size, *args)`` in ``world_size`` fresh gloo rank processes; return rank 0's value.
+def _rank_facts(device: str) -> dict[str, Any]:
+    facts: dict[str, Any] = {"device": device, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    if device == "cuda":
+        import torch
 
-    ``target`` must be importable (module level). ``ctx`` is a multiprocessing context
-    (default: spawn; ``chaos.bench_sharded`` passes a forkserver that has imported torch
-    and FSDP once, since it launches twice). A rank that raises or dies, or a run past
-    ``timeout_s``, raises RuntimeError; every started process is gone when this returns.
-    """
-    ctx = ctx or mp.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(target, r, world_size, port, timeout_s, args, out), daemon=True)
-             for r in range(world_size)]
-    started: list[Any] = []
-    try:
-        for p in procs:
-            p.start()
-            started.append(p)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                kind, value = out.get(timeout=1.0)
-            except queue.Empty:
-                if time.monotonic() > deadline or all(not p.is_alive() for p in procs):
-                    raise RuntimeError("benchmark ranks died or timed out without a result") from None
+        facts["gpu"] = torch.cuda.get_device_name(0)
+        facts["cuda"] = torch.version.cuda
+    return facts
+
+
+def _prune(base: str, names: list[str], step: int, rank: int) -> None:
+    """Between repeats: the adapters that keep every step lose the ones before ``step`` (rank 0, untimed)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    if rank == 0:
+        for name in names:
+            if name not in _KEEPS_EVERY_STEP:
                 continue
-            if kind == "error":
-                raise RuntimeError(f"benchmark rank failed: {value}")
-            break
-        for p in procs:
-            p.join(timeout=30)
-    finally:
-        for p in started:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=5)
-    return value
+            root = os.path.join(base, name)
+            for entry in os.listdir(root) if os.path.isdir(root) else []:
+                m = _STEP_ENTRY.match(entry)
+                if m and int(m.group(1)) < step:
+                    path = os.path.join(root, entry)
+                    if os.path.isdir(path):
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        os.remove(path)
+    dist.barrier()
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    """Run the benchmark in ``cfg.world_size`` fresh rank processes; return the report.
+def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, Any]:
+    """One rank of the replicated (DDP-shaped) benchmark: every repeat saves with every checkpointer.
 
-    ``cfg.parallel == "fsdp"`` measures the sharded FSDP2 state instead (``chaos.bench_sharded``);
-    a combination that cannot run raises ConfigError before any process starts.
+    Saves of a repeat run group by group (:func:`groups`), each group back to back in
+    the repeat's order (:func:`chaos.bench_ranks.ordered`), with a raw write+fsync sample
+    right before every save; then the loads, in the same alternating order, each checked
+    against the saved state's fingerprint on every rank.
     """
-    from chaos import bench_sharded
+    import torch
+    import torch.distributed as dist
 
-    bench_sharded.validate(cfg)
-    if cfg.parallel == "fsdp":
-        return bench_sharded.run(cfg)
+    from chaos.statehash import fingerprint
+
+    dev = _setup_device(cfg.device)
+    cuda = dev.type == "cuda"
+    state = make_state(rank, int(cfg.size_mb * 1e6), dev)
+    expected = fingerprint(state)
+    payload = _payload_bytes(state, world)
+    buf = torch.randint(0, 255, (payload // world + 1,), dtype=torch.uint8)
+    cks: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    for name in cfg.checkpointers:
+        try:
+            cks[name] = bench_ranks.open_checkpointer(name, os.path.join(base, name), rank, world)
+        except ConfigError as exc:
+            skipped[name] = str(exc)
+    runs = groups(list(cks))
+    series = {name: {"save": [], "stall": [], "load": [], "raw": []} for name in cks}
+    copy = DeviceCopy(state) if cuda else None
+    copies: list[float] = []
+    schedule: list[list[str]] = []  # the save order of every repeat, for the report
+    raws: list[float] = []  # every raw sample, in the order taken
+    for i in range(cfg.repeats):
+        schedule.append([n for group in runs for n in bench_ranks.ordered(group, i)])
+        for group in runs:
+            for name in bench_ranks.ordered(group, i):
+                raws.append(bench_ranks.raw_write(rank, world, base, payload, buf))
+                series[name]["raw"].append(raws[-1])
+                stall, save = bench_ranks.timed_save(cks[name], i + 1, state, cuda)
+                series[name]["stall"].append(stall)
+                series[name]["save"].append(save)
+        if copy is not None:
+            copies.append(copy.sample())
+        _prune(base, list(cks), i + 1, rank)
+    ok = dict.fromkeys(cks, True)
+    loaded_on: dict[str, list[str]] = {}
+    for i in range(cfg.repeats):
+        for group in runs:
+            for name in bench_ranks.ordered(group, i):
+                template = bench_ranks.zeros_like(state)
+                if cuda:
+                    torch.cuda.synchronize()
+                dist.barrier()
+                t0 = time.perf_counter()
+                found = cks[name].load_latest(template)
+                dist.barrier()
+                series[name]["load"].append(bench_ranks.max_all(time.perf_counter() - t0))
+                good = found is not None and found[0] == cfg.repeats and fingerprint(found[1]) == expected
+                ok[name] = bench_ranks.all_true(good) and ok[name]
+                if found is not None:
+                    loaded_on[name] = sorted({str(t.device.type) for t in _tensors(found[1].get("model", {}))})
+                del found, template  # one loaded copy of the state at a time (1 GB at --large)
+    for ck in cks.values():
+        ck.close()
+    dist.barrier()
+    if rank == 0:
+        for name in cks:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    facts = bench_ranks.gather(_rank_facts(cfg.device))
+    results = []
+    for name in cfg.checkpointers:
+        if name in skipped:
+            results.append(asdict(Result(name, skipped=skipped[name])))
+            continue
+        if name not in series:  # listed twice
+            continue
+        s = series[name]
+        save_s = statistics.median(s["save"])
+        results.append(asdict(Result(
+            name, save_s=save_s, stall_s=statistics.median(s["stall"]), load_s=statistics.median(s["load"]),
+            save_mb_s=payload / save_s / 1e6, correct=ok[name],
+            extra={"save_all_s": s["save"], "stall_all_s": s["stall"], "load_all_s": s["load"],
+                   "raw_all_s": s["raw"], "loaded_on": loaded_on.get(name, [])})))
+        series.pop(name)
+    measured: dict[str, Any] = {"payload_bytes": payload, "raw_s": statistics.median(raws) if raws else 0.0,
+                                "raw_all_s": raws, "results": results, "ranks": facts, "schedule": schedule}
+    if copy is not None:
+        measured["device_copy"] = {"bytes_per_rank": copy.bytes, "all_seconds": copies}
+    return measured
+
+
+# ----------------------------------------------------------------- in the parent
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the replicated benchmark in ``cfg.world_size`` fresh rank processes; return the report.
+
+    A config that cannot run raises ConfigError before any process starts. Sharded state
+    (``parallel=fsdp``) is ``chaos.bench_sharded.run``; ``chaos.commands.bench.run_bench``
+    picks between the two.
+    """
+    if cfg.parallel != "ddp":
+        raise ConfigError(f"chaos.bench.run_bench measures parallel=ddp; parallel={cfg.parallel} is "
+                          "chaos.commands.bench.run_bench's to dispatch")
+    validate(cfg)
+    envs = bench_ranks.rank_envs(cfg.device, cfg.world_size)
     base = tempfile.mkdtemp(prefix="chaos-bench-", dir=cfg.root)
     try:
-        measured = launch(_measure, cfg.world_size, cfg.timeout_s, (cfg, base))
+        measured = bench_ranks.launch(_measure, cfg.world_size, cfg.timeout_s, (cfg, base), envs=envs)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return make_report(cfg, measured)
 
 
+def _series(result: dict[str, Any], measure: str, raw_s: float) -> list[float]:
+    """Per-repeat seconds of one measure of one result; a single median for a report without them."""
+    extra = result.get("extra") or {}
+    values = extra.get(f"{measure}_all_s")
+    if values:
+        return list(values)
+    return [raw_s] if measure == "raw" else [result[f"{measure}_s"]]
+
+
+def _with_spread(result: dict[str, Any], payload: int, raw_s: float) -> dict[str, Any]:
+    """The result with ``spread``: min / median / max of its seconds, MB/s and bandwidth over raw."""
+    if result.get("skipped"):
+        return result
+    save, raw = _series(result, "save", raw_s), _series(result, "raw", raw_s)
+    out = {f"{m}_s": spread(_series(result, m, raw_s)) for m in ("save", "stall", "load")}
+    out["save_mb_s"] = spread([payload / s / 1e6 for s in save if s > 0] or [0.0])
+    if len(raw) == len(save) and all(s > 0 for s in save):
+        out["vs_raw"] = spread([r / s for r, s in zip(raw, save, strict=True)])
+    return {**result, "spread": out}
+
+
 def make_report(cfg: BenchConfig, measured: dict[str, Any]) -> dict[str, Any]:
-    """Add bandwidths, ratios and target verdicts, all computed from the measured seconds."""
+    """Bandwidths, per-repeat ratios and target verdicts, all computed from the measured seconds.
+
+    ``ratios[key]`` is the median of the ratio's per-repeat series (``ratio_spread[key]``:
+    min / median / max / per_repeat), None where a side is missing. A report whose results
+    carry no per-repeat series (``extra.*_all_s``) falls back to one ratio of the medians.
+    ``chaos.bench_sharded.make_report`` builds its report on this one.
+    """
     payload = measured["payload_bytes"]
-    raw_mb_s = payload / measured["raw_s"] / 1e6
-    by = {r["name"]: r for r in measured["results"] if not r.get("skipped")}
-
-    def ratio(num: float | None, den: float | None) -> float | None:
-        return num / den if num is not None and den else None
-
-    ref, ref_a, ref_t, dcp, dcp_a = (by.get(n) for n in ("reference", "reference-async", "reference-async-trust", "dcp", "dcp-async"))
-    ratios = {
-        "reference_vs_raw": ratio(ref and ref["save_mb_s"], raw_mb_s),
-        "reference_vs_dcp_save": ratio(dcp and dcp["save_s"], ref and ref["save_s"]),
-        "async_stall_vs_dcp_async": ratio(ref_a and ref_a["stall_s"], dcp_a and dcp_a["stall_s"]),
-        "async_stall_trust_vs_dcp_async": ratio(ref_t and ref_t["stall_s"], dcp_a and dcp_a["stall_s"]),
-        "verified_load_vs_dcp_load": ratio(ref and ref["load_s"], dcp and dcp["load_s"]),
-    }
+    raw_s = measured["raw_s"]
+    raw_all = list(measured.get("raw_all_s") or [raw_s])
+    results = [_with_spread(r, payload, raw_s) for r in measured["results"]]
+    by = {r["name"]: r for r in results if not r.get("skipped")}
+    ratio_spread: dict[str, dict[str, Any] | None] = {}
+    for key, ((num_name, num_m), (den_name, den_m)) in RATIOS.items():
+        if num_name not in by or den_name not in by:
+            ratio_spread[key] = None
+            continue
+        num, den = _series(by[num_name], num_m, raw_s), _series(by[den_name], den_m, raw_s)
+        if len(num) != len(den) or not all(d > 0 for d in den):
+            ratio_spread[key] = None
+            continue
+        ratio_spread[key] = spread([n / d for n, d in zip(num, den, strict=True)])
+    ratios = {k: (s["median"] if s else None) for k, s in ratio_spread.items()}
     verdicts = {}
     for key, (op, bound) in TARGETS.items():
         value = ratios[key]
         verdicts[key] = None if value is None else (value >= bound if op == ">=" else value <= bound)
-    return {
+    report: dict[str, Any] = {
         "config": {"size_mb": cfg.size_mb, "world_size": cfg.world_size, "repeats": cfg.repeats,
-                   "checkpointers": list(cfg.checkpointers), "parallel": cfg.parallel},
+                   "checkpointers": list(cfg.checkpointers), "parallel": cfg.parallel, "device": cfg.device},
         "payload_bytes": payload,
-        "raw": {"seconds": measured["raw_s"], "mb_s": raw_mb_s, "all_seconds": measured.get("raw_all_s", [])},
-        "results": measured["results"],
+        "raw": {"seconds": raw_s, "mb_s": payload / raw_s / 1e6 if raw_s else 0.0, "all_seconds": raw_all,
+                "mb_s_spread": spread([payload / s / 1e6 for s in raw_all if s > 0] or [0.0])},
+        "results": results,
         "ratios": ratios,
+        "ratio_spread": ratio_spread,
+        "ratio_meaning": dict(RATIO_MEANING),
+        "order": "compared checkpointers ran back to back in every repeat, the first one alternating; each ratio "
+                 "is from one repeat's pair, min / median / max over the repeats",
         "targets": {k: f"{op} {b}" for k, (op, b) in TARGETS.items()},
         "meets_target": verdicts,
     }
+    for key in ("schedule", "ranks"):  # save order per repeat; each rank's device and CUDA_VISIBLE_DEVICES
+        if measured.get(key):
+            report[key] = measured[key]
+    copy = measured.get("device_copy")
+    if copy and copy.get("all_seconds"):
+        report["device_copy"] = {**copy, "gb_s": spread([copy["bytes_per_rank"] / s / 1e9 for s in copy["all_seconds"]
+                                                         if s > 0] or [0.0])}
+    return report
+
+
+# ----------------------------------------------------------------- rendering
+COLUMNS = ("checkpointer", "save s (min / med / max)", "save MB/s", "vs raw", "stall s (min / med / max)",
+           "load s (min / med / max)", "bit-exact", "note")
+RATIO_COLUMNS = ("ratio", "min", "median", "max", "per repeat", "target", "met (median)")
 
 
 def _f(v: Any, fmt: str = "{:.3f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def to_markdown(report: dict[str, Any]) -> str:
-    lines = [
-        f"# chaos bench: {report['payload_bytes'] / 1e6:.0f} MB payload, {report['config']['world_size']} ranks",
-        "",
-        f"raw write+fsync: {report['raw']['mb_s']:.0f} MB/s ({report['raw']['seconds']:.3f} s)",
-        "",
-        "| checkpointer | save s | save MB/s | stall s | load s | bit-exact | note |",
-        "|---|---:|---:|---:|---:|---|---|",
-    ]
+def result_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per checkpointer (:data:`COLUMNS`): seconds as min / median / max, MB/s and vs-raw medians."""
+    rows = []
     for r in report["results"]:
         if r.get("skipped"):
-            lines.append(f"| {r['name']} | - | - | - | - | - | skipped: {r['skipped']} |")
-        else:
-            lines.append(f"| {r['name']} | {r['save_s']:.3f} | {r['save_mb_s']:.0f} | {r['stall_s']:.3f} | {r['load_s']:.3f} | {r['correct']} | |")
-    lines += ["", "| ratio | value | target | met |", "|---|---:|---|---|"]
-    for k, v in report["ratios"].items():
-        lines.append(f"| {k} | {_f(v)} | {report['targets'][k]} | {report['meets_target'][k]} |")
-    if "fsdp" in report:
-        from chaos import bench_sharded
+            rows.append((r["name"], "-", "-", "-", "-", "-", "-", f"skipped: {r['skipped']}"))
+            continue
+        s = r.get("spread") or {}
+        vs_raw = (s.get("vs_raw") or {}).get("median")
+        on = r.get("extra", {}).get("loaded_on") or []
+        note = f"loaded on {', '.join(on)}" if on and on != ["cpu"] else ""
+        rows.append((r["name"], triple(s.get("save_s")), f"{r['save_mb_s']:.0f}", _f(vs_raw, "{:.2f}"),
+                     triple(s.get("stall_s")), triple(s.get("load_s")), str(r["correct"]), note))
+    return rows
 
-        lines += ["", *bench_sharded.markdown(report["fsdp"])]
+
+def ratio_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per ratio (:data:`RATIO_COLUMNS`): min, median, max, the per-repeat values, target, met."""
+    rows = []
+    for key, value in report["ratios"].items():
+        s = (report.get("ratio_spread") or {}).get(key)
+        per = ", ".join(f"{x:.2f}" for x in s["per_repeat"]) if s else "-"
+        rows.append((key, _f(s and s["min"]), _f(value), _f(s and s["max"]), per, report["targets"][key],
+                     str(report["meets_target"][key])))
+    return rows
+
+
+def headline(report: dict[str, Any]) -> str:
+    """The one-line title: payload, ranks, device, repeats and the raw disk bandwidth."""
+    c = report["config"]
+    dev = c.get("device", "cpu")
+    where = f", state on {dev} (one GPU per rank)" if dev == "cuda" else ""
+    raw = report["raw"]
+    ranks, repeats = c["world_size"], c["repeats"]
+    return (f"{report['payload_bytes'] / 1e6:.0f} MB payload, {ranks} rank{'s' * (ranks != 1)}{where}, "
+            f"{repeats} repeat{'s' * (repeats != 1)}; "
+            f"raw write+fsync {triple(raw.get('mb_s_spread'), '{:.0f}')} MB/s (min / med / max, one sample before "
+            f"every save)")
+
+
+def _copy_line(report: dict[str, Any]) -> str | None:
+    copy = report.get("device_copy")
+    if not copy:
+        return None
+    gpus = sorted({r.get("gpu") or "?" for r in report.get("ranks", [])})
+    return (f"device -> pinned host copy of each rank's {copy['bytes_per_rank'] / 1e6:.0f} MB on the GPU: "
+            f"{triple(copy['gb_s'], '{:.1f}')} GB/s (min / med / max; {', '.join(gpus)})")
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: the checkpointer table, then the per-repeat ratios."""
+    lines = [f"# chaos bench: {headline(report)}", "",
+             f"| {' | '.join(COLUMNS)} |", "|---|---:|---:|---:|---:|---:|---|---|"]
+    lines += [f"| {' | '.join(row)} |" for row in result_rows(report)]
+    copy = _copy_line(report)
+    if copy:
+        lines += ["", copy]
+    lines += ["", f"Ratios ({report.get('order', 'per repeat pair')}):", "",
+              f"| {' | '.join(RATIO_COLUMNS)} |", "|---|---:|---:|---:|---|---|---|"]
+    lines += [f"| {' | '.join(row)} |" for row in ratio_rows(report)]
     return "\n".join(lines) + "\n"
 
 
-def print_report(report: dict[str, Any]) -> None:
+def print_report(report: dict[str, Any], console: Any = None) -> None:
+    """The report on the console (rich tables; plain lines off a terminal)."""
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    t = Table(title=f"checkpoint bench: {report['payload_bytes'] / 1e6:.0f} MB payload, {report['config']['world_size']} ranks, raw write+fsync {report['raw']['mb_s']:.0f} MB/s")
-    for col in ("checkpointer", "save s", "save MB/s", "stall s", "load s", "bit-exact", "note"):
-        t.add_column(col, justify="right" if col.endswith(("s", "MB/s")) else "left")
-    for r in report["results"]:
-        if r.get("skipped"):
-            t.add_row(r["name"], "-", "-", "-", "-", "-", f"skipped: {r['skipped']}")
-        else:
-            t.add_row(r["name"], f"{r['save_s']:.3f}", f"{r['save_mb_s']:.0f}", f"{r['stall_s']:.3f}", f"{r['load_s']:.3f}", str(r["correct"]), "")
+    console = console or Console()
+    t = Table(title=f"checkpoint bench: {headline(report)}")
+    for col in COLUMNS:
+        t.add_column(col, justify="left" if col in ("checkpointer", "bit-exact", "note") else "right")
+    for row in result_rows(report):
+        t.add_row(*row)
     console.print(t)
-    rt = Table(title="ratios")
-    for col in ("ratio", "value", "target", "met"):
-        rt.add_column(col)
-    for k, v in report["ratios"].items():
-        rt.add_row(k, _f(v), report["targets"][k], str(report["meets_target"][k]))
+    copy = _copy_line(report)
+    if copy:
+        console.print(copy, markup=False, highlight=False)
+    rt = Table(title="ratios, per repeat pair (median judged against the target)")
+    for col in RATIO_COLUMNS:
+        rt.add_column(col, justify="left" if col in ("ratio", "per repeat", "target") else "right")
+    for row in ratio_rows(report):
+        rt.add_row(*row)
     console.print(rt)
-    if "fsdp" in report:
-        from chaos import bench_sharded
-
-        bench_sharded.print_section(report["fsdp"], console)
 
 
 def dumps(report: dict[str, Any]) -> str:

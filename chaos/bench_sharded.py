@@ -1,13 +1,13 @@
 """`chaos bench --workload parallel=fsdp`: the reference checkpointer against DCP on sharded FSDP2 state.
 
-``chaos.bench.run_bench`` hands a ``parallel=fsdp`` config here. The ranks hold the real
+``chaos.commands.bench.run_bench`` hands a ``parallel=fsdp`` config here. The ranks hold the real
 workload's state (``chaos.workload.train.Trainer`` with ``parallel=fsdp``: per-block
 ``fully_shard`` on gloo/CPU, parameters and AdamW moments as DTensors, after one training
 step), its model sized so the whole state (all ranks together) is about ``size_mb``. That
 is exactly what ``chaos run --workload parallel=fsdp`` hands a checkpointer, and the DCP
 adapters save and load it through ``get_state_dict`` / ``set_state_dict`` as torchtitan does.
 
-Two launches through :func:`chaos.bench.launch` (one forkserver that imported torch and
+Two launches through :func:`chaos.bench_ranks.launch` (one forkserver that imported torch and
 FSDP once, so the second costs forks, not imports):
 
 1. ``N`` ranks, per repeat: a raw ``write + fsync`` sample, then reference sync save and
@@ -22,7 +22,12 @@ Every load is checked: same world, the fingerprint (DTensors hashed as their glo
 value) equals the saved state's; resharded, every entry but the per-rank RNG states does.
 Ratios are reference seconds / DCP seconds of the same repeat (below 1: the reference
 is faster), reported with min / median / max over the repeats. The report keeps
-``chaos.bench``'s keys (``results``, ``ratios`` from medians, ``raw`` ...) and adds ``fsdp``.
+``chaos.bench``'s keys (``results``, ``ratios``: medians of per-repeat ratios, ``raw`` ...)
+and adds ``fsdp``.
+
+Who calls what: ``chaos.commands.bench.run_bench`` calls :func:`validate` and :func:`run`
+for a ``parallel=fsdp`` config and renders :func:`markdown` / :func:`print_section`
+beside ``chaos.bench``'s tables. Rank machinery is ``chaos.bench_ranks``'s.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from chaos import bench, bench_ranks
+from chaos.bench_ranks import spread
 from chaos.errors import ConfigError
 
 CHECKPOINTERS = ("reference", "reference-async", "dcp", "dcp-async")
@@ -54,7 +61,10 @@ PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp", "torch.distri
 
 # ----------------------------------------------------------------- configuration
 def validate(cfg: Any) -> None:
-    """Raise ConfigError for a bench config that cannot run (called before any process starts)."""
+    """Raise ConfigError for a parallel mode or fsdp workload that cannot run (before any process starts).
+
+    ``parallel=ddp`` passes through: ``chaos.bench.validate`` checks the replicated bench.
+    """
     from chaos.workload.config import PARALLEL_MODES
 
     if cfg.parallel not in PARALLEL_MODES:
@@ -62,10 +72,7 @@ def validate(cfg: Any) -> None:
     if cfg.parallel not in BENCHED_MODES:
         raise ConfigError(f"chaos bench: --workload parallel={cfg.parallel} is not benchmarked: choose ddp or fsdp")
     if cfg.parallel == "ddp":
-        if cfg.workload:
-            raise ConfigError(f"chaos bench: --workload {', '.join(sorted(cfg.workload))} apply to parallel=fsdp only "
-                              "(the ddp bench saves a synthetic training-shaped state)")
-        return
+        return  # chaos.bench.validate checks the rest
     if cfg.world_size < 2:
         raise ConfigError(f"chaos bench --workload parallel=fsdp needs --world-size 2 or more (a sharded state, "
                           f"then a resharded load at half the ranks), got {cfg.world_size}")
@@ -176,69 +183,32 @@ def _rchar() -> int | None:
     return None
 
 
-def _gather(value: Any) -> list[Any]:
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
-def _all_true(flag: bool) -> bool:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([int(bool(flag))])
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
-
-
 def _shared(fp: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in fp.items() if not k.startswith("rng")}
-
-
-def _order(names: tuple[str, str], i: int) -> tuple[str, ...]:
-    return names if i % 2 == 0 else names[::-1]
-
-
-def _save(ck: Any, step: int, state: dict[str, Any]) -> tuple[float, float]:
-    """(stall, save) seconds of one collective save, each the slowest rank's."""
-    import torch.distributed as dist
-
-    from chaos.bench import _max
-
-    dist.barrier()
-    t0 = time.perf_counter()
-    ck.save(step, state)
-    stall = time.perf_counter() - t0
-    ck.wait()
-    dist.barrier()
-    return _max(stall), _max(time.perf_counter() - t0)
 
 
 def _load(ck: Any, template: dict[str, Any], step: int, expected: dict[str, str], resharded: bool) -> dict[str, Any]:
     """One timed collective ``load_latest``, checked against the saved fingerprint; bytes read per rank."""
     import torch.distributed as dist
 
-    from chaos.bench import _max, _zeros_like
     from chaos.statehash import fingerprint
 
-    fresh = _zeros_like(template)
+    fresh = bench_ranks.zeros_like(template)
     before = _rchar()
     dist.barrier()
     t0 = time.perf_counter()
     found = ck.load_latest(fresh)
     dist.barrier()
-    seconds = _max(time.perf_counter() - t0)
+    seconds = bench_ranks.max_all(time.perf_counter() - t0)
     after = _rchar()
     got = fingerprint(found[1]) if found is not None else {}  # collective (DTensors gather): every rank calls it
     if resharded:
         got, expected = _shared(got), _shared(expected)
-    ok = _all_true(found is not None and found[0] == step and got == expected)
+    ok = bench_ranks.all_true(found is not None and found[0] == step and got == expected)
     events = [e for e in getattr(ck, "events", []) if e.get("kind") == "load"]
     own = events[-1]["bytes"] if events else None
     syscall = after - before if before is not None and after is not None else None
-    per_rank = _gather((own, syscall))
+    per_rank = bench_ranks.gather((own, syscall))
     return {"seconds": seconds, "ok": ok, "bytes_read": [p[0] for p in per_rank], "syscall_read": [p[1] for p in per_rank]}
 
 
@@ -254,11 +224,7 @@ def _step_bytes(root: str) -> int:
 
 
 def _open(name: str, base: str, rank: int, world: int) -> Any:
-    from chaos.bench import VARIANTS
-    from chaos.protocol import load_checkpointer
-
-    spec, opts = VARIANTS.get(name, (name, {}))
-    return load_checkpointer(spec)(os.path.join(base, name), rank, world, **opts)
+    return bench_ranks.open_checkpointer(name, os.path.join(base, name), rank, world)
 
 
 def measure_saves(rank: int, world: int, spec: dict[str, Any], base: str, repeats: int) -> dict[str, Any]:
@@ -266,7 +232,6 @@ def measure_saves(rank: int, world: int, spec: dict[str, Any], base: str, repeat
     import torch
     import torch.distributed as dist
 
-    from chaos.bench import _raw
     from chaos.statehash import fingerprint
 
     trainer = _trainer(spec, rank, world)
@@ -280,15 +245,15 @@ def measure_saves(rank: int, world: int, spec: dict[str, Any], base: str, repeat
     seconds: dict[str, dict[str, list[float]]] = {n: {"save": [], "stall": [], "load": []} for n in CHECKPOINTERS}
     raws: list[float] = []
     for i in range(repeats):
-        raws.append(_raw(rank, world, base, payload, buf))
+        raws.append(bench_ranks.raw_write(rank, world, base, payload, buf))
         for pair in (("reference", "dcp"), ("reference-async", "dcp-async")):
-            for name in _order(pair, i):
-                stall, save = _save(cks[name], i + 1, state)
+            for name in bench_ranks.ordered(pair, i):
+                stall, save = bench_ranks.timed_save(cks[name], i + 1, state)
                 seconds[name]["stall"].append(stall)
                 seconds[name]["save"].append(save)
     loads: dict[str, list[dict[str, Any]]] = {"reference": [], "dcp": []}
     for i in range(repeats):
-        for name in _order(("reference", "dcp"), i):
+        for name in bench_ranks.ordered(("reference", "dcp"), i):
             loads[name].append(_load(cks[name], template, repeats, saved, resharded=False))
     for ck in cks.values():
         ck.close()
@@ -309,7 +274,7 @@ def measure_resharded_loads(rank: int, world: int, spec: dict[str, Any], base: s
     cks = {name: _open(name, base, rank, world) for name in ("reference", "dcp")}
     loads: dict[str, list[dict[str, Any]]] = {"reference": [], "dcp": []}
     for i in range(repeats):
-        for name in _order(("reference", "dcp"), i):
+        for name in bench_ranks.ordered(("reference", "dcp"), i):
             loads[name].append(_load(cks[name], template, step, expected, resharded=True))
     for ck in cks.values():
         ck.close()
@@ -319,24 +284,18 @@ def measure_resharded_loads(rank: int, world: int, spec: dict[str, Any], base: s
 # ----------------------------------------------------------------- in the parent
 def run(cfg: Any) -> dict[str, Any]:
     """Both phases in fresh rank processes under one scratch directory (removed after); the report."""
-    from chaos import bench
-
     validate(cfg)
     spec = workload(cfg)
     cfg = replace(cfg, checkpointers=CHECKPOINTERS)
     ctx = _context()
     base = tempfile.mkdtemp(prefix="chaos-bench-", dir=cfg.root)
     try:
-        first = bench.launch(measure_saves, cfg.world_size, cfg.timeout_s, (spec, base, cfg.repeats), ctx)
-        second = bench.launch(measure_resharded_loads, cfg.world_size // 2, cfg.timeout_s,
+        first = bench_ranks.launch(measure_saves, cfg.world_size, cfg.timeout_s, (spec, base, cfg.repeats), ctx)
+        second = bench_ranks.launch(measure_resharded_loads, cfg.world_size // 2, cfg.timeout_s,
                               (spec, base, cfg.repeats, first["fingerprint"], first["step"]), ctx)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return make_report(cfg, spec, first, second)
-
-
-def spread(values: list[float]) -> dict[str, Any]:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "per_repeat": list(values)}
 
 
 def _series(first: dict[str, Any], second: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
@@ -356,9 +315,12 @@ def _series(first: dict[str, Any], second: dict[str, Any]) -> dict[str, dict[str
 
 
 def make_report(cfg: Any, spec: dict[str, Any], first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
-    """``chaos.bench``'s report of the four checkpointers plus the ``fsdp`` section (per-repeat ratios, bytes read)."""
-    from chaos import bench
+    """``chaos.bench``'s report of the four checkpointers plus the ``fsdp`` section (per-repeat ratios, bytes read).
 
+    Every result carries the repeat's raw write+fsync sample (``extra.raw_all_s``, one per
+    repeat, taken before that repeat's saves), so ``chaos.bench.make_report`` computes
+    ``reference_vs_raw`` per repeat like every other ratio.
+    """
     payload = first["payload_bytes"]
     series = _series(first, second)
     ok = {name: {"load": all(x["ok"] for x in first["loads"][name]),
@@ -374,6 +336,7 @@ def make_report(cfg: Any, spec: dict[str, Any], first: dict[str, Any], second: d
                         "load_s": statistics.median(loads), "save_mb_s": payload / save_s / 1e6,
                         "correct": ok[loader]["load"] and ok[loader]["resharded_load"],
                         "extra": {"save_all_s": s["save"], "stall_all_s": s["stall"], "load_all_s": loads,
+                                  "raw_all_s": list(first["raw_all_s"]),
                                   "resharded_load_all_s": reloads, "resharded_load_s": statistics.median(reloads)}})
     measured = {"payload_bytes": payload, "raw_s": statistics.median(first["raw_all_s"]),
                 "raw_all_s": first["raw_all_s"], "results": results}

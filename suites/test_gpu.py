@@ -12,6 +12,11 @@ What is judged how (``WorkloadConfig.nondeterministic``):
 * ``device=cuda`` with ``deterministic=true`` (``torch.use_deterministic_algorithms``,
   fixed cuBLAS workspace) at a fixed world size is judged bit-exact, as on the CPU.
 
+The last two tests run ``chaos bench --device cuda`` small: every load of a state saved
+from device memory (the reference's async snapshot into pinned staging, DCP's
+``async_save``) must give the saved bytes back, each rank on its own GPU; the timings are
+reported, never asserted (``.ci/nightly`` records the full-size bench beside the tests).
+
 Nothing here has run on a GPU in this project yet (the machines have none); the first
 nightly on a GPU runner is the measurement.
 """
@@ -83,3 +88,36 @@ def test_deterministic_kernels_are_judged_bit_exact_after_a_kill(chaos):
     chaos.check(result)
     assert result.oracles["bit_exact"].passed, result.oracles["bit_exact"].summary
     assert "--workload deterministic=true" in result.replay
+
+
+def _bench_on_gpus(tmp_path, world_size):
+    """``chaos bench --device cuda`` at a small size: the reference's async snapshot of device memory
+    (pinned staging) and DCP's ``async_save``, state on one GPU per rank. Timings are reported,
+    never asserted; what is asserted is that every load gave back the saved bytes and where ranks ran."""
+    from chaos import bench, bench_ranks
+    from chaos.commands import bench as bench_cmd
+
+    cfg = bench.BenchConfig(size_mb=8, world_size=world_size, repeats=2, root=str(tmp_path), device="cuda",
+                            checkpointers=("reference", "reference-async", "reference-async-trust", "dcp", "dcp-async"))
+    report = bench_cmd.run_bench(cfg)
+    assert [r["name"] for r in report["results"] if r["skipped"] or not r["correct"]] == []
+    assert report["config"]["device"] == "cuda"
+    ranks = report["ranks"]
+    assert [f["visible_devices"] for f in ranks] == [e["CUDA_VISIBLE_DEVICES"] for e in bench_ranks.rank_envs("cuda", world_size)]
+    assert all(f["device"] == "cuda" and f["gpu"] for f in ranks)
+    copy = report["device_copy"]
+    assert copy["bytes_per_rank"] > 0 and len(copy["all_seconds"]) == 2
+    for key in ("async_stall_vs_dcp_async", "async_stall_trust_vs_dcp_async", "reference_vs_dcp_save"):
+        assert len(report["ratio_spread"][key]["per_repeat"]) == 2, key
+    assert "device -> pinned host copy" in bench.to_markdown(report)
+    return report
+
+
+def test_bench_snapshots_device_memory_and_every_load_is_exact(tmp_path):
+    _bench_on_gpus(tmp_path, 1)
+
+
+@pytest.mark.gpu(count=2)
+def test_bench_gives_each_rank_its_own_gpu(tmp_path):
+    report = _bench_on_gpus(tmp_path, 2)
+    assert len({f["visible_devices"] for f in report["ranks"]}) == 2

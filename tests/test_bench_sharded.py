@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import pytest
 
@@ -73,7 +72,7 @@ def _series(ref: list[float], dcp: list[float]) -> tuple[dict, dict]:
 
     seconds = {n: {"save": ref if n.startswith("reference") else dcp, "stall": [x / 10 for x in (ref if n.startswith("reference") else dcp)],
                    "load": []} for n in bench_sharded.CHECKPOINTERS}
-    first = {"payload_bytes": 40, "raw_all_s": [0.1] * len(ref), "seconds": seconds,
+    first = {"payload_bytes": 40, "raw_all_s": [0.1 * (i + 1) for i in range(len(ref))], "seconds": seconds,
              "loads": {"reference": loads(ref), "dcp": loads(dcp)}, "checkpoint_bytes": {"reference": 40, "dcp": 44},
              "fingerprint": {}, "step": len(ref)}
     second = {"loads": {"reference": [{**x, "bytes_read": [30]} for x in loads(ref)], "dcp": loads(dcp)}}
@@ -86,12 +85,15 @@ def test_ratios_are_per_repeat_pairs_with_min_median_max():
     r = bench_sharded.make_report(cfg, {"d_model": 64, "n_layers": 1}, first, second)
     for key in MEASURES:
         assert r["fsdp"]["ratios"][key] == {"min": 0.5, "median": 2.0, "max": 2.0, "per_repeat": [0.5, 2.0, 2.0]}
-    # the medians-of-seconds view keeps chaos bench's keys: 2.0 / 2.0 (dcp time / reference time)
-    assert r["ratios"]["reference_vs_dcp_save"] == pytest.approx(statistics.median([2.0, 1.0, 3.0]) / 2.0)
+    # chaos bench's keys, per repeat pair too: dcp time / reference time = 2, 0.5, 0.5
+    assert r["ratio_spread"]["reference_vs_dcp_save"]["per_repeat"] == pytest.approx([2.0, 0.5, 0.5])
+    assert r["ratios"]["reference_vs_dcp_save"] == pytest.approx(0.5)
+    # the raw sample of each repeat against the reference's save of that repeat: 0.1/1, 0.2/2, 0.3/6
+    assert r["ratio_spread"]["reference_vs_raw"]["per_repeat"] == pytest.approx([0.1, 0.1, 0.05])
     assert r["ratios"]["async_stall_trust_vs_dcp_async"] is None
     assert r["fsdp"]["bytes_read"]["reference_resharded_fraction"] == [0.75]
     assert r["fsdp"]["bytes_read"]["reference_load_fraction"] == [0.25, 0.25]
-    assert "| load, resharded 2 -> 1 | 2.000 | 2.000 | 0.50 | 2.00 | 2.00 |" in bench.to_markdown(r)
+    assert "| load, resharded 2 -> 1 | 2.000 | 2.000 | 0.50 | 2.00 | 2.00 |" in bench_cmd.to_markdown(r)
 
 
 @pytest.mark.parametrize("mb", [1.5, 100.0, 1000.0])
@@ -112,7 +114,7 @@ def test_model_is_sized_to_the_requested_state(mb):
 ])
 def test_impossible_combinations_are_config_errors(cfg, message):
     with pytest.raises(ConfigError, match=message):
-        bench.run_bench(bench.BenchConfig(**cfg))
+        bench_cmd.run_bench(bench.BenchConfig(**cfg))
 
 
 def test_cli_reports_a_bad_combination_in_one_line(capsys):

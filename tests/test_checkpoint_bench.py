@@ -1,21 +1,28 @@
-"""`chaos bench`: report structure and ratios computed from the measured numbers.
+"""`chaos bench`: report structure, per-repeat-pair ratios with min / median / max, and --device cuda's CPU side.
 
 No timing is asserted (this machine is shared and noisy); the tiny end-to-end run checks
-that every checkpointer loaded bit-exact and that a missing one is skipped with a note.
+that every checkpointer loaded bit-exact, that compared checkpointers ran back to back
+with the first one alternating, that each ratio is the quotient of the same repeat's
+seconds, and that a missing one is skipped with a note. ``--device cuda`` is checked
+here for what happens before any rank starts (its GPU run is ``suites/test_gpu.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 
 import pytest
 
-from chaos import bench
+from chaos import bench, bench_ranks, cli
 from chaos.commands import bench as bench_cmd
+from chaos.errors import ConfigError
 
 
 def _measured() -> dict:
+    """An old-shaped measurement: medians only, no per-repeat series."""
     return {
         "payload_bytes": 100_000_000,
         "raw_s": 0.2,
@@ -30,7 +37,13 @@ def _measured() -> dict:
     }
 
 
-def test_ratios_come_from_measured_numbers():
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    bench_cmd.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_ratios_of_a_report_without_repeats_come_from_its_medians():
     r = bench.make_report(bench.BenchConfig(size_mb=100), _measured())
     assert r["raw"]["mb_s"] == pytest.approx(500.0)
     assert r["ratios"]["reference_vs_raw"] == pytest.approx(400.0 / 500.0)
@@ -38,11 +51,44 @@ def test_ratios_come_from_measured_numbers():
     assert r["ratios"]["async_stall_vs_dcp_async"] == pytest.approx(0.05 / 0.08)
     assert r["ratios"]["async_stall_trust_vs_dcp_async"] == pytest.approx(0.02 / 0.08)
     assert r["ratios"]["verified_load_vs_dcp_load"] == pytest.approx(0.3 / 0.2)
+    assert r["ratio_spread"]["reference_vs_dcp_save"]["per_repeat"] == [pytest.approx(2.0)]
     assert r["meets_target"] == {"reference_vs_raw": True, "reference_vs_dcp_save": True,
                                  "async_stall_vs_dcp_async": False, "async_stall_trust_vs_dcp_async": True,
                                  "verified_load_vs_dcp_load": False}
     md = bench.to_markdown(r)
-    assert "| torch-save | - |" in md and "skipped: cannot import" in md and "| reference_vs_raw | 0.800 |" in md
+    assert "| torch-save | - |" in md and "skipped: cannot import" in md
+    assert "| reference_vs_raw | 0.800 | 0.800 | 0.800 | 0.80 | >= 0.8 | True |" in md
+
+
+def test_ratios_are_computed_per_repeat_pair_not_from_medians():
+    m = _measured()
+    by = {x["name"]: x for x in m["results"]}
+    by["reference"]["extra"] = {"save_all_s": [0.2, 0.4, 0.3], "stall_all_s": [0.2, 0.4, 0.3],
+                                "load_all_s": [0.1, 0.3, 0.2], "raw_all_s": [0.1, 0.2, 0.3]}
+    by["dcp"]["extra"] = {"save_all_s": [0.4, 0.2, 0.6], "stall_all_s": [0.4, 0.2, 0.6],
+                          "load_all_s": [0.2, 0.3, 0.1], "raw_all_s": [0.1, 0.1, 0.1]}
+    r = bench.make_report(bench.BenchConfig(repeats=3), m)
+    save = r["ratio_spread"]["reference_vs_dcp_save"]
+    assert save["per_repeat"] == pytest.approx([2.0, 0.5, 2.0])
+    assert (save["min"], save["median"], save["max"]) == pytest.approx((0.5, 2.0, 2.0))
+    # the ratio of the medians (0.4 / 0.3) would hide that one repeat went the other way
+    assert r["ratios"]["reference_vs_dcp_save"] == pytest.approx(2.0)
+    assert r["ratio_spread"]["verified_load_vs_dcp_load"]["per_repeat"] == pytest.approx([0.5, 1.0, 2.0])
+    # bandwidth over the raw sample taken just before the same save
+    assert r["ratio_spread"]["reference_vs_raw"]["per_repeat"] == pytest.approx([0.5, 0.5, 1.0])
+    ref = {x["name"]: x for x in r["results"]}["reference"]["spread"]
+    assert (ref["save_s"]["min"], ref["save_s"]["median"], ref["save_s"]["max"]) == pytest.approx((0.2, 0.3, 0.4))
+    assert ref["vs_raw"]["median"] == pytest.approx(0.5)
+    assert "| reference | 0.200 / 0.300 / 0.400 |" in bench.to_markdown(r)
+
+
+def test_compared_checkpointers_form_groups_that_alternate():
+    assert bench.groups(list(bench.DEFAULT_CHECKPOINTERS)) == [
+        ("reference", "dcp"), ("reference-async", "dcp-async", "reference-async-trust"), ("torch-save",)]
+    assert bench.groups(["torch-save", "dcp", "reference"]) == [("torch-save",), ("reference", "dcp")]
+    assert bench.groups(["reference-async-trust", "dcp-async"]) == [("dcp-async", "reference-async-trust")]
+    assert bench_ranks.ordered(("a", "b", "c"), 0) == ("a", "b", "c")
+    assert bench_ranks.ordered(("a", "b", "c"), 1) == ("c", "b", "a")
 
 
 def test_missing_comparison_gives_no_ratio():
@@ -50,25 +96,106 @@ def test_missing_comparison_gives_no_ratio():
     m["results"] = [x for x in m["results"] if not x["name"].startswith("dcp")]
     r = bench.make_report(bench.BenchConfig(), m)
     assert r["ratios"]["reference_vs_dcp_save"] is None and r["meets_target"]["reference_vs_dcp_save"] is None
+    assert r["ratio_spread"]["reference_vs_dcp_save"] is None
     assert r["ratios"]["reference_vs_raw"] is not None
 
 
 def test_tiny_end_to_end_run(tmp_path, capsys):
-    p = argparse.ArgumentParser()
-    bench_cmd.add_arguments(p)
     out = tmp_path / "r.json"
     md = tmp_path / "r.md"
-    args = p.parse_args(["--size-mb", "1", "--repeats", "1", "--only", "reference,reference-async-trust,no-such-ckpt",
-                         "--dir", str(tmp_path), "--json", str(out), "--markdown", str(md)])
+    args = _args("--size-mb", "1", "--repeats", "2", "--only", "reference,dcp,no-such-ckpt",
+                 "--dir", str(tmp_path), "--json", str(out), "--markdown", str(md))
     assert bench_cmd.run(args) == 0
     r = json.loads(out.read_text())
     by = {x["name"]: x for x in r["results"]}
     assert by["no-such-ckpt"]["skipped"] and "unknown checkpointer" in by["no-such-ckpt"]["skipped"]
-    for name in ("reference", "reference-async-trust"):
+    # back to back in every repeat, the first one alternating
+    assert r["schedule"] == [["reference", "dcp"], ["dcp", "reference"]]
+    for name in ("reference", "dcp"):
         x = by[name]
         assert x["correct"] and x["save_s"] > 0 and x["load_s"] > 0
         assert x["save_mb_s"] == pytest.approx(r["payload_bytes"] / x["save_s"] / 1e6)
-    assert r["ratios"]["reference_vs_raw"] == pytest.approx(by["reference"]["save_mb_s"] / r["raw"]["mb_s"])
-    assert r["ratios"]["reference_vs_dcp_save"] is None
-    assert "checkpoint bench" in capsys.readouterr().out and md.read_text().startswith("# chaos bench")
+        assert len(x["extra"]["save_all_s"]) == len(x["extra"]["raw_all_s"]) == 2
+        s = x["spread"]["save_s"]
+        assert s["min"] <= s["median"] <= s["max"] and s["median"] == pytest.approx(x["save_s"])
+    ref, dcp = by["reference"]["extra"], by["dcp"]["extra"]
+    assert r["ratio_spread"]["reference_vs_dcp_save"]["per_repeat"] == pytest.approx(
+        [d / f for d, f in zip(dcp["save_all_s"], ref["save_all_s"], strict=True)])
+    assert r["ratios"]["reference_vs_raw"] == pytest.approx(
+        statistics.median([w / s for w, s in zip(ref["raw_all_s"], ref["save_all_s"], strict=True)]))
+    assert len(r["raw"]["all_seconds"]) == 4  # one raw sample before every save
+    assert r["ratios"]["async_stall_vs_dcp_async"] is None
+    assert [f["device"] for f in r["ranks"]] == ["cpu", "cpu"] and r["config"]["device"] == "cpu"
+    assert "device_copy" not in r
+    printed = capsys.readouterr().out
+    assert "chaos bench:" in printed and "| reference_vs_dcp_save |" in printed  # off a terminal: Markdown
+    assert md.read_text().startswith("# chaos bench")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("chaos-bench-")] == []
+
+
+# ----------------------------------------------------------------- --device cuda, before any rank starts
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fails the test if a rank process would start."""
+    def launch(*a, **k):
+        raise AssertionError("a rank process was started")
+    monkeypatch.setattr(bench_ranks, "launch", launch)
+
+
+def test_cuda_without_a_gpu_is_one_error_line_before_any_rank(monkeypatch, capsys, no_launch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", "--device", "cuda", "--size-mb", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chaos: error: chaos bench --device cuda: no CUDA device: torch.cuda.is_available() is false")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cuda_with_fewer_gpus_than_ranks_is_a_config_error(monkeypatch, no_launch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="2 ranks need 2 CUDA devices"):
+        bench_cmd.run_bench(bench_cmd.config(_args("--device", "cuda", "--world-size", "2")))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # a runner whose count disagrees with the list
+    with pytest.raises(ConfigError, match="rank 1 has no GPU"):
+        bench_cmd.run_bench(bench_cmd.config(_args("--device", "cuda", "--world-size", "2")))
+
+
+def test_cuda_is_for_the_replicated_bench_only(no_launch):
+    with pytest.raises(ConfigError, match="--device cuda measures the replicated state"):
+        bench_cmd.run_bench(bench_cmd.config(_args("--device", "cuda", "--workload", "parallel=fsdp")))
+    with pytest.raises(SystemExit):
+        _args("--device", "tpu")
+
+
+def test_each_rank_gets_its_own_gpu(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert bench_ranks.rank_envs("cpu", 2) == [{}, {}]
+    assert bench_ranks.rank_envs("cuda", 2) == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aa, GPU-bb,GPU-cc")  # a runner that hands out UUIDs
+    assert bench_ranks.rank_envs("cuda", 2) == [{"CUDA_VISIBLE_DEVICES": "GPU-aa"}, {"CUDA_VISIBLE_DEVICES": "GPU-bb"}]
+
+
+def _environment(rank: int, world: int, key: str) -> list:
+    return bench_ranks.gather(os.environ.get(key))
+
+
+def test_launch_gives_each_rank_its_environment_before_it_starts():
+    from chaos import bench_sharded
+
+    envs = [{"CHAOS_BENCH_PROBE": "first"}, {"CHAOS_BENCH_PROBE": "second"}]
+    ctx = bench_sharded._context()  # the forkserver with torch preloaded (the fsdp bench test's too): forks, not imports
+    assert bench_ranks.launch(_environment, 2, 120, ("CHAOS_BENCH_PROBE",), ctx, envs) == ["first", "second"]
+    with pytest.raises(ValueError, match="1 rank environments for 2 ranks"):
+        bench_ranks.launch(_environment, 2, 120, ("X",), envs=[{}])
+
+
+def test_device_copy_times_every_device_tensor():
+    """On the CPU the copy has no device tensors to take and times the whole state (no pinning)."""
+    state = bench.make_state(0, 3 * 4 * 1000)
+    copy = bench.DeviceCopy(state)
+    assert not copy.cuda and copy.bytes == sum(t.numel() * t.element_size() for t in bench._tensors(state))

@@ -1,0 +1,248 @@
+"""Rank processes and in-rank helpers shared by the checkpoint benchmarks.
+
+``chaos.bench`` (replicated state, ``chaos bench``) and ``chaos.bench_sharded`` (FSDP2
+state, ``chaos bench --workload parallel=fsdp``) both start a fresh gloo group of rank
+processes, time collective saves and loads as the slowest rank saw them, sample the
+disk's raw ``write + fsync`` bandwidth beside every save, and run the two checkpointers
+they compare back to back in each repeat, alternating which goes first. That machinery
+lives here so neither bench module imports the other; ``chaos.commands.bench`` picks
+which one runs.
+
+Parent side: :func:`launch`, :func:`rank_envs`. In the ranks: :func:`max_all`,
+:func:`all_true`, :func:`gather`, :func:`raw_write`, :func:`timed_save`, :func:`zeros_like`,
+:func:`open_checkpointer`, :func:`ordered`. In the report: :func:`spread`, :func:`triple`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import statistics
+import time
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+# Bench names for checkpointer variants: (built-in checkpointer, options).
+# reference-async-trust: replicas=trust, DCP's own assumption that replicated tensors
+# are identical on every rank (no bytes read for those another rank writes); plain
+# reference-async also hashes them before save() returns, safety DCP does not have.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "reference-async": ("reference", {"async_save": True}),
+    "reference-async-trust": ("reference", {"async_save": True, "replicas": "trust"}),
+}
+
+
+# ----------------------------------------------------------------- parent side
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the rank group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_envs(device: str, world_size: int) -> list[dict[str, str]]:
+    """The environment each rank gets before it imports anything: its own GPU for ``cuda``.
+
+    The same assignment ``chaos run --device cuda`` makes (``chaos.workload.device.rank_env``):
+    rank ``r`` sees exactly one device, the ``r``-th the parent sees, as ``cuda:0``. Empty
+    dicts for ``cpu``. A ConfigError when the parent's ``CUDA_VISIBLE_DEVICES`` lists fewer
+    devices than ranks; raised here, in the parent, before any rank starts.
+    """
+    from chaos.workload.device import rank_env
+
+    return [rank_env({"device": device}, r) for r in range(world_size)]
+
+
+def _entry(target: Any, rank: int, world: int, port: int, timeout_s: float, args: tuple, env: dict[str, str],
+           out: Any) -> None:
+    """A rank process: take its environment, join the gloo group, run ``target(rank, world, *args)``.
+
+    ``env`` is applied before torch touches CUDA (a spawned rank imports torch here, and
+    CUDA reads ``CUDA_VISIBLE_DEVICES`` at its first use). Rank 0 sends its value back.
+    """
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **env})
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        value = target(rank, world, *args)
+        dist.destroy_process_group()
+        if rank == 0:
+            out.put(("ok", value))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        out.put(("error", f"rank {rank}:\n{traceback.format_exc()}"))
+
+
+def launch(target: Any, world_size: int, timeout_s: float, args: tuple, ctx: Any = None,
+           envs: Sequence[dict[str, str]] | None = None) -> Any:
+    """Run ``target(rank, world_size, *args)`` in ``world_size`` fresh gloo rank processes; return rank 0's value.
+
+    ``target`` must be importable (module level). ``ctx`` is a multiprocessing context
+    (default: spawn; ``chaos.bench_sharded`` passes a forkserver that has imported torch
+    and FSDP once, since it launches twice). ``envs[r]`` is added to rank ``r``'s
+    environment first thing (:func:`rank_envs`). The ranks' default group is gloo: they
+    train nothing, and every checkpointer keeps its own gloo group for its messages. A
+    rank that raises or dies, or a run past ``timeout_s``, raises RuntimeError; every
+    started process is gone when this returns.
+    """
+    ctx = ctx or mp.get_context("spawn")
+    envs = list(envs) if envs is not None else [{} for _ in range(world_size)]
+    if len(envs) != world_size:
+        raise ValueError(f"launch: {len(envs)} rank environments for {world_size} ranks")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(target, r, world_size, port, timeout_s, args, envs[r], out), daemon=True)
+             for r in range(world_size)]
+    started: list[Any] = []
+    try:
+        for p in procs:
+            p.start()
+            started.append(p)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                kind, value = out.get(timeout=1.0)
+            except queue.Empty:
+                if time.monotonic() > deadline or all(not p.is_alive() for p in procs):
+                    raise RuntimeError("benchmark ranks died or timed out without a result") from None
+                continue
+            if kind == "error":
+                raise RuntimeError(f"benchmark rank failed: {value}")
+            break
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        for p in started:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+    return value
+
+
+# ----------------------------------------------------------------- in the ranks
+def max_all(value: float) -> float:
+    """The largest ``value`` over all ranks (collective): a timing is the slowest rank's."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def raw_write(rank: int, world: int, base: str, nbytes: int, buf: Any) -> float:
+    """Wall time for every rank to write and fsync its share of ``nbytes`` (collective).
+
+    The disk's own figure, taken by the same ranks on the same disk right before a save,
+    so the save is compared with the bandwidth the disk had at that moment.
+    """
+    import torch.distributed as dist
+
+    share = nbytes // world
+    path = os.path.join(base, f"raw-{rank}.bin")
+    view = memoryview(buf.numpy()).cast("B")[:share]
+    dist.barrier()
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        f.write(view)
+        f.flush()
+        os.fsync(f.fileno())
+    dist.barrier()
+    seconds = max_all(time.perf_counter() - t0)
+    os.remove(path)
+    return seconds
+
+
+def all_true(flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank (collective): a load is correct only if it is on all of them."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([int(bool(flag))])
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank (collective)."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def timed_save(ck: Any, step: int, state: dict[str, Any], cuda: bool = False) -> tuple[float, float]:
+    """``(stall, save)`` seconds of one collective save, each the slowest rank's.
+
+    stall: until ``save()`` returned (what training waits for); save: until ``wait()``
+    returned, the save durable and committed. With ``cuda`` the device is idle first, so
+    no earlier kernel is billed to the save.
+    """
+    import torch.distributed as dist
+
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    ck.save(step, state)
+    stall = time.perf_counter() - t0
+    ck.wait()
+    dist.barrier()
+    return max_all(stall), max_all(time.perf_counter() - t0)
+
+
+def zeros_like(value: Any) -> Any:
+    """A load template: the same tree with every tensor zeroed (on its own device)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return torch.zeros_like(value)
+    if isinstance(value, dict):
+        return {k: zeros_like(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [zeros_like(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(zeros_like(v) for v in value)
+    return value
+
+
+def open_checkpointer(name: str, root: str, rank: int, world: int) -> Any:
+    """Construct the checkpointer a bench name stands for (a :data:`VARIANTS` entry or a protocol spec).
+
+    Raises ConfigError for a name that does not resolve (``chaos.protocol.load_checkpointer``).
+    """
+    from chaos.protocol import load_checkpointer
+
+    spec, opts = VARIANTS.get(name, (name, {}))
+    return load_checkpointer(spec)(root, rank, world, **opts)
+
+
+def ordered(names: Sequence[str], repeat: int) -> tuple[str, ...]:
+    """``names`` in repeat ``repeat``'s order: as given on even repeats, reversed on odd ones.
+
+    Checkpointers compared with each other run back to back in every repeat, and which
+    goes first alternates, so page-cache state and disk weather favour neither.
+    """
+    return tuple(names) if repeat % 2 == 0 else tuple(reversed(names))
+
+
+# ----------------------------------------------------------------- in the report
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Min, median and max of a per-repeat series, with the series itself (``per_repeat``)."""
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "per_repeat": list(values)}
+
+
+def triple(s: dict[str, Any] | None, fmt: str = "{:.3f}") -> str:
+    """``min / median / max`` of a :func:`spread` as text ("-" when there is none)."""
+    if not s:
+        return "-"
+    return " / ".join(fmt.format(s[k]) for k in ("min", "median", "max"))
