@@ -65,7 +65,9 @@ def wrap(cfg: WorkloadConfig, where: Layout, device: torch.device | None = None)
     if where.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        settle_buckets(cfg, ddp, device)
+        return ddp
     from torch.distributed.device_mesh import init_device_mesh
 
     if where.mode == "tp":
@@ -89,6 +91,29 @@ def wrap(cfg: WorkloadConfig, where: Layout, device: torch.device | None = None)
         fully_shard(block, mesh=where.mesh)
     fully_shard(model, mesh=where.mesh)
     return model
+
+
+def settle_buckets(cfg: WorkloadConfig, ddp: nn.Module, device: torch.device) -> None:
+    """Two throwaway iterations so that every real step runs on DDP's final gradient buckets.
+
+    Called by :func:`wrap` (collective: every rank builds its DDP). DDP regroups the
+    gradients into buckets once, after its first iteration, in the order they became
+    ready; until then it all-reduces the initial grouping. With three ranks or more a
+    bucket's all-reduce adds the ranks' values in an order that depends on the grouping,
+    so a restarted run's first step (a new DDP, initial buckets) was not the same float
+    sums as the uninterrupted run's step there, whose buckets had long been rebuilt: at 4
+    ranks the loss after a restart differed by ~2e-7 and ``bit_exact`` failed every
+    checkpointer. Here, right after construction, in fresh and restarted runs alike: a
+    forward and backward of a zero batch (the RNG forked, so dropout draws nothing) to
+    record the order, a second to rebuild, the gradients dropped. No parameter, optimizer
+    or RNG state changes; two ranks were bit-exact either way (a + b is b + a).
+    """
+    idx = torch.zeros((1, cfg.seq_len), dtype=torch.long, device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for _ in range(2):
+            ddp(idx).float().sum().backward()
+    for p in ddp.parameters():
+        p.grad = None
 
 
 def make_optimizer(cfg: WorkloadConfig, model: nn.Module) -> torch.optim.Optimizer:
