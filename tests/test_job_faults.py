@@ -133,7 +133,7 @@ def test_flipped_data_the_careless_job_loads_is_silent_divergence_and_replays(tm
     assert " flipped after event 12 completed it; then final.json: weights" in flip["summary"]
     assert by_id["rank0:op12:zero"]["outcome"] == "hard_failure"
     assert by_id["rank0:op12:delete"]["outcome"] == "lost_work"  # its only checkpoint gone: from scratch
-    assert doc["job"]["faults"]["explored"] == ["corrupt"] and doc["job"]["faults"]["found"] == {"corrupt": 8}
+    assert doc["job"]["faults"]["explored"] == ["corrupt"] and doc["job"]["faults"]["found"] == {"corrupt": 20}
 
     replay = shlex.split(flip["replay"])
     assert replay[:2] == ["chaos", "run"] and "--point" in replay
@@ -148,11 +148,13 @@ def test_the_careful_job_detects_each_corruption_and_falls_back(tmp_path: Path) 
     proc, doc = run_json(tmp_path, "--result-file", "final.json", "--checkpoint-glob", "ckpt-*.json",
                          "--faults", "corrupt", "--", *CAREFUL)
     assert proc.returncode == 0, proc.stdout
-    # 2 checkpoints x 4 families, right after each was completed; and ckpt-000009.json's again
-    # at rest once step 10 was announced (ckpt-000012.json is the last save: no step after it)
-    assert doc["summary"]["pass"] == doc["summary"]["total"] == 12
+    # the 2 checkpoints left x 4 families, right after each was completed; and every checkpoint
+    # the job trusted at its next step, at rest: ckpt-000003/6/9.json at steps 4, 7 and 10
+    # (ckpt-000012.json is the last save: no step after it)
+    assert doc["summary"]["pass"] == doc["summary"]["total"] == 20
     assert sorted(s["id"] for s in doc["scenarios"] if ":step" in s["id"]) == sorted(
-        f"rank0:op21:{fam}:step10" for fam in ("bitflip", "truncate", "zero", "delete"))
+        f"rank0:op{op}:{fam}:step{step}" for op, step in ((5, 4), (13, 7), (21, 10))
+        for fam in ("bitflip", "truncate", "zero", "delete"))
     flip = next(s for s in doc["scenarios"] if s["id"].endswith(":bitflip") and "000012" in s["summary"])
     durable = flip["oracles"]["durability"]["evidence"]
     assert durable["not_relied_on"]["files"] == ["ckpt-000012.json"]

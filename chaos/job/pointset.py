@@ -115,13 +115,67 @@ def completions(traces: Traces) -> dict[str, dict[str, Any]]:
     return done
 
 
-def next_step(traces: Traces, rank: int, ts: float) -> int | None:
-    """The first step ``rank`` announced in attempt 0 after the moment ``ts`` (None: it announced none)."""
+def next_step(traces: Traces, rank: int, ts: float) -> tuple[int, float] | None:
+    """The first step ``rank`` announced in attempt 0 after the moment ``ts``, and when (None: none)."""
     for r in traces.get((rank, 0), []):
         if (r.get("ts", 0.0) > ts and r.get("event") == "phase" and r.get("name") == "chaos.probe"
                 and r.get("info", {}).get("kind") in STEP_KINDS):
-            return int(r["info"]["n"])
+            return int(r["info"]["n"]), r.get("ts", 0.0)
     return None
+
+
+def rot_sites(traces: Traces) -> list[tuple[dict[str, Any], str, int]]:
+    """Where corruption at rest can strike mid-run: (completing event, file, step) for each file
+    under {out} a close or a rename put in place (from {out} or from outside it), at the first
+    step its rank announced after,
+    when the file was still there then (not removed, renamed away or rewritten in between; of
+    several completions before the same step, the last). A file written again later (a
+    ``last.ckpt``, a rotated ``checkpoint-N``) gets a site per version the job trusted, which
+    is how a restart meets an older checkpoint corrupted. A directory renamed into place is
+    not a file to corrupt (its files were completed under their temporary names)."""
+    events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
+                     if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None),
+                    key=lambda r: r.get("ts", 0.0))
+    root = next((r["path"][: len(r["path"]) - len(r["rel"])] for r in events
+                 if r.get("rel") and isinstance(r.get("path"), str) and r["path"].endswith(r["rel"])), None)
+
+    def rel_of(path: Any) -> str | None:
+        return path[len(root):] if root and isinstance(path, str) and path.startswith(root) else None
+
+    closed: set[str] = set()  # files (not directories) completed so far
+    dirs: set[str] = set()
+    sites: dict[tuple[str, int, int], tuple[dict[str, Any], float]] = {}
+    for ev in events:
+        rel, op = ev.get("rel"), ev.get("op")
+        if op == "open" and ev.get("is_dir") and rel:
+            dirs.add(rel)
+        # a rename completes a file written under another name in {out}, or moved in from outside
+        # (Lightning's _atomic_save writes in $TMPDIR, then moves the file into place)
+        moved_in = op == "rename" and (rel_of(ev.get("src")) in closed or rel_of(ev.get("src")) is None)
+        if not rel or rel in dirs or not (op == "close" or moved_in):
+            continue
+        closed.add(rel)
+        found = next_step(traces, ev["rank"], ev.get("ts", 0.0))
+        if found is not None:
+            sites[(rel, ev["rank"], found[0])] = (ev, found[1])
+
+    def gone(rel: str, since: float, until: float) -> bool:
+        """Removed, renamed away or opened to be rewritten between its completion and the step."""
+        for r in events:
+            if not since < r.get("ts", 0.0) < until:
+                continue
+            op = r.get("op")
+            src = rel_of(r.get("src")) if op == "rename" else None
+            if (op == "unlink" and r.get("rel") == rel
+                    or src is not None and (src == rel or rel.startswith(src.rstrip(os.sep) + os.sep))
+                    or op == "open" and r.get("rel") == rel
+                    and (r.get("trunc") or {"wronly", "rdwr"} & set(r.get("flags") or ()))):
+                return True
+        return False
+
+    out = [(ev, rel, step) for (rel, _rank, step), (ev, until) in sites.items()
+           if not gone(rel, ev.get("ts", 0.0), until)]
+    return sorted(out, key=lambda x: (x[0].get("ts", 0.0), x[1]))
 
 
 def _completer(done: dict[str, dict[str, Any]], rel: str) -> dict[str, Any] | None:
@@ -199,12 +253,13 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
             ev = _completer(done, rel)
             if ev is None:
                 continue
-            later = next_step(traces, ev["rank"], ev.get("ts", 0.0))
             for fam in CORRUPT_FAMILIES:
                 corrupt.append(Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq")))
-                if later is not None:  # the same bytes once the job trusts the file: rot at rest
-                    corrupt.append(Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq"),
-                                         at_step=later))
+        # the same files, and every earlier version of a checkpoint file, once the job trusts them
+        for ev, rel, step in rot_sites(traces):
+            if job.checkpoint_glob is None or _is_checkpoint(job, rel):
+                corrupt += [Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq"),
+                                  at_step=step) for fam in CORRUPT_FAMILIES]
     disk: list[Point] = []
     if "diskfull" in kinds and facts is not None:
         size = diskfull.choose_size(facts.peak, facts.seed)
