@@ -50,7 +50,9 @@ class At:
     """A file-event point by what it is: rank ``rank``'s ``nth`` event of kind ``op`` on
     ``path`` (relative to {out}; None: any path outside {out}, e.g. a temp file in
     ``$TMPDIR`` whose name is random), broken with ``mode`` (before, after, torn, power,
-    a corruption family, enospc, eio). ``recorded`` is the id the exploration found."""
+    a corruption family, enospc, eio); a corruption with ``at_step`` strikes the file that
+    event completed once the rank announced that step (at rest, ``rankR:opN:MODE:stepS``).
+    ``recorded`` is the id the exploration found."""
 
     op: str
     path: str | None
@@ -58,10 +60,12 @@ class At:
     mode: str
     recorded: str
     rank: int = 0
+    at_step: int | None = None
 
     def describe(self) -> str:
         where = self.path if self.path is not None else "a file outside {out}"
-        return f"{self.mode} at rank {self.rank}'s {_ordinal(self.nth)} {self.op} of {where}"
+        later = f", at rest at step {self.at_step}" if self.at_step is not None else ""
+        return f"{self.mode} at rank {self.rank}'s {_ordinal(self.nth)} {self.op} of {where}{later}"
 
 
 def _ordinal(n: int) -> str:
@@ -106,7 +110,7 @@ def resolve(chaos: Any, command: list[str], at: At, ranks: int | None = None) ->
     if len(matches) < at.nth:
         raise PointDrifted(f"no {at.describe()} in the fault-free run ({len(matches)} such event(s)); "
                            f"the exploration recorded it as {at.recorded}")
-    return f"rank{at.rank}:op{matches[at.nth - 1]}:{at.mode}"
+    return f"rank{at.rank}:op{matches[at.nth - 1]}:{at.mode}" + (f":step{at.at_step}" if at.at_step else "")
 
 
 def fired_event(result: Any) -> tuple[str | None, set[str], str]:
