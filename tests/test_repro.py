@@ -3,6 +3,7 @@ reproduces it when run on its own, and an issue draft with no local path in it."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -151,6 +152,28 @@ def test_the_repro_script_is_python_with_the_point_command_and_cwd_embedded(job_
     assert f"POINT = {found.point!r}" in text and f"CWD = {str(job_run['work'])!r}" in text
     assert f"COMMAND = {list(found.spec.command)!r}" in text and "JOB_SCRIPT = (1, 'careless_job.py')" in text
     assert "EXPECTED = 'hard_failure'" in text and "OPTIONS = ['--faults', 'kill']" in text
+
+
+def test_a_bare_python_is_pinned_to_the_interpreter_the_job_ran_with(job_run, tmp_path, monkeypatch):
+    # The job was `python careless_job.py` with the venv's bin first on PATH; elsewhere `python` may
+    # name a Python without torch or the job's packages: the repro runs the recorded one.
+    found = repro.find(job_run["doc"], "R.json")
+    spec = dataclasses.replace(found.spec, command=("python", *found.spec.command[1:]))
+    venv_bin = tmp_path / "venv-bin"
+    venv_bin.mkdir()
+    (venv_bin / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{venv_bin}{os.pathsep}{os.environ['PATH']}")
+    text = repro.repro_script(dataclasses.replace(found, spec=spec), sys.executable)
+    assert f"JOB_PYTHON = {str(venv_bin / 'python')!r}" in text  # the link itself, not its target
+    other_bin = tmp_path / "other-bin"
+    other_bin.mkdir()
+    (other_bin / "python").symlink_to("/bin/true")
+    monkeypatch.setenv("PATH", f"{other_bin}{os.pathsep}{os.environ['PATH']}")
+    namespace: dict = {"__file__": str(tmp_path / "repro.py"), "__name__": "repro_under_test"}
+    exec(compile(text, "repro.py", "exec"), namespace)
+    _cwd, command = namespace["job_command"](False)
+    assert command[0] == str(venv_bin / "python")
+    assert repro.repro_script(found, sys.executable).count("JOB_PYTHON = None") == 1  # an absolute path stays
 
 
 def _run_repro(directory: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -497,6 +497,7 @@ COMMAND = {command!r}
 CWD = {cwd!r}
 JOB_SCRIPT = {script!r}  # (index in COMMAND, name of the copy beside this file), or None
 HARNESS_PYTHON = {harness!r}
+JOB_PYTHON = {job_python!r}  # what COMMAND's bare interpreter name resolved to where it ran, or None
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -529,6 +530,11 @@ def job_command(here):
     if os.path.isabs(exe) and not os.path.exists(exe) and os.path.basename(exe).startswith("python"):
         print("repro: the recorded interpreter %s is not here: using %s" % (exe, sys.executable))
         command[0] = sys.executable
+    elif (not os.path.isabs(exe) and JOB_PYTHON and os.path.exists(JOB_PYTHON)
+          and shutil.which(exe) != JOB_PYTHON):
+        # a bare `python` is whatever PATH says here: the job ran with (and its packages are in) JOB_PYTHON
+        print("repro: %s here is %s; the job ran with %s: using that" % (exe, shutil.which(exe), JOB_PYTHON))
+        command[0] = JOB_PYTHON
     return cwd, command
 
 
@@ -595,4 +601,17 @@ def repro_script(finding: Finding, harness_python: str, script: JobScript | None
                                  summary=finding.summary, options=[*finding.spec.replay_args()],
                                  command=list(finding.spec.command), cwd=finding.spec.cwd,
                                  script=(script.index, copied) if script is not None and copied else None,
-                                 harness=harness_python)
+                                 harness=harness_python, job_python=_bare_python(finding.spec.command))
+
+
+def _bare_python(command: tuple[str, ...]) -> str | None:
+    """Where a bare ``python`` / ``python3.11`` at the head of COMMAND resolves here (``chaos repro`` runs
+    where ``chaos run`` did): the repro pins it, since PATH elsewhere may name a Python without the job's
+    packages. None for an absolute path or another program."""
+    import shutil
+
+    exe = command[0] if command else ""
+    if os.path.isabs(exe) or not re.fullmatch(r"python[0-9.]*", os.path.basename(exe)):
+        return None
+    found = shutil.which(exe)
+    return os.path.abspath(found) if found else None  # not realpath: a venv's python is a link to the base one
