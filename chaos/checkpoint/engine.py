@@ -18,7 +18,32 @@ its metrics over HTTP on N + r, closed by ``close()``),
 ``serializer`` (``native`` | ``safetensors``), ``latency_alert_factor`` (3.0),
 ``disk_alert_free_fraction`` (0.05), ``max_manifest_bytes``, ``async_dedup`` (True:
 an async snapshot copies only the tensors this rank writes and hashes the replicated
-ones another rank wrote last time; a changed replication pattern aborts that one save).
+ones another rank wrote last time; a changed replication pattern aborts that one save),
+``replicas`` (``verify`` | ``verify-sync`` | ``trust``, below).
+
+Async saves and replicated tensors (``replicas``). A rank does not copy the replicated
+tensors another rank writes. Whether they are still identical across ranks is checked by
+hashing them; where that happens is the option:
+
+- ``verify`` (default): tensors an optimizer owns (its parameters and state, in CPU
+  memory) are hashed on the commit thread after ``save()`` returned, and until that is
+  done every ``optimizer.step()`` in the process waits in a global pre-hook (the *fence*;
+  ``wait_snapshot()`` waits on it explicitly), hashing what is left itself meanwhile.
+  Time spent there is added to the save's ``stall_s``: a step right after ``save()``
+  stalls about as long as ``verify-sync`` does, one after a forward and backward pass
+  usually not at all. Other tensors (module buffers, anything no optimizer has stepped)
+  are hashed before ``save()`` returns; GPU tensors are copied to staging and hashed
+  off the training thread. The check is exact for updates made by optimizer steps and
+  catches in-place updates through PyTorch ops (their version counter moves: the save
+  is refused). **Contract:** between ``save()`` and the next optimizer step, do not
+  change parameters or optimizer state through ``.data``, numpy views or kernels that
+  bypass the version counter without calling ``wait_snapshot()`` first; such a write is
+  not seen, and if it made a diverged replica equal to the writer's copy, that rank's
+  own value at ``save()`` would be lost without an error.
+- ``verify-sync``: every such tensor is hashed before ``save()`` returns; no contract,
+  a longer stall.
+- ``trust``: not read at all (DDP's invariant is assumed, as DCP's dedup assumes it); a
+  replica that silently diverged loses the non-writing ranks' values.
 
 Observability: ``events`` (list of dicts: saves, loads, rejections, alerts),
 ``prometheus_text()`` and ``cadence`` (a :class:`~chaos.checkpoint.policy.Cadence` fed
@@ -37,15 +62,16 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from typing import Any
 
 from chaos.checkpoint import policy
-from chaos.checkpoint.async_writer import BackgroundCommit, Staging
+from chaos.checkpoint.async_writer import BackgroundCommit, Fence, OptimizerFence, Staging
 from chaos.checkpoint.comm import Comm
 from chaos.checkpoint.loader import candidate_order, describe, load_step
 from chaos.checkpoint.metrics import AUXILIARY_FILES, Metrics
 from chaos.checkpoint.options import Options, parse_options
-from chaos.checkpoint.saver import Snapshot, run_save, take_snapshot
+from chaos.checkpoint.saver import ReplicaCheck, Snapshot, finish_snapshot, run_save, take_snapshot
 from chaos.ckptformat.errors import CheckpointError, CommitError, NoValidCheckpointError
 from chaos.phases import phase
 
@@ -99,6 +125,12 @@ class ReferenceCheckpointer:
             self._janitor = BackgroundCommit()
             self._replicator = BackgroundCommit()  # at most one replication in flight (back-pressure)
             self._skip: frozenset[str] = frozenset()  # async: replicated tensors other ranks write
+            # replicas=verify: deferred replica checks, and the optimizer pre-hook that waits for them
+            self._fence = Fence()
+            self._optimizer_fence: OptimizerFence | None = None
+            if self.options.async_save and self.options.replicas == "verify":
+                self._optimizer_fence = OptimizerFence(self._fence)
+                weakref.finalize(self, self._optimizer_fence.remove)  # never closed: the hook goes with it
             if rank == 0:
                 self.store.clean_stale()  # leftovers of crashed saves; no save of ours runs yet
         except BaseException:
@@ -119,20 +151,56 @@ class ReferenceCheckpointer:
         if self.options.async_save:
             self._background.join()
             self._raise_pending()
+        managed = self._optimizer_fence.managed() if self._optimizer_fence is not None and self._skip else None
         snap = take_snapshot(step, state, self._staging if self.options.async_save else None, self._skip,
-                             trust=self.options.replicas == "trust")
+                             trust=self.options.replicas == "trust", managed=managed)
         if self.options.async_save:
             stall = time.perf_counter() - start
-            self._background.submit(lambda: self._commit(snap, start, stall))
+            check = ReplicaCheck(snap.deferred) if snap.deferred else None
+            if check is not None:
+                self._fence.arm(check.help)  # released by _commit once the deferred replicas are read
+            try:
+                self._background.submit(lambda: self._commit(snap, start, stall, check))
+            except BaseException:
+                self._fence.release()
+                raise
             return
         self._commit(snap, start, None)
 
-    def _commit(self, snap: Snapshot, start: float, stall: float | None) -> None:
+    def wait_snapshot(self) -> float:
+        """Block until the async save in flight no longer reads the caller's tensors; the seconds blocked.
+
+        With ``replicas=verify`` an async save hashes the replicated parameters and
+        optimizer state another rank writes on its commit thread, after ``save()`` returned
+        (see the module docs). Optimizer steps wait for that on their own (a pre-hook);
+        call this before changing those tensors any other way, e.g. through ``.data``.
+        Returns at once when nothing is pending; the time spent is counted in the save's
+        ``stall_s``, as the pre-hook's is.
+        """
+        return self._fence.wait()
+
+    def _finish_snapshot(self, snap: Snapshot, check: ReplicaCheck | None) -> None:
+        """Commit thread: read the deferred replicas (waiters at the fence help), then let the caller's updates through."""
+        if check is None:
+            return
         try:
+            phase("replica_check", step=snap.step)
+        except Exception as exc:  # noqa: BLE001 - a listener that fails here fails the save, everywhere
+            snap.error = snap.error or f"{type(exc).__name__}: {exc}"
+        try:
+            finish_snapshot(snap, check)
+        finally:
+            self._fence.release()
+
+    def _commit(self, snap: Snapshot, start: float, stall: float | None, check: ReplicaCheck | None = None) -> None:
+        try:
+            self._finish_snapshot(snap, check)
             result = run_save(self.root, self.comm, self.options, snap, self.store)
         except BaseException as exc:
             self._skip = frozenset()
             seconds = time.perf_counter() - start
+            if stall is not None:
+                stall += self._fence.take_waited()
             self.metrics.save(snap.step, False, seconds, stall if stall is not None else seconds, 0, 0, describe(exc))
             if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
                 # e.g. a collective failing because a peer rank died mid-save
@@ -141,7 +209,8 @@ class ReferenceCheckpointer:
         if self.options.async_save and self.options.async_dedup:
             self._skip = result.written_by_others
         seconds = time.perf_counter() - start
-        stall = seconds if stall is None else stall
+        # async: the stall is save()'s own time plus any optimizer step (or wait_snapshot) held at the fence
+        stall = seconds if stall is None else stall + self._fence.take_waited()
         self.cadence.record_save(stall)
         self.metrics.save(snap.step, True, seconds, stall, result.bytes_written, result.checkpoint_bytes)
         if self.rank == 0:
@@ -229,6 +298,8 @@ class ReferenceCheckpointer:
         if self._closed:
             return
         self._background.stop()
+        if self._optimizer_fence is not None:
+            self._optimizer_fence.remove()
         self._replicator.stop()
         self._janitor.stop()
         err = self._background.take_error()

@@ -16,7 +16,7 @@ from chaos.ckptformat.errors import CheckpointConfigError
 
 HASHES = ("xxh3", "sha256", "crc32c")
 SERIALIZERS = ("native", "safetensors")
-REPLICAS = ("verify", "trust")
+REPLICAS = ("verify", "verify-sync", "trust")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +60,13 @@ class Options:
     # Read replicated tensors straight into the template's CPU tensors (as DCP does)
     # instead of new memory; off keeps the template untouched by a failed load.
     load_in_place: bool = True
-    # Async saves skip copying replicated tensors another rank writes. "verify" still
-    # hashes them before save() returns, so a tensor that stopped being identical across
-    # ranks is caught (the save aborts and the next one copies all); "trust" takes the
-    # DDP invariant for granted, as DCP's dedup does, and touches them not at all.
+    # Async saves skip copying replicated tensors another rank writes, and hash them so
+    # that one that stopped being identical across ranks is caught (the save aborts on
+    # every rank and the next one copies all). "verify" hashes those an optimizer owns on
+    # the commit thread while optimizer steps wait at a fence (the rest before save()
+    # returns; contract in chaos.checkpoint.engine); "verify-sync" hashes all of them
+    # before save() returns; "trust" takes the DDP invariant for granted, as DCP's dedup
+    # does, and touches them not at all.
     replicas: str = "verify"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,10 @@ class Snapshot:
     # Async dedup: replicated tensors another rank wrote last time are only hashed
     # (path -> [digest, nbytes, dtype, shape]), not copied.
     hashed_only: dict[str, list] = field(default_factory=dict)
+    # Of those, the ones an optimizer owns, to be hashed on the commit thread (by
+    # finish_snapshot) while the caller's optimizer steps wait at the fence:
+    # (path, the live tensor, its version counter at save()).
+    deferred: list[tuple[str, torch.Tensor, int]] = field(default_factory=list)
     # Sharded tensors: path -> {dtype, shape, placements, mesh, piece: {name, offset, shape} | None};
     # the piece (this rank's local tensor) is in ``tensors`` under its piece name.
     dtensors: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -85,14 +90,42 @@ def optimizer_structure(opt: Any) -> dict[str, Any] | None:
     return {"tensors": manifest.structure_of(opt), "param_groups": params}
 
 
+def _deferrable(t: torch.Tensor, managed: dict[int, int] | None) -> int | None:
+    """``t``'s version counter if its replica check may wait for the commit thread, else None.
+
+    Only a contiguous CPU tensor lying in memory an optimizer owns (``managed``, from
+    ``OptimizerFence.managed``) qualifies: optimizer steps are held at the fence, so its
+    bytes cannot change through them before the check has read them. Inference tensors
+    never qualify: they change (in inference mode) without moving a version counter.
+    """
+    if managed is None or t.device.type != "cpu" or not t.is_contiguous() or t.is_inference():
+        return None
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0 or managed.get(t.data_ptr(), 0) < nbytes:
+        return None
+    return int(t._version)
+
+
 def take_snapshot(step: int, state: Any, staging: Any | None, skip: frozenset[str] = frozenset(),
-                  trust: bool = False) -> Snapshot:
+                  trust: bool = False, managed: dict[int, int] | None = None) -> Snapshot:
     """Encode the tree and capture tensors (copied into ``staging`` for async saves).
 
-    Paths in ``skip`` (replicated tensors another rank wrote at the previous save) are
-    hashed instead of copied: hashing reads at memory speed without writing, so the
-    stall shrinks to copying this rank's share. If the hashes show the replication
-    pattern changed, the save aborts (loudly, on every rank) and the next one copies all.
+    Called by ``ReferenceCheckpointer.save`` on the caller's thread; what it does is the
+    stall. Paths in ``skip`` (replicated tensors another rank wrote at the previous save)
+    are not copied; their bytes are hashed instead, so that a tensor that stopped being
+    identical across ranks aborts the save (loudly, on every rank, nothing committed)
+    and the next save copies all:
+
+    - CPU tensors in memory an optimizer owns (``managed`` given: ``replicas=verify``)
+      are only listed in ``snap.deferred`` with their version counter; the commit thread
+      hashes them (:func:`finish_snapshot`) while the engine's fence holds every optimizer
+      step, so the stall is this rank's copy alone;
+    - other CPU tensors are hashed here, before ``save()`` returns (all of them with
+      ``replicas=verify-sync``, where ``managed`` is None);
+    - tensors on a GPU are copied into staging like this rank's own (a DMA into pinned
+      memory) and hashed on the commit thread with them: sound without any fence, and
+      if the pattern changed this rank still holds its value and writes it.
+
     With ``trust`` (option ``replicas=trust``) they are not read at all: the DDP
     invariant is assumed, as DCP's dedup assumes it, and the stall is the copy alone.
     """
@@ -108,13 +141,20 @@ def take_snapshot(step: int, state: Any, staging: Any | None, skip: frozenset[st
             if t.layout != torch.strided:
                 raise manifest.ManifestError(path, f"tensor layout {t.layout} is not supported")
         if staging is not None:
-            for path in skip & tensors.keys():
-                t = tensors.pop(path).detach()
+            for path in sorted(skip & tensors.keys()):
+                t = tensors[path].detach()
                 if trust:  # DDP replicas by contract: shape and dtype only, no bytes read
+                    del tensors[path]
                     nbytes = t.numel() * t.element_size()
                     snap.hashed_only[path] = [TRUSTED, nbytes, manifest.DTYPE_NAMES[t.dtype], list(t.shape)]
+                elif t.device.type != "cpu":
+                    continue  # staged with this rank's own tensors, hashed on the commit thread
+                elif (version := _deferrable(t, managed)) is not None:
+                    del tensors[path]
+                    snap.deferred.append((path, t, version))
                 else:
-                    snap.hashed_only[path] = _meta(t if t.device.type == "cpu" else t.cpu())
+                    del tensors[path]
+                    snap.hashed_only[path] = _meta(t)
             tensors = staging.copy(tensors)
         else:
             tensors = {p: t.detach().cpu().contiguous() for p, t in tensors.items()}
@@ -125,7 +165,90 @@ def take_snapshot(step: int, state: Any, staging: Any | None, skip: frozenset[st
             snap.optimizer_structure = optimizer_structure(state["optimizer"])
     except Exception as exc:  # noqa: BLE001 - reported to every rank through the vote
         snap.error = f"{type(exc).__name__}: {exc}"
+        snap.deferred = []
     return snap
+
+
+class ReplicaCheck:
+    """The deferred replica hashes of one async snapshot, done by whichever thread gets there first.
+
+    The commit thread runs them (:func:`finish_snapshot`); a training thread that reaches
+    the engine's fence before they are done (an optimizer step, ``wait_snapshot()``) calls
+    :meth:`help` and hashes what is left alongside it instead of idling, so waiting at the
+    fence never costs more than hashing before ``save()`` returned would have, and less
+    where a core is free. Items are claimed one at a time under a lock; xxhash releases
+    the GIL while it reads, so two threads hash in parallel. :meth:`help` never raises:
+    a failure is kept and fails the save, never the caller's optimizer step.
+    """
+
+    def __init__(self, items: list[tuple[str, torch.Tensor, int]]) -> None:
+        self._items = list(items)
+        self._next = 0
+        self._busy = 0
+        self._cond = threading.Condition()
+        self.digests: dict[str, list] = {}
+        self.error: str | None = None
+
+    def help(self) -> None:
+        """Hash unclaimed items until none is left (any thread)."""
+        while True:
+            with self._cond:
+                if self._next >= len(self._items):
+                    return
+                path, t, _ = self._items[self._next]
+                self._next += 1
+                self._busy += 1
+            digest_, error = None, None
+            try:
+                digest_ = _meta(t)
+            except Exception as exc:  # noqa: BLE001 - fails the save through finish_snapshot
+                error = f"{type(exc).__name__}: {exc}"
+            with self._cond:
+                if digest_ is not None:
+                    self.digests[path] = digest_
+                self.error = self.error or error
+                self._busy -= 1
+                self._cond.notify_all()
+
+    def finish(self) -> tuple[dict[str, list], str | None]:
+        """Commit thread: hash what is left, wait for helpers' items, check the version counters.
+
+        Returns the digests and an error (or None); drops the references to live tensors.
+        """
+        self.help()
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+            items, self._items = self._items, []
+            error = self.error
+        if error is None:
+            moved = [path for path, t, version in items if int(t._version) != version]
+            if moved:
+                error = (f"replicated tensor(s) {moved[:3]} changed in place between save() and the end of their "
+                         "replica check, outside an optimizer step; what was read may not be their value at "
+                         "save(), so this save is refused (call wait_snapshot() before such updates)")
+        return self.digests, error
+
+
+def finish_snapshot(snap: Snapshot, check: ReplicaCheck | None = None) -> None:
+    """Commit thread, before the first exchange: hash the deferred replicas of ``snap``.
+
+    Called by ``ReferenceCheckpointer._commit`` while the engine's fence holds optimizer
+    steps (``check`` is the :class:`ReplicaCheck` the fence's waiters help with); the
+    engine releases the fence when this returns. A tensor whose version counter moved
+    since ``save()`` was changed in place by something other than an optimizer step
+    (which the fence holds): what was hashed may not be the value at ``save()``, so the
+    save is refused, on every rank, through the first exchange (``snap.error``), and the
+    next save copies everything again. Writes that bypass the version counter
+    (``tensor.data``, numpy views, foreign kernels) are not seen: see the engine's docs
+    for that contract. Never raises; drops its references to the live tensors.
+    """
+    check = check if check is not None else ReplicaCheck(snap.deferred)
+    snap.deferred = []
+    digests, error = check.finish()
+    if snap.error is None:
+        snap.hashed_only.update(digests)
+        snap.error = error
 
 
 @dataclass
