@@ -14,9 +14,13 @@ repeat. Each ratio is computed per repeat from the two saves of that repeat (the
 moment, the same disk, the same page-cache state), and every figure is given as
 min / median / max over the repeats. ``ratios`` (the ``--json`` key the HTML report and
 earlier results read) holds the median of each per-repeat series, ``ratio_spread`` the
-min / median / max and the series itself. Stall is the slowest rank's ``save()`` return
-time (for async checkpointers, the time before training could continue); save is until
-``wait()`` returned on every rank. Timings are bracketed by barriers.
+min / median / max and the series itself. The state's weights and moments are owned by a
+real Adam (:func:`owning_optimizer`), and every save is followed at once by its
+``step()`` (no gradients: it changes nothing): stall is the slowest rank's time from
+``save()`` until that step returned — for async checkpointers, the time before training
+could go on, including any wait the save imposes on the step (the reference's replica
+check fence) — and ``stall_at_return_all_s`` keeps the time to ``save()``'s return; save
+is until ``wait()`` returned on every rank. Timings are bracketed by barriers.
 
 ``device="cuda"`` (``chaos bench --device cuda``) puts the model and optimizer tensors
 on one GPU per rank (``CUDA_VISIBLE_DEVICES`` per rank, as ``chaos run --device cuda``
@@ -192,6 +196,30 @@ def make_state(rank: int, size_bytes: int, device: Any = "cpu") -> dict[str, Any
     }
 
 
+def owning_optimizer(state: dict[str, Any]) -> Any:
+    """A real ``torch.optim.Adam`` whose parameters and moments are ``state``'s own tensors.
+
+    The bench's state stands for a training job's, whose weights and Adam moments an
+    optimizer owns and steps: the reference's default async save defers the replica check
+    of exactly such tensors to its commit thread and holds the next ``optimizer.step()``
+    until it is done, so the bench must have an optimizer for that to happen and call its
+    step after each save (``bench_ranks.timed_save_then_step``) for the wait to be billed.
+    ``state["model"]`` is rebound to the parameters' detached views (same memory); the
+    moment dicts under ``state["optimizer"]["state"]`` become the optimizer's state as
+    they are. Called by :func:`run_ranks` on every rank; no gradient ever exists, so a
+    step changes nothing.
+    """
+    import torch
+
+    names = list(state["model"])
+    params = [torch.nn.Parameter(state["model"][n]) for n in names]
+    opt = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.95))
+    for i, p in enumerate(params):
+        opt.state[p] = state["optimizer"]["state"][i]
+    state["model"] = {n: p.detach() for n, p in zip(names, params, strict=True)}
+    return opt
+
+
 def _payload_bytes(state: dict[str, Any], world: int) -> int:
     from chaos.ckptformat import tree
 
@@ -314,8 +342,10 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
             cks[name] = bench_ranks.open_checkpointer(name, os.path.join(base, name), rank, world)
         except ConfigError as exc:
             skipped[name] = str(exc)
+    opt = owning_optimizer(state)
+    opt.step()  # as a training loop's first step would: the reference's fence learns the optimizer
     runs = groups(list(cks))
-    series = {name: {"save": [], "stall": [], "load": [], "raw": []} for name in cks}
+    series = {name: {"save": [], "stall": [], "load": [], "raw": [], "at_return": []} for name in cks}
     copy = DeviceCopy(state) if cuda else None
     copies: list[float] = []
     schedule: list[list[str]] = []  # the save order of every repeat, for the report
@@ -326,8 +356,9 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
             for name in bench_ranks.ordered(group, i):
                 raws.append(bench_ranks.raw_write(rank, world, base, payload, buf))
                 series[name]["raw"].append(raws[-1])
-                stall, save = bench_ranks.timed_save(cks[name], i + 1, state, cuda)
+                stall, save, at_return = bench_ranks.timed_save_then_step(cks[name], i + 1, state, opt.step, cuda)
                 series[name]["stall"].append(stall)
+                series[name]["at_return"].append(at_return)
                 series[name]["save"].append(save)
         if copy is not None:
             copies.append(copy.sample())
@@ -369,7 +400,8 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
         results.append(asdict(Result(
             name, save_s=save_s, stall_s=statistics.median(s["stall"]), load_s=statistics.median(s["load"]),
             save_mb_s=payload / save_s / 1e6, correct=ok[name],
-            extra={"save_all_s": s["save"], "stall_all_s": s["stall"], "load_all_s": s["load"],
+            extra={"save_all_s": s["save"], "stall_all_s": s["stall"], "stall_at_return_all_s": s["at_return"],
+                   "load_all_s": s["load"],
                    "raw_all_s": s["raw"], "loaded_on": loaded_on.get(name, [])})))
         series.pop(name)
     measured: dict[str, Any] = {"payload_bytes": payload, "raw_s": statistics.median(raws) if raws else 0.0,

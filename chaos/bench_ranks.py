@@ -9,7 +9,8 @@ lives here so neither bench module imports the other; ``chaos.commands.bench`` p
 which one runs.
 
 Parent side: :func:`launch`, :func:`rank_envs`. In the ranks: :func:`max_all`,
-:func:`all_true`, :func:`gather`, :func:`raw_write`, :func:`timed_save`, :func:`zeros_like`,
+:func:`all_true`, :func:`gather`, :func:`raw_write`, :func:`timed_save`, :func:`timed_save_then_step`,
+:func:`zeros_like`,
 :func:`open_checkpointer`, :func:`ordered`. In the report: :func:`spread`, :func:`triple`.
 """
 
@@ -29,7 +30,8 @@ from typing import Any
 # Bench names for checkpointer variants: (built-in checkpointer, options).
 # reference-async-trust: replicas=trust, DCP's own assumption that replicated tensors
 # are identical on every rank (no bytes read for those another rank writes); plain
-# reference-async also hashes them before save() returns, safety DCP does not have.
+# reference-async (replicas=verify) also hashes them, safety DCP does not have: those an
+# optimizer owns on its commit thread while optimizer steps wait at a fence.
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "reference-async": ("reference", {"async_save": True}),
     "reference-async-trust": ("reference", {"async_save": True, "replicas": "trust"}),
@@ -198,6 +200,34 @@ def timed_save(ck: Any, step: int, state: dict[str, Any], cuda: bool = False) ->
     ck.wait()
     dist.barrier()
     return max_all(stall), max_all(time.perf_counter() - t0)
+
+
+def timed_save_then_step(ck: Any, step: int, state: dict[str, Any], next_step: Any,
+                         cuda: bool = False) -> tuple[float, float, float]:
+    """``(stall, save, at_return)``: :func:`timed_save` with the caller's next optimizer step.
+
+    ``next_step`` (the bench's ``optimizer.step()``, with no gradients: it changes nothing
+    and costs microseconds) runs right after ``save()`` returns and is billed to the stall:
+    an async save may still hold the training thread there (the reference's replica check
+    fence, ``replicas=verify``), and that is training time lost to the save. This is the
+    worst case: a real loop runs a forward and backward pass in between. ``at_return`` is
+    the stall as :func:`timed_save` measures it, until ``save()`` returned.
+    """
+    import torch.distributed as dist
+
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    ck.save(step, state)
+    at_return = time.perf_counter() - t0
+    next_step()
+    stall = time.perf_counter() - t0
+    ck.wait()
+    dist.barrier()
+    return max_all(stall), max_all(time.perf_counter() - t0), max_all(at_return)
 
 
 def zeros_like(value: Any) -> Any:

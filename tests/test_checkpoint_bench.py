@@ -199,3 +199,24 @@ def test_device_copy_times_every_device_tensor():
     state = bench.make_state(0, 3 * 4 * 1000)
     copy = bench.DeviceCopy(state)
     assert not copy.cuda and copy.bytes == sum(t.numel() * t.element_size() for t in bench._tensors(state))
+
+
+def test_the_bench_state_is_owned_by_a_real_optimizer_whose_step_changes_nothing():
+    # The reference's default async save defers the replica check of tensors an optimizer owns
+    # and holds the next optimizer.step(): the bench's state must be such tensors, and the step
+    # it bills to the stall must leave them as they were.
+    import torch
+
+    from chaos.bench import make_state, owning_optimizer
+    from chaos.statehash import fingerprint
+
+    state = make_state(0, 3_000_000)
+    before = fingerprint(state)
+    opt = owning_optimizer(state)
+    owned = {p.data_ptr() for g in opt.param_groups for p in g["params"]}
+    owned |= {t.data_ptr() for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)}
+    assert {t.data_ptr() for t in state["model"].values()} <= owned
+    moments = [t for st in state["optimizer"]["state"].values() for k, t in st.items() if k != "step"]
+    assert moments and {t.data_ptr() for t in moments} <= owned
+    opt.step()
+    assert fingerprint(state) == before
