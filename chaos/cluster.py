@@ -2,7 +2,9 @@
 
 Ranks are forked from a multiprocessing *fork server* that preloaded torch and the
 workload once, so a launch or a restart costs a fork (tens of ms), not a 2 s torch
-import. Each rank makes itself a process-group leader, so one ``killpg`` takes down a
+import. All ranks of a launch start at once: the supervisor binds and listens on the
+rendezvous store's port itself and hands that socket to rank 0 (``_Attempt.launch``).
+Each rank makes itself a process-group leader, so one ``killpg`` takes down a
 rank together with any helper process it started. The supervisor restarts the whole
 job from its latest checkpoint up to ``max_restarts`` times, the way
 ``torchrun --max-restarts`` does, and no rank outlives ``run`` — not on failure, not
@@ -31,13 +33,16 @@ from chaos.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
 
 _ctx: Any = None
 _live: dict[int, Any] = {}  # pid -> Process, every rank not yet reaped
+_scope: dict[int, str | None] = {}  # pid -> the scratch root of the scenario it belongs to
 
 
 def _context() -> Any:
     global _ctx
     if _ctx is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["chaos.workload.preload"])
+        # chaos.cluster too: each rank unpickles its target from it, and would import it
+        # (with chaos.environment and chaos.scenario, ~12 ms) at every start otherwise.
+        ctx.set_forkserver_preload(["chaos.workload.preload", "chaos.cluster"])
         _ctx = ctx
     return _ctx
 
@@ -67,13 +72,22 @@ def signal_rank(pid: int, sig: int) -> None:
             pass
 
 
-def kill_all() -> None:
-    """SIGKILL every live rank's process group and reap it."""
+def kill_all(scope: str | None = None) -> None:
+    """SIGKILL every live rank's process group and reap it; with ``scope``, only the ranks
+    of the scenario whose scratch root that is (``LaunchPlan.scratch``).
+
+    The runner's clean-up passes its scope: in a pipelined campaign
+    (``chaos.campaign.run_pipelined``) the next scenario's ranks are already running
+    while this one is judged and cleaned up, and must not be taken down with it.
+    """
     for pid, proc in list(_live.items()):
+        if scope is not None and _scope.get(pid) != scope:
+            continue
         signal_rank(pid, signal.SIGKILL)
         signal_rank(pid, signal.SIGCONT)
         proc.join(timeout=10)
         _live.pop(pid, None)
+        _scope.pop(pid, None)
 
 
 atexit.register(kill_all)
@@ -184,6 +198,7 @@ class _Attempt:
         self.pending_kills: list[tuple[float, int]] = []  # (deadline, rank): SIGTERM grace expiry
         self.pending_rest: list[Fault] = []  # corruption to apply once every rank is down
         self.barriers: dict[int, set[int]] = {}  # fault index -> ranks waiting at it
+        self.started: float | None = None  # time.time() of the launch: the attempt's start
 
     def _mine(self) -> list[tuple[int, Fault]]:
         if self.mode != "train":
@@ -223,17 +238,38 @@ class _Attempt:
             mode=self.mode, scratch=plan.scratch,
         )
 
-    def _start(self, rank: int, port: int) -> None:
+    def _start(self, rank: int, port: int, listener: socket.socket | None = None) -> None:
         ctx = _context()
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_rank_target, args=(self._spec(rank, port), child), daemon=False)
+        proc = ctx.Process(target=_rank_target, args=(self._spec(rank, port), child, listener), daemon=False)
         proc.start()
         child.close()
         _live[proc.pid] = proc
+        _scope[proc.pid] = self.plan.scratch
         self.procs[rank], self.conns[rank] = proc, parent
 
     def launch(self) -> None:
-        """Start rank 0, wait until its rendezvous store listens, then start the rest."""
+        """Start every rank at once, rank 0 with its rendezvous store's socket already listening.
+
+        The supervisor binds and listens on the store's port itself and hands the socket
+        to rank 0 (``TCPStore(master_listen_fd=...)``): a rank that connects before rank
+        0's store runs waits in the socket's backlog instead of backing off, so no rank
+        waits for another to start, and no other process can take the port in between.
+        Ranks in their own network namespaces (``env.lab``) cannot share a socket bound
+        here: there rank 0 starts first and the rest once it says its store listens.
+        """
+        self.started = time.time()
+        if self.env.lab is None:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                listener.bind(("127.0.0.1", 0))
+                listener.listen(max(128, 2 * self.plan.world_size))
+                port = listener.getsockname()[1]
+                for rank in range(self.plan.world_size):
+                    self._start(rank, port, listener if rank == 0 else None)
+            finally:
+                listener.close()  # rank 0 holds its own copy
+            return
         port = free_port()
         self._start(0, port)
         conn, proc = self.conns[0], self.procs[0]
@@ -303,6 +339,7 @@ class _Attempt:
             proc.join(timeout=10)
             self.codes[rank] = proc.exitcode
             _live.pop(proc.pid, None)
+            _scope.pop(proc.pid, None)
 
     def _linger_s(self) -> float:
         """How long the survivors of a failed rank run on before the job is torn down.
@@ -327,7 +364,7 @@ class _Attempt:
                                     "mb_s": grown / 1e6 / msg[2] if msg[2] > 0 else None})
 
     def supervise(self) -> AttemptResult:
-        started = time.time()
+        started = self.started if self.started is not None else time.time()
         deadline = time.monotonic() + self.plan.attempt_timeout_s
         last_progress = time.monotonic()
         outcome, detail = "ok", ""
@@ -354,6 +391,7 @@ class _Attempt:
                         self.procs[rank].join()
                         self.codes[rank] = self.procs[rank].exitcode
                         _live.pop(self.procs[rank].pid, None)
+                        _scope.pop(self.procs[rank].pid, None)
                 now = time.monotonic()
                 for deadline_kill, rank in list(self.pending_kills):
                     if now >= deadline_kill:
@@ -383,10 +421,10 @@ class _Attempt:
                              self.fired, detail, self.plan.world_size)
 
 
-def _rank_target(spec: RankSpec, conn: Any) -> None:
+def _rank_target(spec: RankSpec, conn: Any, listener: socket.socket | None = None) -> None:
     from chaos.workload.train import rank_entry
 
-    rank_entry(spec, conn)
+    rank_entry(spec, conn, listener)
 
 
 VERIFY = "verify"

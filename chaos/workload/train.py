@@ -241,19 +241,23 @@ def _make_checkpointer(spec: RankSpec):
         raise ConfigError(f"checkpointer {spec.checkpointer!r} rejected its options {spec.ckpt_options}: {exc}") from exc
 
 
-def _init_process_group(spec: RankSpec, cfg: WorkloadConfig, conn: Any) -> None:
-    """Rendezvous on MASTER_ADDR:MASTER_PORT, with rank 0 hosting the store *before* the others are forked.
+def _init_process_group(spec: RankSpec, cfg: WorkloadConfig, conn: Any, listener: Any = None) -> None:
+    """Rendezvous on MASTER_ADDR:MASTER_PORT, rank 0 hosting the store.
 
     A client that reaches the store before its server listens backs off for up to a
-    second; the supervisor avoids that by launching the other ranks only once rank 0
-    says its store is up. A ``device=cuda`` job's group is ``cpu:gloo,cuda:nccl``
+    second. Forked ranks avoid that with ``listener``: rank 0 gets the store's socket
+    already bound and listening from the supervisor (``chaos.cluster._Attempt.launch``),
+    so a client's connection waits in its backlog. Without one (containers, network
+    namespaces) the supervisor starts the other ranks only once rank 0 says
+    ``store_ready``. A ``device=cuda`` job's group is ``cpu:gloo,cuda:nccl``
     (``chaos.workload.device.backend``): NCCL for every CUDA tensor, gloo for CPU ones.
     """
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = spec.master_addr, str(spec.master_port)
     timeout = timedelta(seconds=cfg.collective_timeout_s)
     master = spec.rank == 0
+    fd = listener.detach() if master and listener is not None else None  # the store owns it from here
     store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=master,
-                          timeout=timeout, wait_for_workers=False)
+                          timeout=timeout, wait_for_workers=False, master_listen_fd=fd)
     if master and conn is not None:
         conn.send(("store_ready",))
     dist.init_process_group(devices.backend(cfg.device, spec.backend), store=store, rank=spec.rank,
@@ -284,11 +288,11 @@ def _acknowledge(ckpt: Any, log: EventLog, pending: list[int]) -> list[int]:
     return []
 
 
-def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
+def train(spec: RankSpec, conn: Any, log: EventLog, listener: Any = None) -> None:
     cfg = WorkloadConfig.from_dict(spec.workload)
     torch.set_num_threads(1)
     device = devices.setup(cfg.device, cfg.deterministic)  # before any CUDA work: the GPU, determinism
-    _init_process_group(spec, cfg, conn)
+    _init_process_group(spec, cfg, conn, listener)
     if device.type == "cuda":  # which GPU this rank got: the supervisor's CUDA_VISIBLE_DEVICES entry
         log.emit("pg_ready", device=str(device), visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
     else:
@@ -346,8 +350,11 @@ def train(spec: RankSpec, conn: Any, log: EventLog) -> None:
     dist.destroy_process_group()
 
 
-def rank_entry(spec: RankSpec, conn: Any = None) -> None:
-    """Process entry point: its own process group, its own log, a typed exit status."""
+def rank_entry(spec: RankSpec, conn: Any = None, listener: Any = None) -> None:
+    """Process entry point: its own process group, its own log, a typed exit status.
+
+    ``listener`` (rank 0 of a forked launch only) is the rendezvous store's listening socket.
+    """
     become_rank_process()
     os.environ.update(spec.env)
     if spec.scratch:
@@ -367,7 +374,7 @@ def rank_entry(spec: RankSpec, conn: Any = None) -> None:
     log.emit("start", pid=os.getpid(), preloaded_torch=IMPORTED_IN_PID != os.getpid(), checkpointer=spec.checkpointer)
     code = EXIT_OK
     try:
-        train(spec, conn, log)
+        train(spec, conn, log, listener)
         log.emit("exit", code=EXIT_OK)
     except ConfigError as exc:
         code = EXIT_CONFIG
