@@ -1,4 +1,11 @@
-"""The campaign's optional second half: generated fault schedules until ``--budget`` is spent.
+"""How a campaign runs its scenarios, and its optional second half: generated fault schedules.
+
+``run_pipelined`` runs a list of scenarios (``chaos run``'s family scenarios, ``chaos
+replay``) one after another, each one's record, hygiene check, oracles and clean-up in a
+helper thread while the next one's ranks already run; no two scenarios ever share a
+core-bound phase (see its docstring).
+
+Generated fault schedules run until ``--budget`` is spent.
 
 A bare ``chaos run`` runs one scenario per fault family and nothing else (about a
 minute on two cores), and needs nothing beyond the runtime dependencies.
@@ -19,16 +26,20 @@ minute on two cores), and needs nothing beyond the runtime dependencies.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ConfigError
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from chaos.points import Coverage, TracePoints
-    from chaos.runner import ScenarioResult
+    from chaos.runner import RunOptions, ScenarioResult
+    from chaos.scenario import Scenario
     from chaos.workload.config import WorkloadConfig
 
 DEFAULT_BUDGET_S: float | None = None  # bare `chaos run`: the family scenarios only, no generated schedules
@@ -133,3 +144,118 @@ def fill_budget(cfg: WorkloadConfig, world_size: int, points: TracePoints, deadl
     except _BudgetSpent:
         pass
     return campaign
+
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+class _Gate:
+    """One scenario's callbacks, delivered in campaign order.
+
+    Its ranks may start while the scenario before it is still being judged; its
+    ``on_start`` and progress events must not reach a display that still shows the
+    other one. Until ``open()`` (called once the previous result was reported), events
+    are kept; then ``on_start`` runs and the kept events follow, all under the
+    campaign's lock.
+    """
+
+    def __init__(self, lock: threading.RLock, scenario: Scenario, on_start: Callable[[Scenario], None] | None,
+                 progress: Progress | None) -> None:
+        self.lock, self.scenario, self.on_start, self.progress = lock, scenario, on_start, progress
+        self.opened = False
+        self.kept: list[tuple[str, dict[str, Any]]] = []
+
+    def open(self) -> None:
+        with self.lock:
+            if self.opened:
+                return
+            self.opened = True
+            if self.on_start is not None:
+                self.on_start(self.scenario)
+            kept, self.kept = self.kept, []
+            for event, info in kept:
+                self._forward(event, info)
+
+    def emit(self, event: str, info: dict[str, Any]) -> None:
+        with self.lock:
+            if self.opened:
+                self._forward(event, info)
+            else:
+                self.kept.append((event, info))
+
+    def _forward(self, event: str, info: dict[str, Any]) -> None:
+        if self.progress is not None:
+            self.progress(event, info)
+
+
+def run_pipelined(scenarios: Sequence[Scenario], options: RunOptions | None = None, *,
+                  on_start: Callable[[Scenario], None] | None = None, progress: Progress | None = None,
+                  on_result: Callable[[ScenarioResult], None] | None = None) -> list[ScenarioResult]:
+    """Run scenarios one after another, each judged while the next one's ranks already run.
+
+    A scenario is two halves (``chaos.runner.ScenarioRun``): ``ranks()`` holds the cores
+    (golden run, faulted run, final load, power-loss exploration) and always runs here,
+    in the calling thread, one scenario at a time; ``finish()`` (record, hygiene,
+    oracles, clean-up of its own scratch root and processes only) reads files and runs
+    in a helper thread while the next scenario's ``ranks()`` starts. No two
+    scenarios are ever in a core-bound half at once, and at most one is being finished.
+
+    The callbacks arrive in scenario order, never interleaved, under one lock:
+    ``on_start(scenario)``, that scenario's ``progress(event, info)`` events, then
+    ``on_result(result)``, before the next scenario's ``on_start``. Returns the results
+    in order. A ConfigError or an interrupt stops the campaign after the scenario in
+    flight is cleaned up (the one before it is reported first), as ``run_scenario``
+    one by one would.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from chaos import runner
+
+    results: list[ScenarioResult] = []
+    lock = threading.RLock()
+
+    def report(result: ScenarioResult) -> None:
+        with lock:
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+
+    def finish(run: runner.ScenarioRun) -> None:
+        report(run.finish())
+
+    def settle(future: Future | None) -> None:
+        if future is not None:
+            future.result()  # re-raises what that scenario's finish() raised (a ConfigError)
+
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chaos-judge")
+    behind: Future | None = None  # the previous scenario's finish(), in the helper thread
+    unjudged: runner.ScenarioRun | None = None  # ranks() done, finish() not yet handed over
+    try:
+        for scenario in scenarios:
+            gate = _Gate(lock, scenario, on_start, progress)
+            if behind is None:
+                gate.open()
+            run = runner.ScenarioRun(scenario, options, gate.emit)
+            try:
+                run.ranks()
+            except BaseException:  # noqa: BLE001 - finish() turns it into the verdict or raises it again
+                settle(behind)
+                behind = None
+                gate.open()
+                report(run.finish())
+                continue
+            unjudged = run
+            settle(behind)
+            gate.open()
+            behind, unjudged = executor.submit(finish, run), None
+        settle(behind)
+    except BaseException:
+        if unjudged is not None:  # interrupted while waiting for the one before: still clean this one up
+            try:
+                unjudged.finish()
+            except BaseException:  # noqa: BLE001, S110 - the first interrupt or error is the one raised
+                pass
+        raise
+    finally:
+        executor.shutdown(wait=True)
+    return results

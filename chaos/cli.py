@@ -221,8 +221,9 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     later in a campaign still leaves every finished scenario's verdict and replay
     command in ``--json``; ``main`` turns such a crash into exit 2.
     """
+    from chaos.campaign import run_pipelined
     from chaos.results import exit_status, write_results
-    from chaos.runner import RunOptions, run_scenario
+    from chaos.runner import RunOptions
     from reports.cases import check_output
     from reports.console import LiveProgress, make_console, scenario_line, summary_table
 
@@ -242,13 +243,14 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     started = time.monotonic()
     try:
         with LiveProgress(console, len(scenarios)) as live:
-            for i, scenario in enumerate(scenarios, 1):
-                live.start(scenario)
-                result = run_scenario(scenario, options, progress=live.update)
+            def done(result: Any) -> None:  # in scenario order; the next one's ranks may already run
                 live.finish(result)
                 results.append(result)
                 save()
-                scenario_line(console, result, position=f"[{i}/{len(scenarios)}] ")
+                scenario_line(console, result, position=f"[{len(results)}/{len(scenarios)}] ")
+
+            # Each scenario is judged while the next one's ranks run (chaos.campaign.run_pipelined).
+            run_pipelined(scenarios, options, on_start=live.start, progress=live.update, on_result=done)
         if getattr(args, "command", None) == "run" and not args.fault and scenarios:
             generated = _generated(args, scenarios[0], options, console, started, results)
             results += generated

@@ -49,6 +49,9 @@ class ScenarioResult:
     seconds: float = 0.0
     golden_cached: bool = False
     scratch: str | None = None
+    # Where the harness's own time went: (name, start, end) in time.time(), in order, for
+    # ``chaos bench-launch`` (which lines them up with the ranks' events). Not in to_dict.
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
 
     @property
     def replay(self) -> str:
@@ -109,13 +112,17 @@ def _leftovers(record: RunRecord, scratch: Path, suffix: str | None) -> dict[str
     return out
 
 
-def _clean_leftovers(found: dict[str, list]) -> None:
-    """The last resort, after hygiene has looked: no process of the scenario survives it."""
+def _clean_leftovers(found: dict[str, list], scratch: Path) -> None:
+    """The last resort, after hygiene has looked: no process of the scenario survives it.
+
+    Only this scenario's (``scratch``): in a pipelined campaign the next scenario's ranks
+    run while this one is judged.
+    """
     import signal
 
     from faults.process import alive
 
-    cluster.kill_all()
+    cluster.kill_all(scope=str(scratch))
     for pid in found.get("processes", []):
         try:
             os.kill(pid, signal.SIGKILL)
@@ -212,23 +219,94 @@ def _unfired_faults(scenario: Scenario, outcome: cluster.ClusterResult) -> str |
             f"{missed[0].attempt}); the run passed but tested nothing")
 
 
+class _Spans:
+    """Times the runner's own stages into ``ScenarioResult.spans``: ``with spans("judge"): ...``."""
+
+    def __init__(self, out: list[tuple[str, float, float]]) -> None:
+        self.out = out
+
+    def __call__(self, name: str) -> Any:
+        import contextlib
+
+        @contextlib.contextmanager
+        def span() -> Any:
+            t0 = time.time()
+            try:
+                yield
+            finally:
+                self.out.append((name, t0, time.time()))
+
+        return span()
+
+
 def run_scenario(scenario: Scenario, options: RunOptions | None = None,
                  progress: Callable[[str, dict[str, Any]], None] | None = None) -> ScenarioResult:
-    """Run and judge one scenario. Bad input raises ConfigError; harness faults become verdict 'error'."""
-    options = options or RunOptions()
-    scenario.validate()
-    scenario.checkpointer = validate_spec(scenario.checkpointer)
-    cluster.warm_up()
-    started = time.time()
-    if options.scratch_base:
-        Path(options.scratch_base).mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="chaos-", dir=options.scratch_base))
-    result = ScenarioResult(scenario, "error", scratch=str(scratch) if options.keep else None)
-    try:
-        note = progress or (lambda event, info: None)
+    """Run and judge one scenario. Bad input raises ConfigError; harness faults become verdict 'error'.
+
+    Called by ``chaos run`` (through ``chaos.campaign.run_pipelined``), ``chaos replay``,
+    the pytest plugin and the benches. The result's ``spans`` say how long each stage took.
+    """
+    return ScenarioRun(scenario, options, progress).run()
+
+
+class ScenarioRun:
+    """One scenario in two halves: ``ranks()`` runs everything that needs the cores (the
+    golden run when it is not cached, the faulted run, the final load, power-loss
+    exploration), ``finish()`` everything after (record, hygiene, oracles, clean-up).
+
+    ``run_scenario`` calls both. ``chaos.campaign.run_pipelined`` calls ``finish`` of one
+    scenario in a thread while the next one's ``ranks`` run: the second half reads logs,
+    looks for leftovers of its own scenario only and removes its scratch root, so the
+    two never share a core-bound phase. Call ``ranks()`` once, then ``finish()`` once,
+    whatever ``ranks()`` raised (``run`` does); ``finish`` re-raises a ConfigError.
+    """
+
+    def __init__(self, scenario: Scenario, options: RunOptions | None = None,
+                 progress: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        self.scenario, self.options, self.progress = scenario, options or RunOptions(), progress
+        self.result = ScenarioResult(scenario, "error")
+        self.spans = _Spans(self.result.spans)
+        self.started = time.time()
+        self.scratch: Path | None = None
+        self._raised: BaseException | None = None  # what ranks() raised, for finish() to act on
+        self._done = False  # the verdict is already decided (skipped), nothing left to judge
+        self._state: dict[str, Any] = {}
+
+    def run(self) -> ScenarioResult:
+        try:
+            self.ranks()
+        except BaseException:  # noqa: BLE001 - kept in self._raised: finish() judges or re-raises it
+            pass
+        return self.finish()
+
+    def ranks(self) -> None:
+        """Set-up, golden, environment, faulted run, final load, exploration: the core-bound half.
+
+        Whatever it raises is also kept for ``finish()``, which must be called next.
+        """
+        scenario, options, spans = self.scenario, self.options, self.spans
+        try:
+            with spans("set-up"):
+                scenario.validate()
+                scenario.checkpointer = validate_spec(scenario.checkpointer)
+                cluster.warm_up()
+                self.started = time.time()  # ``seconds`` leaves out the fork server's one-off start
+                if options.scratch_base:
+                    Path(options.scratch_base).mkdir(parents=True, exist_ok=True)
+                scratch = self.scratch = Path(tempfile.mkdtemp(prefix="chaos-", dir=options.scratch_base))
+            self.result.scratch = str(scratch) if options.keep else None
+            self._ranks(scratch)
+        except BaseException as exc:
+            self._raised = exc
+            raise
+
+    def _ranks(self, scratch: Path) -> None:
+        scenario, options, spans, result = self.scenario, self.options, self.spans, self.result
+        note = self.progress or (lambda event, info: None)
         note("phase", {"phase": "golden run"})
-        golden = get_golden(scenario.workload, scenario.world_size, scratch, cache_dir=options.cache_dir,
-                            use_cache=options.use_golden_cache)
+        with spans("golden"):
+            golden = get_golden(scenario.workload, scenario.world_size, scratch, cache_dir=options.cache_dir,
+                                use_cache=options.use_golden_cache)
         result.golden, result.golden_cached = golden, golden.cached
         log_dir = scratch / "logs"
         plan = cluster.LaunchPlan(
@@ -236,7 +314,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
             checkpointer=scenario.checkpointer, ckpt_options=dict(scenario.ckpt_options),
             ckpt_root=str(scratch / "ckpt"), faults=list(scenario.faults), max_restarts=scenario.max_restarts,
             hang_timeout_s=options.hang_timeout_s, attempt_timeout_s=options.attempt_timeout_s,
-            progress=progress, scratch=str(scratch),
+            progress=self.progress, scratch=str(scratch),
         )
         verify = None
         driver = open_driver(scenario.driver, scratch, scenario.image)
@@ -244,52 +322,85 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
             with driver, Environment(driver.env_faults(scenario.faults), scenario.world_size, plan.ckpt_root,
                                      plan.log_dir, scenario.workload.save_every,
                                      storage=scenario.ckpt_options.get("storage")) as env:
-                outcome = driver.run(plan, env)
+                with spans("run"):
+                    outcome = driver.run(plan, env)
                 if outcome.completed and not outcome.config_error:
                     note("phase", {"phase": "verification"})
-                    verify = driver.verify(dataclasses.replace(plan, world_size=outcome.final_world_size
-                                                                or plan.world_size), env)
+                    with spans("final load"):
+                        verify = driver.verify(dataclasses.replace(plan, world_size=outcome.final_world_size
+                                                                    or plan.world_size), env)
                 if any(f.family == "powerloss" for f in scenario.faults):
                     note("phase", {"phase": "power-loss exploration"})
-                powerloss = _explore_power_loss(scenario, plan, env, outcome, scratch)
+                with spans("power-loss exploration"):
+                    powerloss = _explore_power_loss(scenario, plan, env, outcome, scratch)
                 suffix = env.lab.suffix if env.lab is not None else None
+                env_exit = time.time()
         except Unsupported as exc:
             result.verdict, result.error = "skipped", f"skipped: {exc}"
-            return result
-        record = RunRecord.collect(outcome, str(log_dir), scenario.world_size, plan.ckpt_root)
-        if verify is not None:
-            record.verify = _verify_record(verify, str(log_dir), outcome.final_world_size or scenario.world_size)
-        found = _leftovers(record, scratch, suffix)  # observe first, then clean
-        _clean_leftovers(found)
-        record.hygiene = driver.hygiene(found)
+            self._done = True
+            return
+        result.spans.append(("environment teardown", env_exit, time.time()))
+        self._state = {"golden": golden, "plan": plan, "driver": driver, "outcome": outcome, "verify": verify,
+                       "powerloss": powerloss, "suffix": suffix}
+
+    def finish(self) -> ScenarioResult:
+        """Record, hygiene, oracles, verdict, clean-up: reads files, needs no core of its own.
+
+        Turns what ``ranks()`` raised into the verdict as ``run_scenario`` always has
+        (ChaosError and other exceptions: ``error``; ConfigError and interrupts are
+        raised again, after the clean-up).
+        """
+        result, spans = self.result, self.spans
+        try:
+            if self._raised is not None:
+                raise self._raised
+            if not self._done and self._state:
+                self._judge()
+        except ConfigError:
+            raise
+        except ChaosError as exc:
+            result.verdict, result.error = "error", f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - reported as a harness error with its type
+            result.verdict, result.error = "error", f"harness error: {type(exc).__name__}: {exc}"
+        finally:
+            if self.scratch is not None:
+                from chaos.workload.spec import SCENARIO_ENV
+                from faults.process import marked_with
+
+                with spans("clean-up"):
+                    _clean_leftovers({"processes": marked_with(SCENARIO_ENV, str(self.scratch))}, self.scratch)
+                    if not self.options.keep:
+                        shutil.rmtree(self.scratch, ignore_errors=True)
+            result.seconds = time.time() - self.started
+        return result
+
+    def _judge(self) -> None:
+        scenario, spans, result, state = self.scenario, self.spans, self.result, self._state
+        scratch = self.scratch
+        assert scratch is not None
+        outcome, plan, verify, driver = state["outcome"], state["plan"], state["verify"], state["driver"]
+        log_dir = plan.log_dir
+        with spans("record"):
+            record = RunRecord.collect(outcome, str(log_dir), scenario.world_size, plan.ckpt_root)
+            if verify is not None:
+                record.verify = _verify_record(verify, str(log_dir), outcome.final_world_size or scenario.world_size)
+        with spans("hygiene"):
+            found = _leftovers(record, scratch, state["suffix"])  # observe first, then clean
+            _clean_leftovers(found, scratch)
+            record.hygiene = driver.hygiene(found)
         result.record = record
         if outcome.config_error:
             msgs = [e["message"] for e in record.errors() if e.get("kind") == "config"]
             raise ConfigError(msgs[0] if msgs else "a rank rejected its configuration")
-        result.oracles = judge(golden, record, loss_band=scenario.loss_band,
-                               nondeterministic=scenario.workload.nondeterministic)
-        if powerloss is not None:
-            result.oracles["atomic_commit"] = powerloss
-        result.verdict = _verdict(result.oracles)
-        missed = (_unfired_io_faults(scenario, record) or _unfired_faults(scenario, outcome)
-                  or idle_faults(outcome.fired()))
+        with spans("judge"):
+            result.oracles = judge(state["golden"], record, loss_band=scenario.loss_band,
+                                   nondeterministic=scenario.workload.nondeterministic)
+            if state["powerloss"] is not None:
+                result.oracles["atomic_commit"] = state["powerloss"]
+            result.verdict = _verdict(result.oracles)
+            missed = (_unfired_io_faults(scenario, record) or _unfired_faults(scenario, outcome)
+                      or idle_faults(outcome.fired()))
         if missed and result.verdict == "pass":
             # Judged first: a fault that never fired turns only a pass into skipped (a green
             # verdict would claim more than was tested); a real failure stays a failure.
             result.verdict, result.error = "skipped", missed
-    except ConfigError:
-        raise
-    except ChaosError as exc:
-        result.verdict, result.error = "error", f"{type(exc).__name__}: {exc}"
-    except Exception as exc:  # noqa: BLE001 - reported as a harness error with its type
-        result.verdict, result.error = "error", f"harness error: {type(exc).__name__}: {exc}"
-    finally:
-        from chaos.workload.spec import SCENARIO_ENV
-        from faults.process import marked_with
-
-        _clean_leftovers({"processes": marked_with(SCENARIO_ENV, str(scratch))})
-        result.seconds = time.time() - started
-        if not options.keep:
-            shutil.rmtree(scratch, ignore_errors=True)
-    return result
-

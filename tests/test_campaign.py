@@ -41,9 +41,25 @@ def fake_runs(monkeypatch):
         ran.append(scenario)
         return ScenarioResult(scenario, "pass", seconds=0.05)
 
-    monkeypatch.setattr(runner, "run_scenario", fake)
+    monkeypatch.setattr(runner, "run_scenario", fake)  # generated schedules
+    monkeypatch.setattr(runner, "ScenarioRun", _halves(fake))  # the family scenarios (chaos.campaign.run_pipelined)
     monkeypatch.setattr(points, "reference_points", lambda scenario, options: FAKE_POINTS)
     return ran
+
+
+def _halves(fake):
+    """A stand-in ``chaos.runner.ScenarioRun`` whose second half runs ``fake`` (the whole scenario)."""
+    class Halves:
+        def __init__(self, scenario, options=None, progress=None):
+            self.args = (scenario, options, progress)
+
+        def ranks(self):
+            pass
+
+        def finish(self):
+            return fake(*self.args)
+
+    return Halves
 
 
 def _campaign(tmp_path, name, *extra):
@@ -153,7 +169,17 @@ WITHOUT_HYPOTHESIS = textwrap.dedent("""
         ran.append(scenario.id)
         return ScenarioResult(scenario, "pass")
 
-    runner.run_scenario = fake
+    class Halves:
+        def __init__(self, scenario, options=None, progress=None):
+            self.scenario = scenario
+
+        def ranks(self):
+            pass
+
+        def finish(self):
+            return fake(self.scenario)
+
+    runner.run_scenario, runner.ScenarioRun = fake, Halves
     code = cli.main(sys.argv[1:])
     print(json.dumps({"code": code, "ran": len(ran), "hypothesis": "hypothesis" in sys.modules}))
 """)

@@ -40,7 +40,17 @@ def test_a_harness_crash_mid_campaign_exits_2_and_keeps_the_finished_results(tmp
             raise RuntimeError("the harness broke")
         return _failed(scenario)
 
-    monkeypatch.setattr("chaos.runner.run_scenario", fake_run)
+    class Halves:  # chaos.runner.ScenarioRun as chaos.campaign.run_pipelined drives it
+        def __init__(self, scenario, options=None, progress=None):
+            self.scenario = scenario
+
+        def ranks(self):
+            pass
+
+        def finish(self):
+            return fake_run(self.scenario)
+
+    monkeypatch.setattr("chaos.runner.ScenarioRun", Halves)
     monkeypatch.setattr(cli, "_generated", lambda *a, **k: [])
     out = tmp_path / "results.json"
     rc = cli.main(["run", "--json", str(out)])
