@@ -105,7 +105,7 @@ def tensor_digest(tensor: Any) -> str:
     if _is_numpy(tensor, "ndarray"):
         arr = sys.modules["numpy"].ascontiguousarray(tensor)
         h.update(f"np:{arr.dtype.str}:{list(arr.shape)}|".encode())
-        h.update(arr.tobytes())
+        h.update(arr.reshape(-1).view(sys.modules["numpy"].uint8))  # the buffer itself: no copy
         return "sha256:" + h.hexdigest()
     t = tensor.detach()
     if t.device.type != "cpu":
@@ -113,7 +113,7 @@ def tensor_digest(tensor: Any) -> str:
     t = t.contiguous()
     h.update(f"torch:{t.dtype}:{list(t.shape)}|".encode())
     if t.numel():
-        h.update(t.reshape(-1).view(sys.modules["torch"].uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(sys.modules["torch"].uint8).numpy())  # the buffer itself: no copy
     return "sha256:" + h.hexdigest()
 
 
