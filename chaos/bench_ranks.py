@@ -185,21 +185,10 @@ def timed_save(ck: Any, step: int, state: dict[str, Any], cuda: bool = False) ->
 
     stall: until ``save()`` returned (what training waits for); save: until ``wait()``
     returned, the save durable and committed. With ``cuda`` the device is idle first, so
-    no earlier kernel is billed to the save.
+    no earlier kernel is billed to the save. (:func:`timed_save_then_step` with no step.)
     """
-    import torch.distributed as dist
-
-    if cuda:
-        import torch
-
-        torch.cuda.synchronize()
-    dist.barrier()
-    t0 = time.perf_counter()
-    ck.save(step, state)
-    stall = time.perf_counter() - t0
-    ck.wait()
-    dist.barrier()
-    return max_all(stall), max_all(time.perf_counter() - t0)
+    stall, save, _at_return = timed_save_then_step(ck, step, state, lambda: None, cuda)
+    return stall, save
 
 
 def timed_save_then_step(ck: Any, step: int, state: dict[str, Any], next_step: Any,
