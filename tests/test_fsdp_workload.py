@@ -27,7 +27,7 @@ def test_an_unknown_mode_and_an_impossible_world_size_are_config_errors():
         WorkloadConfig(parallel="zero3")
     with pytest.raises(ConfigError, match="hsdp needs an even world size"):
         WorkloadConfig(parallel="hsdp").check_world_size(3)
-    with pytest.raises(ConfigError, match="tp shards the MLP's 1024 hidden units over 3 ranks"):
+    with pytest.raises(ConfigError, match="tp shards the MLP's 512 hidden units over 3 ranks"):
         WorkloadConfig(parallel="tp").check_world_size(3)
     WorkloadConfig(parallel="fsdp").check_world_size(3)  # uneven shards are fine
 
