@@ -20,6 +20,7 @@ the job's script exists), so the tests build both texts from a real run's result
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -287,6 +288,32 @@ def _installed(dist: str) -> str | None:
         return None
 
 
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    """Top-level module -> the distributions that provide it (a scan of every installed one: once a process)."""
+    return dict(metadata.packages_distributions())
+
+
+@functools.lru_cache(maxsize=16)
+def script_packages(path: str) -> dict[str, str]:
+    """Installed distribution -> version for the third-party modules the script at ``path`` imports,
+    in import order; the standard library and the harness left out.
+
+    Read by :func:`versions` (the issue draft) and by ``chaos.job.results.job_packages`` (the
+    results' ``environment.packages``). Most distributions are named as their module (torch,
+    transformers, lightning): the scan of every installed one (~75 ms) only for the others.
+    """
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    out: dict[str, str] = {}
+    for mod in job_imports(Path(path)):
+        if mod in stdlib or mod == "chaos":
+            continue
+        for dist in [mod] if _installed(mod) else _distributions().get(mod, []):
+            if dist not in out and (v := _installed(dist)):
+                out[dist] = v
+    return out
+
+
 def versions(finding: Finding, script: JobScript | None) -> list[tuple[str, str]]:
     """(name, version) lines of the draft: python, torch and chaos-ckpt as recorded by the run, the
     platform, then the third-party packages the job's script imports (installed versions), or, when
@@ -294,17 +321,8 @@ def versions(finding: Finding, script: JobScript | None) -> list[tuple[str, str]
     env = finding.environment
     out = [("python", str(env.get("python") or sys.version.split()[0])),
            ("torch", str(env.get("torch") or _installed("torch") or "not installed"))]
-    extra: list[tuple[str, str]] = []
     if script is not None:
-        dists = metadata.packages_distributions()
-        stdlib = getattr(sys, "stdlib_module_names", frozenset())
-        for mod in job_imports(script.path):
-            if mod in stdlib or mod in ("torch", "chaos"):
-                continue
-            for dist in dists.get(mod, []):
-                v = _installed(dist)
-                if v and dist not in {n for n, _ in extra}:
-                    extra.append((dist, v))
+        extra = [(d, v) for d, v in script_packages(str(script.path)).items() if d != "torch"]
     else:
         extra = [(d, v) for d in FRAMEWORKS if (v := _installed(d))]
     out += extra

@@ -12,10 +12,8 @@ which a job run never needs.
 
 from __future__ import annotations
 
-import functools
 import platform
 import re
-import sys
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
@@ -37,47 +35,23 @@ def _version(dist: str) -> str | None:
         return None
 
 
-@functools.cache
-def _distributions() -> dict[str, list[str]]:
-    """Top-level module -> the distributions that provide it (a scan of every installed one: once a process)."""
-    return dict(metadata.packages_distributions())
-
-
 def job_packages(job: JobSpec) -> dict[str, str]:
     """Installed versions of the third-party distributions the job's script imports, by canonical name.
 
     Recorded as the results' ``environment.packages`` so that whoever reads the results
     later (``chaos findings``'s version column, an upstream report) knows which framework
     versions the points ran against, on any machine. The script is COMMAND's one local
-    ``.py`` file (``chaos.job.repro.job_script``); with none (``python -m``, a binary) the
-    frameworks of ``chaos.job.repro.FRAMEWORKS`` that are installed stand in. The harness
-    itself and the standard library are left out.
+    ``.py`` file (``chaos.job.repro.job_script``, read by ``repro.script_packages``); with
+    none (``python -m``, a binary) the frameworks of ``chaos.job.repro.FRAMEWORKS`` that
+    are installed stand in. The harness itself and the standard library are left out.
     """
     from chaos.job import repro
 
     script = repro.job_script(job)
     if script is None:
         return {d: v for d in repro.FRAMEWORKS if (v := _version(d))}
-    return _script_packages(str(script.path))
-
-
-@functools.lru_cache(maxsize=16)
-def _script_packages(path: str) -> dict[str, str]:
-    from chaos.job import repro
-
-    stdlib = getattr(sys, "stdlib_module_names", frozenset())
-    out: dict[str, str] = {}
-    for mod in repro.job_imports(Path(path)):
-        if mod in stdlib or mod == "chaos":
-            continue
-        # most distributions are named as their module (torch, transformers, lightning): the
-        # scan of every installed one (~75 ms) only for the others
-        dists = [mod] if _version(mod) else _distributions().get(mod, [])
-        for dist in dists:
-            name = re.sub(r"[-_.]+", "-", dist).lower()  # the canonical name (PEP 503): Jinja2 -> jinja2
-            if name not in out and (v := _version(dist)):
-                out[name] = v
-    return out
+    # the canonical name (PEP 503): Jinja2 -> jinja2
+    return {re.sub(r"[-_.]+", "-", d).lower(): v for d, v in repro.script_packages(str(script.path)).items()}
 
 
 def results_document(job: JobSpec, exploration: Exploration | None, results: list[PointResult]) -> dict[str, Any]:
