@@ -32,8 +32,7 @@ from chaos.workload.device import rank_env as rank_device_env
 from chaos.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
 
 _ctx: Any = None
-_live: dict[int, Any] = {}  # pid -> Process, every rank not yet reaped
-_scope: dict[int, str | None] = {}  # pid -> the scratch root of the scenario it belongs to
+_live: dict[int, tuple[Any, str | None]] = {}  # pid -> (Process, its scenario's scratch root): every rank not yet reaped
 
 
 def _context() -> Any:
@@ -80,14 +79,13 @@ def kill_all(scope: str | None = None) -> None:
     (``chaos.campaign.run_pipelined``) the next scenario's ranks are already running
     while this one is judged and cleaned up, and must not be taken down with it.
     """
-    for pid, proc in list(_live.items()):
-        if scope is not None and _scope.get(pid) != scope:
+    for pid, (proc, owner) in list(_live.items()):
+        if scope is not None and owner != scope:
             continue
         signal_rank(pid, signal.SIGKILL)
         signal_rank(pid, signal.SIGCONT)
         proc.join(timeout=10)
         _live.pop(pid, None)
-        _scope.pop(pid, None)
 
 
 atexit.register(kill_all)
@@ -244,8 +242,7 @@ class _Attempt:
         proc = ctx.Process(target=_rank_target, args=(self._spec(rank, port), child, listener), daemon=False)
         proc.start()
         child.close()
-        _live[proc.pid] = proc
-        _scope[proc.pid] = self.plan.scratch
+        _live[proc.pid] = (proc, self.plan.scratch)
         self.procs[rank], self.conns[rank] = proc, parent
 
     def launch(self) -> None:
@@ -339,7 +336,6 @@ class _Attempt:
             proc.join(timeout=10)
             self.codes[rank] = proc.exitcode
             _live.pop(proc.pid, None)
-            _scope.pop(proc.pid, None)
 
     def _linger_s(self) -> float:
         """How long the survivors of a failed rank run on before the job is torn down.
@@ -391,7 +387,6 @@ class _Attempt:
                         self.procs[rank].join()
                         self.codes[rank] = self.procs[rank].exitcode
                         _live.pop(self.procs[rank].pid, None)
-                        _scope.pop(self.procs[rank].pid, None)
                 now = time.monotonic()
                 for deadline_kill, rank in list(self.pending_kills):
                     if now >= deadline_kill:
