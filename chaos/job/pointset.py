@@ -36,6 +36,7 @@ of those, so the same run and seed always give the same points in the same order
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import fnmatch
 import os
@@ -115,24 +116,27 @@ def completions(traces: Traces) -> dict[str, dict[str, Any]]:
     return done
 
 
-def next_step(traces: Traces, rank: int, ts: float) -> tuple[int, float] | None:
-    """The first step ``rank`` announced in attempt 0 after the moment ``ts``, and when (None: none)."""
-    for r in traces.get((rank, 0), []):
-        if (r.get("ts", 0.0) > ts and r.get("event") == "phase" and r.get("name") == "chaos.probe"
-                and r.get("info", {}).get("kind") in STEP_KINDS):
-            return int(r["info"]["n"]), r.get("ts", 0.0)
-    return None
+def _step_announcements(traces: Traces) -> dict[int, tuple[list[float], list[int]]]:
+    """Rank -> (moments, steps) of every step it announced in attempt 0, in time order (for bisection)."""
+    out: dict[int, tuple[list[float], list[int]]] = {}
+    for (rank, a), recs in traces.items():
+        if a != 0:
+            continue
+        found = sorted((r.get("ts", 0.0), int(r["info"]["n"])) for r in recs if r.get("event") == "phase"
+                       and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS)
+        out[rank] = ([t for t, _ in found], [n for _, n in found])
+    return out
 
 
 def rot_sites(traces: Traces) -> list[tuple[dict[str, Any], str, int]]:
     """Where corruption at rest can strike mid-run: (completing event, file, step) for each file
     under {out} a close or a rename put in place (from {out} or from outside it), at the first
-    step its rank announced after,
-    when the file was still there then (not removed, renamed away or rewritten in between; of
-    several completions before the same step, the last). A file written again later (a
-    ``last.ckpt``, a rotated ``checkpoint-N``) gets a site per version the job trusted, which
-    is how a restart meets an older checkpoint corrupted. A directory renamed into place is
-    not a file to corrupt (its files were completed under their temporary names)."""
+    step its rank announced after, when the file was still there then (not removed, renamed
+    away or rewritten in between; of several completions before the same step, the last). A
+    file written again later (a ``last.ckpt``, a rotated ``checkpoint-N``) gets a site per
+    version the job trusted, which is how a restart meets an older checkpoint corrupted. A
+    directory renamed into place is not a file to corrupt (its files were completed under
+    their temporary names)."""
     events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
                      if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None),
                     key=lambda r: r.get("ts", 0.0))
@@ -142,36 +146,43 @@ def rot_sites(traces: Traces) -> list[tuple[dict[str, Any], str, int]]:
     def rel_of(path: Any) -> str | None:
         return path[len(root):] if root and isinstance(path, str) and path.startswith(root) else None
 
+    steps = _step_announcements(traces)
     closed: set[str] = set()  # files (not directories) completed so far
     dirs: set[str] = set()
     sites: dict[tuple[str, int, int], tuple[dict[str, Any], float]] = {}
+    # what ends a version of a file: removed, renamed away (it or a directory above it), opened to be rewritten
+    unlinked: dict[str, list[float]] = {}
+    renamed_away: list[tuple[float, str]] = []
+    rewritten: dict[str, list[float]] = {}
     for ev in events:
-        rel, op = ev.get("rel"), ev.get("op")
+        rel, op, ts = ev.get("rel"), ev.get("op"), ev.get("ts", 0.0)
+        src = rel_of(ev.get("src")) if op == "rename" else None
+        if op == "unlink" and rel:
+            unlinked.setdefault(rel, []).append(ts)
+        if src is not None:
+            renamed_away.append((ts, src))
+        if op == "open" and rel and (ev.get("trunc") or {"wronly", "rdwr"} & set(ev.get("flags") or ())):
+            rewritten.setdefault(rel, []).append(ts)
         if op == "open" and ev.get("is_dir") and rel:
             dirs.add(rel)
         # a rename completes a file written under another name in {out}, or moved in from outside
         # (Lightning's _atomic_save writes in $TMPDIR, then moves the file into place)
-        moved_in = op == "rename" and (rel_of(ev.get("src")) in closed or rel_of(ev.get("src")) is None)
+        moved_in = op == "rename" and (src in closed or src is None)
         if not rel or rel in dirs or not (op == "close" or moved_in):
             continue
         closed.add(rel)
-        found = next_step(traces, ev["rank"], ev.get("ts", 0.0))
-        if found is not None:
-            sites[(rel, ev["rank"], found[0])] = (ev, found[1])
+        moments, numbers = steps.get(ev["rank"], ([], []))
+        i = bisect.bisect_right(moments, ts)
+        if i < len(moments):
+            sites[(rel, ev["rank"], numbers[i])] = (ev, moments[i])
+
+    def between(times: list[float], since: float, until: float) -> bool:
+        return bisect.bisect_right(times, since) < bisect.bisect_left(times, until)
 
     def gone(rel: str, since: float, until: float) -> bool:
-        """Removed, renamed away or opened to be rewritten between its completion and the step."""
-        for r in events:
-            if not since < r.get("ts", 0.0) < until:
-                continue
-            op = r.get("op")
-            src = rel_of(r.get("src")) if op == "rename" else None
-            if (op == "unlink" and r.get("rel") == rel
-                    or src is not None and (src == rel or rel.startswith(src.rstrip(os.sep) + os.sep))
-                    or op == "open" and r.get("rel") == rel
-                    and (r.get("trunc") or {"wronly", "rdwr"} & set(r.get("flags") or ()))):
-                return True
-        return False
+        return (between(unlinked.get(rel, []), since, until) or between(rewritten.get(rel, []), since, until)
+                or any(since < t < until and (src == rel or rel.startswith(src.rstrip(os.sep) + os.sep))
+                       for t, src in renamed_away))
 
     out = [(ev, rel, step) for (rel, _rank, step), (ev, until) in sites.items()
            if not gone(rel, ev.get("ts", 0.0), until)]
