@@ -158,6 +158,20 @@ def _torchrun(world_size: int, steps: int, scratch: Path) -> float:
     return time.perf_counter() - t0
 
 
+def kill_step(steps: int) -> int:
+    """The step the bench's scenario kills at: 57.5 % of the way (step 23 of 40), after a save."""
+    return max(2, round(steps * 0.575))
+
+
+def kill_scenario(checkpointer: str, world_size: int, steps: int) -> Any:
+    """The bench's scenario: the last rank SIGKILLed at :func:`kill_step` (also ``chaos bench-scale``'s)."""
+    from chaos.scenario import Scenario, parse_fault
+    from chaos.workload.config import WorkloadConfig
+
+    return Scenario(checkpointer, world_size, WorkloadConfig(steps=steps),
+                    [parse_fault(f"kill:rank={world_size - 1},step={kill_step(steps)}")])
+
+
 def measure(checkpointer: str, steps: int, world_size: int, repeat: int, scratch: Path) -> dict[str, Any]:
     """Run the kill scenario once to cache its golden, then ``repeat`` timed runs; the report.
 
@@ -165,13 +179,9 @@ def measure(checkpointer: str, steps: int, world_size: int, repeat: int, scratch
     when a timed run does not pass: a failing scenario's time means nothing.
     """
     from chaos.runner import RunOptions, run_scenario
-    from chaos.scenario import Scenario, parse_fault
-    from chaos.workload.config import WorkloadConfig
 
-    cfg = WorkloadConfig(steps=steps)
-    kill_step = max(2, round(steps * 0.575))
     options = RunOptions(scratch_base=str(scratch), cache_dir=scratch / "golden")
-    scenario = Scenario(checkpointer, world_size, cfg, [parse_fault(f"kill:rank={world_size - 1},step={kill_step}")])
+    scenario = kill_scenario(checkpointer, world_size, steps)
     t0 = time.perf_counter()
     first = run_scenario(scenario, options)  # runs and caches the golden run
     first_s = time.perf_counter() - t0
@@ -198,7 +208,7 @@ def measure(checkpointer: str, steps: int, world_size: int, repeat: int, scratch
     groups = {name: _stats([sum(row["s"] for phase, row in rows.items() if group_of(phase) == name)
                             for rows in per_run]) for name, _ in _GROUPS}
     return {
-        "checkpointer": checkpointer, "world_size": world_size, "steps": steps, "kill_step": kill_step,
+        "checkpointer": checkpointer, "world_size": world_size, "steps": steps, "kill_step": kill_step(steps),
         "first_scenario_with_golden_s": round(first_s, 3),
         "scenario_golden_cached_s": round(statistics.median(times), 3),
         "scenario_golden_cached": _stats(times),

@@ -174,21 +174,18 @@ def measure_kill(world_sizes: tuple[int, ...], checkpointer: str, repeats: int, 
     next ``repeats`` are timed), but a scenario whose verdict is not ``pass`` is timed
     too and its verdict shown: its cost is still the cost (bench-launch stops there).
     """
+    from chaos.commands.launchbench import kill_scenario, kill_step
     from chaos.runner import RunOptions, run_scenario
-    from chaos.scenario import Scenario, parse_fault
-    from chaos.workload.config import WorkloadConfig
 
     cores = os.cpu_count() or 1
-    kill_step = max(2, round(steps * 0.575))
     rows = []
     for n in world_sizes:
         scratch = Path(work) / f"kill-{n}"
         scratch.mkdir(parents=True, exist_ok=True)
         options = RunOptions(scratch_base=str(scratch), cache_dir=scratch / "golden")
-        scenario = Scenario(checkpointer, n, WorkloadConfig(steps=steps),
-                            [parse_fault(f"kill:rank={n - 1},step={kill_step}")])
+        scenario = kill_scenario(checkpointer, n, steps)
         row: dict[str, Any] = {"world_size": n, "cores": cores, "ranks_per_core": round(n / cores, 2),
-                               "oversubscribed": n > cores, "kill_step": kill_step, "steps": steps}
+                               "oversubscribed": n > cores, "kill_step": kill_step(steps), "steps": steps}
         try:
             t0 = time.perf_counter()
             first = run_scenario(scenario, options)  # runs and caches the golden run
@@ -361,6 +358,8 @@ def _size(mb: float) -> str:
 
 def to_markdown(doc: dict[str, Any]) -> str:
     """The tables README's *How cost grows* shows, with the date, the machine and each bench's command."""
+    from chaos.commands.launchbench import kill_step
+
     m = doc["machine"]
     st = doc["settings"]
     lines = [f"### How cost grows (`chaos bench-scale`, {doc['date']})", "",
@@ -370,7 +369,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
     if "kill" in doc:
         lines += [f"**One kill scenario, golden run cached** (chaos bench-launch's scenario: `chaos run --checkpointer "
                   f"{st['kill_checkpointer']} --steps {st['kill_steps']} --world-size N --fault "
-                  f"kill:rank=N-1,step={max(2, round(st['kill_steps'] * 0.575))}`, {st['kill_repeats']} timed "
+                  f"kill:rank=N-1,step={kill_step(st['kill_steps'])}`, {st['kill_repeats']} timed "
                   f"run{'s' * (st['kill_repeats'] != 1)} after the one that computes the golden run: launch, kill, "
                   f"restart, resume, final load, verdict; verdicts of every run):", "",
                   "| world size | ranks per core | scenario s (min / med / max) | first run, with the golden run s | "
