@@ -19,13 +19,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import statistics
 import time
 import traceback
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
+
+from chaos.cluster import free_port
 
 # Bench names for checkpointer variants: (built-in checkpointer, options).
 # reference-async-trust: replicas=trust, DCP's own assumption that replicated tensors
@@ -39,13 +40,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 # ----------------------------------------------------------------- parent side
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the rank group's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rank_envs(device: str, world_size: int) -> list[dict[str, str]]:
     """The environment each rank gets before it imports anything: its own GPU for ``cuda``.
 
@@ -98,7 +92,7 @@ def launch(target: Any, world_size: int, timeout_s: float, args: tuple, ctx: Any
     if len(envs) != world_size:
         raise ValueError(f"launch: {len(envs)} rank environments for {world_size} ranks")
     out = ctx.Queue()
-    port = free_port()
+    port = free_port()  # the rank group's rendezvous
     procs = [ctx.Process(target=_entry, args=(target, r, world_size, port, timeout_s, args, envs[r], out), daemon=True)
              for r in range(world_size)]
     started: list[Any] = []
