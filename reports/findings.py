@@ -45,9 +45,7 @@ VERDICT_WORDS = {"hard_failure": "hard failure", "silent_divergence": "silent di
 PEER_ANSWERS = ("yes", "no", "partly")
 EVIDENCE_LIMIT = 150  # characters of a point's evidence in its cell
 NO_ANNOTATION = "no annotation"
-# A point's scratch paths (``/tmp/chaos-job-x/point-00003/out/ckpt.json``) as the job sees them.
-_SCRATCH_OUT = re.compile(r"(?:/[^\s'\"`/<>]+)*/chaos-job-\w+/(?:point|golden)-\d+/out\b")
-_SCRATCH_TMP = re.compile(r"(?:/[^\s'\"`/<>]+)*/chaos-job-\w+/(?:point|golden)-\d+/tmp\b")
+# Any other path under a job exploration's scratch root (a point's {out} and {tmp}: chaos.job.repro.SCRATCH_RUN).
 _SCRATCH_ANY = re.compile(r"(?:/[^\s'\"`/<>]+)*/chaos-job-\w+(?:/[^\s'\"`<>]*)?")
 _RESUME = re.compile(r"^the resume(?: copy \d+)? (?:exited|was|never|timed)[^:]*: ")
 
@@ -264,8 +262,9 @@ def read_run(doc: Any, source: str, annotations: Annotations) -> Run:
 
 def scrub(text: str) -> str:
     """A point's summary without the scratch root's paths: ``{out}/...``, ``{tmp}/...``, ``<scratch>``."""
-    text = _SCRATCH_OUT.sub("{out}", text)
-    text = _SCRATCH_TMP.sub("{tmp}", text)
+    from chaos.job.repro import SCRATCH_RUN
+
+    text = SCRATCH_RUN.sub(lambda m: f"{{{m.group(1)}}}" if m.group(1) in ("out", "tmp") else m.group(0), text)
     return _SCRATCH_ANY.sub("<scratch>", text)
 
 

@@ -332,7 +332,8 @@ def versions(finding: Finding, script: JobScript | None) -> list[tuple[str, str]
     return out
 
 
-_SCRATCH_RUN = re.compile(r"(?:/[^\s'\"`/<>]+)*/chaos-job-\w+/(?:point|golden)-\d+/(out|tmp|trace|logs)\b")
+# A point's scratch folders (``.../chaos-job-*/point-N/out``): also read by reports.findings.scrub.
+SCRATCH_RUN = re.compile(r"(?:/[^\s'\"`/<>]+)*/chaos-job-\w+/(?:point|golden)-\d+/(out|tmp|trace|logs)\b")
 _SCRATCH = re.compile(r"(?:/[^\s'\"`/<>]+)*/chaos-(?:job|repro)-\w+")
 # A leftover absolute path of two components or more (not part of a URL or of a placeholder).
 _ABSOLUTE = re.compile(r"(?<![\w.~<>/:-])/(?:[^\s/'\"`<>()\[\],;:]+/)+[^\s/'\"`<>()\[\],;:]*")
@@ -374,7 +375,7 @@ class Scrubber:
         return cls(tuple(sorted(roots.items(), key=lambda kv: -len(kv[0]))))
 
     def scrub(self, text: str) -> str:
-        text = _SCRATCH_RUN.sub(lambda m: f"<{m.group(1)}>", text)
+        text = SCRATCH_RUN.sub(lambda m: f"<{m.group(1)}>", text)
         text = _SCRATCH.sub("<scratch>", text)
         for path, name in self.roots:
             text = re.sub(re.escape(path) + r"(?=$|[/\s'\"`:,;)\]}])", name, text)
