@@ -31,6 +31,12 @@ messages. A device-to-pinned-host copy of each rank's state is timed once per re
 the floor an async stall cannot go below. Missing CUDA or too few GPUs is a ConfigError
 before any rank starts (:func:`validate`).
 
+With the state on the CPU, a :class:`MemoryFloor` is sampled once per repeat: the
+least memory work any async save must finish before the next step with this state —
+the reference's default copying its share and reading the rest, DCP's stager copying
+everything into fresh memory — so each async stall is also read against its own
+design's floor (``memory_floor`` in the report).
+
 Targets from the design: reference sync save >= 80% of raw bandwidth and faster than
 DCP; reference async stall <= 0.5x DCP async's; verified load <= 1.2x DCP's load.
 Missing checkpointers are skipped with a note; every load is checked bit-exact on
@@ -274,6 +280,79 @@ class DeviceCopy:
         return bench_ranks.max_all(time.perf_counter() - t0)
 
 
+class MemoryFloor:
+    """Times what an async save of this replicated CPU state must at least do in memory (collective).
+
+    Before the next optimizer step may change the state, an async save that writes its
+    share of the replicated tensors and checks the rest against the other ranks (the
+    reference's default, ``replicas=verify``) copies its share into staging and reads
+    the rest, and DCP's default stager copies every tensor into freshly allocated memory.
+    :meth:`sample` times the three alone, with the same primitives (the reference's
+    :class:`~chaos.checkpoint.async_writer.Staging` copy and xxh3 replica digest;
+    ``torch.empty_like(t).copy_(t)`` as DCP's ``_copy_state_dict`` does), each after
+    :attr:`evict` is overwritten so no cache holds the state, as before a save. A stall is
+    then read against the floor of its design — ``copy_share + read_rest`` for the
+    reference's default, ``copy_all_fresh`` for DCP's — and their quotient is the best
+    ``async_stall_vs_dcp_async`` any save that checks every replica could reach on this
+    machine at that moment. The share is a contiguous run of the state's tensors
+    balanced by bytes, as the reference's planner balances its writers. Called by
+    :func:`_measure` once per repeat, CPU state only.
+    """
+
+    EVICT_BYTES = 256 << 20
+
+    def __init__(self, state: dict[str, Any], rank: int, world: int) -> None:
+        import torch
+
+        from chaos.checkpoint.async_writer import Staging
+
+        self.tensors = [t.detach() for t in _tensors(state)]
+        sizes = [t.numel() * t.element_size() for t in self.tensors]
+        total, acc = max(1, sum(sizes)), 0
+        self.share: dict[str, Any] = {}
+        self.rest: list[Any] = []
+        for i, (t, n) in enumerate(zip(self.tensors, sizes, strict=True)):
+            owner = min(world - 1, acc * world // total)
+            acc += n
+            if owner == rank:
+                self.share[str(i)] = t
+            else:
+                self.rest.append(t)
+        self.bytes_share = sum(t.numel() * t.element_size() for t in self.share.values())
+        self.bytes_rest = sum(t.numel() * t.element_size() for t in self.rest)
+        self.bytes_all = sum(sizes)
+        self.staging = Staging()
+        self.staging.copy(self.share)  # the buffers, allocated once as the reference's are
+        self.evict = torch.empty(self.EVICT_BYTES, dtype=torch.uint8)
+
+    def _timed(self, work: Any) -> float:
+        import torch.distributed as dist
+
+        self.evict.fill_(self.evict[0].item() ^ 1)
+        dist.barrier()
+        t0 = time.perf_counter()
+        work()
+        return bench_ranks.max_all(time.perf_counter() - t0)
+
+    def sample(self) -> dict[str, float]:
+        """``{"copy_share": s, "read_rest": s, "copy_all_fresh": s}``, each the slowest rank's seconds."""
+        import torch
+
+        from chaos.ckptformat.hashing import digest, tensor_bytes
+
+        def read_rest() -> None:
+            for t in self.rest:
+                digest("xxh3", tensor_bytes(t))
+
+        def copy_all_fresh() -> None:
+            fresh = [torch.empty_like(t).copy_(t) for t in self.tensors]
+            del fresh
+
+        return {"copy_share": self._timed(lambda: self.staging.copy(self.share)),
+                "read_rest": self._timed(read_rest),
+                "copy_all_fresh": self._timed(copy_all_fresh)}
+
+
 def _setup_device(device: str) -> Any:
     """The rank's ``torch.device``: for cuda its one visible GPU (``chaos.workload.device.setup``)."""
     import torch
@@ -348,6 +427,8 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
     series = {name: {"save": [], "stall": [], "load": [], "raw": [], "at_return": []} for name in cks}
     copy = DeviceCopy(state) if cuda else None
     copies: list[float] = []
+    floor = MemoryFloor(state, rank, world) if not cuda else None
+    floors: list[dict[str, float]] = []
     schedule: list[list[str]] = []  # the save order of every repeat, for the report
     raws: list[float] = []  # every raw sample, in the order taken
     for i in range(cfg.repeats):
@@ -362,6 +443,8 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
                 series[name]["save"].append(save)
         if copy is not None:
             copies.append(copy.sample())
+        if floor is not None:
+            floors.append(floor.sample())
         _prune(base, list(cks), i + 1, rank)
     ok = dict.fromkeys(cks, True)
     loaded_on: dict[str, list[str]] = {}
@@ -408,6 +491,10 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
                                 "raw_all_s": raws, "results": results, "ranks": facts, "schedule": schedule}
     if copy is not None:
         measured["device_copy"] = {"bytes_per_rank": copy.bytes, "all_seconds": copies}
+    if floor is not None and floors:
+        measured["memory_floor"] = {"bytes_share": floor.bytes_share, "bytes_rest": floor.bytes_rest,
+                                    "bytes_all": floor.bytes_all,
+                                    **{f"{k}_all_s": [f[k] for f in floors] for k in floors[0]}}
     return measured
 
 
@@ -499,11 +586,41 @@ def make_report(cfg: BenchConfig, measured: dict[str, Any]) -> dict[str, Any]:
     for key in ("schedule", "ranks"):  # save order per repeat; each rank's device and CUDA_VISIBLE_DEVICES
         if measured.get(key):
             report[key] = measured[key]
+    floor = memory_floor(measured.get("memory_floor"), by)
+    if floor:
+        report["memory_floor"] = floor
     copy = measured.get("device_copy")
     if copy and copy.get("all_seconds"):
         report["device_copy"] = {**copy, "gb_s": spread([copy["bytes_per_rank"] / s / 1e9 for s in copy["all_seconds"]
                                                          if s > 0] or [0.0])}
     return report
+
+
+def memory_floor(measured: dict[str, Any] | None, by: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The report's ``memory_floor``: :class:`MemoryFloor`'s samples as spreads, set against the stalls.
+
+    Per repeat: ``reference_async_floor_s`` is copy_share + read_rest (the least the
+    reference's default async stall can be), ``floor_ratio`` that over copy_all_fresh
+    (the best ``async_stall_vs_dcp_async`` reachable while checking every replica), and
+    ``stall_over_floor`` each async checkpointer's stall over its own design's floor.
+    None when nothing was sampled (``--device cuda``, or a report from before it existed).
+    """
+    if not measured or not measured.get("copy_share_all_s"):
+        return None
+    share, rest, fresh = (measured[f"{k}_all_s"] for k in ("copy_share", "read_rest", "copy_all_fresh"))
+    ours = [a + b for a, b in zip(share, rest, strict=True)]
+    out: dict[str, Any] = {k: measured[k] for k in ("bytes_share", "bytes_rest", "bytes_all")}
+    out.update({"copy_share_s": spread(share), "read_rest_s": spread(rest), "reference_async_floor_s": spread(ours),
+                "copy_all_fresh_s": spread(fresh)})
+    if all(f > 0 for f in fresh):
+        out["floor_ratio"] = spread([o / f for o, f in zip(ours, fresh, strict=True)])
+    over: dict[str, Any] = {}
+    for name, base in (("reference-async", ours), ("dcp-async", fresh)):
+        stalls = _series(by[name], "stall", 0.0) if name in by else []
+        if len(stalls) == len(base) and all(b > 0 for b in base):
+            over[name] = spread([st / b for st, b in zip(stalls, base, strict=True)])
+    out["stall_over_floor"] = over
+    return out
 
 
 # ----------------------------------------------------------------- rendering
@@ -565,14 +682,37 @@ def _copy_line(report: dict[str, Any]) -> str | None:
             f"{triple(copy['gb_s'], '{:.1f}')} GB/s (min / med / max; {', '.join(gpus)})")
 
 
+def _floor_line(report: dict[str, Any]) -> str | None:
+    f = report.get("memory_floor")
+    if not f:
+        return None
+    ms = "{:.1f}"
+
+    def t(key: str) -> str:
+        return triple({k: v * 1e3 for k, v in f[key].items() if k != "per_repeat"}, ms)
+
+    line = (f"Memory floor per rank, uncached (ms, min / med / max): copy of its {f['bytes_share'] / 1e6:.0f} MB "
+            f"share into staging {t('copy_share_s')}, read of the other {f['bytes_rest'] / 1e6:.0f} MB "
+            f"{t('read_rest_s')}, both (the least the default async stall can be) {t('reference_async_floor_s')}; "
+            f"every tensor copied into fresh memory (DCP's default staging) {t('copy_all_fresh_s')}.")
+    if f.get("floor_ratio"):
+        line += (f" Best async_stall_vs_dcp_async reachable while checking every replica: "
+                 f"{triple(f['floor_ratio'], '{:.2f}')}.")
+    over = f.get("stall_over_floor") or {}
+    if over:
+        line += " Stall over its design's floor: " + "; ".join(
+            f"{name} {triple(s, '{:.2f}')}" for name, s in over.items()) + "."
+    return line
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: the checkpointer table, then the per-repeat ratios."""
     lines = [f"# chaos bench: {headline(report)}", "",
              f"| {' | '.join(COLUMNS)} |", "|---|---:|---:|---:|---:|---:|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in result_rows(report)]
-    copy = _copy_line(report)
-    if copy:
-        lines += ["", copy]
+    for extra in (_copy_line(report), _floor_line(report)):
+        if extra:
+            lines += ["", extra]
     lines += ["", f"Ratios ({report.get('order', 'per repeat pair')}):", "",
               f"| {' | '.join(RATIO_COLUMNS)} |", "|---|---:|---:|---:|---|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in ratio_rows(report)]
@@ -591,9 +731,9 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     for row in result_rows(report):
         t.add_row(*row)
     console.print(t)
-    copy = _copy_line(report)
-    if copy:
-        console.print(copy, markup=False, highlight=False)
+    for extra in (_copy_line(report), _floor_line(report)):
+        if extra:
+            console.print(extra, markup=False, highlight=False)
     rt = Table(title="ratios, per repeat pair (median judged against the target)")
     for col in RATIO_COLUMNS:
         rt.add_column(col, justify="left" if col in ("ratio", "per repeat", "target") else "right")

@@ -127,6 +127,10 @@ def test_tiny_end_to_end_run(tmp_path, capsys):
     assert r["ratios"]["async_stall_vs_dcp_async"] is None
     assert [f["device"] for f in r["ranks"]] == ["cpu", "cpu"] and r["config"]["device"] == "cpu"
     assert "device_copy" not in r
+    floor = r["memory_floor"]  # sampled once per repeat on the CPU
+    assert floor["bytes_share"] + floor["bytes_rest"] == floor["bytes_all"] > 0
+    assert len(floor["copy_share_s"]["per_repeat"]) == len(floor["copy_all_fresh_s"]["per_repeat"]) == 2
+    assert "Memory floor per rank" in md.read_text()
     printed = capsys.readouterr().out
     assert "chaos bench:" in printed and "| reference_vs_dcp_save |" in printed  # off a terminal: Markdown
     assert md.read_text().startswith("# chaos bench")
@@ -192,6 +196,35 @@ def test_launch_gives_each_rank_its_environment_before_it_starts():
     assert bench_ranks.launch(_environment, 2, 120, ("CHAOS_BENCH_PROBE",), ctx, envs) == ["first", "second"]
     with pytest.raises(ValueError, match="1 rank environments for 2 ranks"):
         bench_ranks.launch(_environment, 2, 120, ("X",), envs=[{}])
+
+
+def test_memory_floor_shares_partition_the_state_by_bytes():
+    state = bench.make_state(0, 3 * 4 * (5 << 20))  # 5 M floats per kind: several 4 MB tensors each
+    floors = [bench.MemoryFloor(state, r, 2) for r in range(2)]
+    ptrs = [{t.data_ptr() for t in f.share.values()} for f in floors]
+    everything = {t.data_ptr() for t in bench._tensors(state)}
+    assert len(everything) == len(bench._tensors(state)) == len(floors[0].tensors)
+    assert not ptrs[0] & ptrs[1] and (ptrs[0] | ptrs[1]) == everything
+    assert floors[0].bytes_share + floors[0].bytes_rest == floors[0].bytes_all
+    assert floors[0].bytes_share == floors[1].bytes_rest
+    assert 0.3 < floors[0].bytes_share / floors[0].bytes_all < 0.7, "balanced by bytes"
+
+
+def test_memory_floor_report_sets_each_stall_against_its_own_design_floor():
+    measured = {"bytes_share": 50, "bytes_rest": 50, "bytes_all": 100,
+                "copy_share_all_s": [0.010, 0.012], "read_rest_all_s": [0.006, 0.004], "copy_all_fresh_all_s": [0.040, 0.020]}
+    by = {"reference-async": {"stall_s": 0.02, "extra": {"stall_all_s": [0.020, 0.032]}},
+          "dcp-async": {"stall_s": 0.04, "extra": {"stall_all_s": [0.048, 0.030]}}}
+    f = bench.memory_floor(measured, by)
+    assert f["reference_async_floor_s"]["per_repeat"] == pytest.approx([0.016, 0.016])
+    assert f["floor_ratio"]["per_repeat"] == pytest.approx([0.4, 0.8])
+    assert f["stall_over_floor"]["reference-async"]["per_repeat"] == pytest.approx([1.25, 2.0])
+    assert f["stall_over_floor"]["dcp-async"]["per_repeat"] == pytest.approx([1.2, 1.5])
+    line = bench._floor_line({"memory_floor": f})
+    assert "16.0 / 16.0 / 16.0" in line and "0.40 / 0.60 / 0.80" in line
+    assert bench.memory_floor(None, by) is None and bench.memory_floor({}, by) is None
+    only_ours = bench.memory_floor(measured, {"reference-async": by["reference-async"]})
+    assert set(only_ours["stall_over_floor"]) == {"reference-async"}
 
 
 def test_device_copy_times_every_device_tensor():
