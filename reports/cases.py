@@ -99,6 +99,27 @@ def _fault_specs(faults: Any) -> str:
     return " ".join(out)
 
 
+def dotted_classname(spec: str) -> str:
+    """A checkpointer spec as a JUnit ``classname``: dotted, as CI dashboards group them.
+
+    Jenkins and GitLab split a classname at its last dot into package and class, so the
+    spec of a checkpointer in a file (``tests/checkpointers/x.py:MyCkpt``) would show as
+    class ``py:MyCkpt`` of package ``tests/checkpointers/x``. Such a spec becomes
+    ``tests.checkpointers.x.MyCkpt``, a module spec (``pkg.mod:MyCkpt``) ``pkg.mod.MyCkpt``;
+    built-in names (``reference``, ``dcp-async``) stay as they are. The scenario's own
+    ``checkpointer`` field, and its replay command, keep the spec verbatim.
+    """
+    module, sep, obj = spec.rpartition(":")
+    if not sep or not module or not obj:
+        return spec
+    if module.endswith(".py"):
+        module = module[:-3]
+    parts = [p for p in re.split(r"[\\/]+", module) if p and p != "."]
+    dotted = ".".join(p.replace(".", "_") for p in parts[:-1])
+    last = parts[-1] if parts else module
+    return ".".join(x for x in (dotted, last, obj) if x)
+
+
 def scenario_case(sc: dict[str, Any], classname: str | None = None, name: str | None = None) -> Case:
     """A results document's scenario (built-in, job point, or certify campaign entry) as a Case."""
     verdict = str(sc.get("verdict") or "error")
@@ -128,7 +149,8 @@ def scenario_case(sc: dict[str, Any], classname: str | None = None, name: str | 
         message = _strip_skipped(error or one_line(sc.get("summary")) or "skipped")
     if outcome in ("fail", "error") and replay:
         details.append(f"replay: {replay}")
-    return Case(classname=classname or str(sc.get("checkpointer") or "chaos"), name=name or str(sc.get("id") or "?"),
+    return Case(classname=classname or dotted_classname(str(sc.get("checkpointer") or "chaos")),
+                name=name or str(sc.get("id") or "?"),
                 outcome=outcome, label=label, message=message, failure_type=failure_type, details=details,
                 replay=replay, seconds=_seconds(sc.get("seconds")))
 

@@ -189,3 +189,20 @@ def test_junitparser_reads_it_back(tmp_path):
     xml = junitparser.JUnitXml.fromfile(str(path))
     suite = next(iter(xml))
     assert (suite.tests, suite.failures, suite.errors, suite.skipped) == (4, 1, 1, 1)
+
+
+@pytest.mark.parametrize(("spec", "classname"), [
+    ("tests/checkpointers/selfcheck/no_fsync.py:NoFsyncCheckpointer", "tests.checkpointers.selfcheck.no_fsync.NoFsyncCheckpointer"),
+    ("/home/me/.venv/ck.py:Ckpt", "home.me._venv.ck.Ckpt"),
+    ("mypkg.ckpt:Ckpt", "mypkg.ckpt.Ckpt"),
+    ("reference", "reference"),
+    ("dcp-async", "dcp-async"),
+])
+def test_a_checkpointer_spec_becomes_a_dotted_classname_and_the_replay_keeps_it_verbatim(spec, classname):
+    bad = OracleResult("bit_exact", False, "differs", {})
+    result = ScenarioResult(Scenario(checkpointer=spec, faults=[parse_fault("kill:rank=1,step=13")]), "fail",
+                            {"bit_exact": bad}, seconds=1.0)
+    doc = results_document([result])
+    (case,) = _cases(_read(junit_tree(doc))).values()
+    assert case.get("classname") == classname
+    assert spec in case.find("failure").text, "the replay command names the checkpointer as given"
