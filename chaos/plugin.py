@@ -53,6 +53,8 @@ MARKERS = {
     "gpu": "needs CUDA (NCCL); gpu(count=N): N GPUs. Skips with the reason where they are missing",
     "docker": "needs a Docker engine",
     "bench": "benchmark; reports ratios, asserts no timings",
+    "frameworks": "needs the frameworks extra (transformers, Lightning, Accelerate); skips without it, "
+                  "runs in the nightly (.ci/nightly installs it)",
 }
 BUILTINS = ("reference", "dcp", "dcp-async", "torch-save")
 

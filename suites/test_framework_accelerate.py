@@ -43,7 +43,7 @@ from chaos.plugin import job_failed
 
 accelerate = need("accelerate")
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.frameworks]  # run nightly, with the extra (.ci/nightly)
 
 ACC = python_job("accelerate_loop.py")
 OPTIONS = {"result_files": ["final/model.safetensors"], "checkpoint_glob": "checkpoints/checkpoint_*"}

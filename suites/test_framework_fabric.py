@@ -49,7 +49,7 @@ from chaos.plugin import job_failed
 
 lightning = need("lightning")
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.frameworks]  # run nightly, with the extra (.ci/nightly)
 
 FABRIC = python_job("fabric_loop.py")
 FABRIC_2 = python_job("fabric_loop.py", "--devices", "2")

@@ -56,7 +56,7 @@ from chaos.plugin import job_failed
 
 transformers = need("transformers")
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.frameworks]  # run nightly, with the extra (.ci/nightly)
 
 HF = python_job("hf_trainer.py")
 OPTIONS = {"result_files": ["final/model.safetensors"], "checkpoint_glob": "checkpoint-*"}

@@ -49,7 +49,7 @@ from chaos.plugin import job_failed
 
 lightning = need("lightning")
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.frameworks]  # run nightly, with the extra (.ci/nightly)
 
 PL = python_job("lightning_trainer.py")
 OPTIONS = {"result_files": ["final.pt"], "checkpoint_glob": "checkpoints/*.ckpt"}

@@ -159,6 +159,11 @@ def main() -> None:
     states = {"model": ModelWrapper(model), "optimizer": OptimizerWrapper(model, optimizer),
               "dataloader": DataLoaderState(loader, rank), "train_state": train_state}
     folder = os.path.join(args.out, "checkpoint")
+    # Every rank makes the folder once, up front. Left to dcp.save, each rank's first save
+    # makes it (and step-N) with mkdir(parents=True), and which rank gets there first decides
+    # whether the other's mkdir of step-N fails (ENOENT, then two more mkdirs) or not: the
+    # ranks' file events, and so the ordinals of chaos's points, would differ run to run.
+    os.makedirs(folder, exist_ok=True)
     step = newest_complete(folder)
     if step is not None:
         dcp.load(states, checkpoint_id=os.path.join(folder, f"step-{step}"))

@@ -1,0 +1,85 @@
+"""What the two CI entry points select: every suite runs somewhere, with what it needs.
+
+``.ci/run`` (per commit) runs pytest's default selection, the ``-m`` of pyproject's
+``addopts``; ``.ci/nightly`` runs its own ``-m`` after installing the ``frameworks``
+extra. The framework suites need that extra, so they must be marked ``frameworks`` and
+the nightly's expression must select that marker — otherwise their strict-xfail findings
+run nowhere and the framework defects they pin could come back unseen. Read from the
+scripts and the suites' source, so a change to either that drops the suites fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from _pytest.mark.expression import Expression
+
+REPO = Path(__file__).resolve().parent.parent
+FRAMEWORK_SUITES = sorted((REPO / "suites").glob("test_framework_*.py"))
+
+
+def _nightly() -> str:
+    """The nightly's pytest command line (its comments quote the expression too)."""
+    lines = [ln for ln in (REPO / ".ci" / "nightly").read_text().splitlines()
+             if not ln.lstrip().startswith("#") and ("-m pytest" in ln or "pip" in ln)]
+    assert any("-m pytest" in ln for ln in lines), "no pytest command in .ci/nightly"
+    return "\n".join(lines)
+
+
+def _selection(text: str) -> Expression:
+    """The ``-m "EXPR"`` marker expression in ``text``: after ``-m pytest`` where that is there."""
+    _, _, after = text.partition("-m pytest")
+    m = re.search(r'-m\s+\\?"([^"\\]+)\\?"', after or text)
+    assert m, "no -m expression found"
+    return Expression.compile(m.group(1))
+
+
+def _module_marks(path: Path) -> set[str]:
+    """The marker names of a module's ``pytestmark`` (``pytest.mark.X`` or a list of them)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            values = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+            return {v.attr for v in values if isinstance(v, ast.Attribute)}
+    return set()
+
+
+def _needed_modules(path: Path) -> set[str]:
+    return set(re.findall(r'\bneed\("([\w.]+)"\)', path.read_text()))
+
+
+def test_there_are_framework_suites():
+    assert len(FRAMEWORK_SUITES) >= 5
+
+
+@pytest.mark.parametrize("suite", FRAMEWORK_SUITES, ids=lambda p: p.name)
+def test_every_framework_suite_runs_in_the_nightly_and_only_skips_per_commit(suite):
+    marks = _module_marks(suite)
+    assert {"chaos", "frameworks"} <= marks, f"{suite.name}: pytestmark {sorted(marks)}"
+    nightly = _selection(_nightly())
+    per_commit = _selection((REPO / "pyproject.toml").read_text())
+    assert nightly.evaluate(lambda name: name in marks), "the nightly must select it"
+    assert per_commit.evaluate(lambda name: name in marks), "per commit it is selected and skips without the extra"
+
+
+def test_the_nightly_installs_what_the_framework_suites_import():
+    assert re.search(r"-e '\.\[dev,frameworks\]'", _nightly()), "the nightly installs the frameworks extra"
+    pyproject = (REPO / "pyproject.toml").read_text()
+    installed: set[str] = set()
+    for section in ("dependencies", "frameworks"):  # the project's own, then the extra's
+        block = re.search(rf"^{section} = \[(.*?)^\]", pyproject, re.S | re.M)
+        assert block, section
+        installed |= {m.group(1).lower() for m in re.finditer(r'^\s*"([A-Za-z0-9_.-]+)[=><]', block.group(1), re.M)}
+    needed = set().union(*(_needed_modules(p) for p in FRAMEWORK_SUITES))
+    assert {"transformers", "lightning", "accelerate"} <= needed, "the suites name the frameworks they need"
+    assert needed <= installed, f"imported by the suites, installed by neither: {sorted(needed - installed)}"
+
+
+def test_the_selections_still_tell_slow_and_gpu_apart():
+    nightly, per_commit = _selection(_nightly()), _selection((REPO / "pyproject.toml").read_text())
+    for marks in ({"slow"}, {"gpu"}, {"chaos", "slow"}):
+        assert nightly.evaluate(lambda name, m=marks: name in m)
+    assert not per_commit.evaluate(lambda name: name == "slow")
+    assert not nightly.evaluate(lambda name: name == "bench") and not per_commit.evaluate(lambda name: name == "bench")
