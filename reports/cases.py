@@ -19,6 +19,7 @@ calls it without either.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +107,9 @@ def dotted_classname(spec: str) -> str:
     spec of a checkpointer in a file (``tests/checkpointers/x.py:MyCkpt``) would show as
     class ``py:MyCkpt`` of package ``tests/checkpointers/x``. Such a spec becomes
     ``tests.checkpointers.x.MyCkpt``, a module spec (``pkg.mod:MyCkpt``) ``pkg.mod.MyCkpt``;
-    built-in names (``reference``, ``dcp-async``) stay as they are. The scenario's own
+    built-in names (``reference``, ``dcp-async``) stay as they are. A file under the current
+    directory is named relative to it (a run records the spec's absolute path), so the
+    same checkpointer gets the same classname on every CI machine. The scenario's own
     ``checkpointer`` field, and its replay command, keep the spec verbatim.
     """
     module, sep, obj = spec.rpartition(":")
@@ -114,6 +117,9 @@ def dotted_classname(spec: str) -> str:
         return spec
     if module.endswith(".py"):
         module = module[:-3]
+        here = os.getcwd()
+        if os.path.isabs(module) and module.startswith(here + os.sep):
+            module = os.path.relpath(module, here)  # the run resolves a relative spec against its cwd
     parts = [p for p in re.split(r"[\\/]+", module) if p and p != "."]
     dotted = ".".join(p.replace(".", "_") for p in parts[:-1])
     last = parts[-1] if parts else module

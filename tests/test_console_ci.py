@@ -115,7 +115,9 @@ def test_a_ci_run_prints_short_lines_and_writes_junit_and_summary(tmp_path):
     assert lines[-1] == f"  FAIL {sc['id']}  replay: {sc['replay']}"
 
     case = ET.parse(junit).getroot().find("testsuite/testcase")
-    assert case.get("name") == sc["id"] and case.get("classname") == sc["checkpointer"]
+    assert sc["checkpointer"] == str(REPO / "tests/checkpointers/model_only.py") + ":ModelOnlyCheckpointer"
+    assert case.get("name") == sc["id"]
+    assert case.get("classname") == "tests.checkpointers.model_only.ModelOnlyCheckpointer", "dotted, relative to the run's cwd"
     assert sc["oracles"]["bit_exact"]["summary"] in case.find("failure").get("message")
     assert f"replay: {sc['replay']}" in case.find("failure").text
 

@@ -197,8 +197,10 @@ def test_junitparser_reads_it_back(tmp_path):
     ("mypkg.ckpt:Ckpt", "mypkg.ckpt.Ckpt"),
     ("reference", "reference"),
     ("dcp-async", "dcp-async"),
+    (str(REPO / "tests" / "checkpointers" / "x.py") + ":C", "tests.checkpointers.x.C"),  # under the cwd: relative
 ])
-def test_a_checkpointer_spec_becomes_a_dotted_classname_and_the_replay_keeps_it_verbatim(spec, classname):
+def test_a_checkpointer_spec_becomes_a_dotted_classname_and_the_replay_keeps_it_verbatim(spec, classname, monkeypatch):
+    monkeypatch.chdir(REPO)
     bad = OracleResult("bit_exact", False, "differs", {})
     result = ScenarioResult(Scenario(checkpointer=spec, faults=[parse_fault("kill:rank=1,step=13")]), "fail",
                             {"bit_exact": bad}, seconds=1.0)
