@@ -294,8 +294,8 @@ class MemoryFloor:
     then read against the floor of its design — ``copy_share + read_rest`` for the
     reference's default, ``copy_all_fresh`` for DCP's — and their quotient is the best
     ``async_stall_vs_dcp_async`` any save that checks every replica could reach on this
-    machine at that moment. The share is a contiguous run of the state's tensors
-    balanced by bytes, as the reference's planner balances its writers. Called by
+    machine at that moment. The share is what the reference's planner
+    (``chaos.checkpoint.planner.make_plan``) gives this rank to write. Called by
     :func:`_measure` once per repeat, CPU state only.
     """
 
@@ -305,22 +305,21 @@ class MemoryFloor:
         import torch
 
         from chaos.checkpoint.async_writer import Staging
+        from chaos.checkpoint.planner import make_plan
+        from chaos.ckptformat import tree
 
-        self.tensors = [t.detach() for t in _tensors(state)]
-        sizes = [t.numel() * t.element_size() for t in self.tensors]
-        total, acc = max(1, sum(sizes)), 0
-        self.share: dict[str, Any] = {}
-        self.rest: list[Any] = []
-        for i, (t, n) in enumerate(zip(self.tensors, sizes, strict=True)):
-            owner = min(world - 1, acc * world // total)
-            acc += n
-            if owner == rank:
-                self.share[str(i)] = t
-            else:
-                self.rest.append(t)
-        self.bytes_share = sum(t.numel() * t.element_size() for t in self.share.values())
-        self.bytes_rest = sum(t.numel() * t.element_size() for t in self.rest)
-        self.bytes_all = sum(sizes)
+        _, tensors = tree.encode(state)  # path -> tensor, as the reference's saver sees the state
+        sizes = {p: t.numel() * t.element_size() for p, t in tensors.items()}
+        # Every tensor as replicated (the per-rank RNG states are a few KB): the planner assigns
+        # each to its writer exactly as the reference's saves do.
+        meta = {p: ["replicated", sizes[p], str(t.dtype), list(t.shape)] for p, t in tensors.items()}
+        mine = set(make_plan([meta] * world).owned[rank].values())
+        self.tensors = [t.detach() for t in tensors.values()]
+        self.share: dict[str, Any] = {p: t.detach() for p, t in tensors.items() if p in mine}
+        self.rest: list[Any] = [t.detach() for p, t in tensors.items() if p not in mine]
+        self.bytes_share = sum(sizes[p] for p in self.share)
+        self.bytes_all = sum(sizes.values())
+        self.bytes_rest = self.bytes_all - self.bytes_share
         self.staging = Staging()
         self.staging.copy(self.share)  # the buffers, allocated once as the reference's are
         self.evict = torch.empty(self.EVICT_BYTES, dtype=torch.uint8)
