@@ -35,7 +35,12 @@ With the state on the CPU, a :class:`MemoryFloor` is sampled once per repeat: th
 least memory work any async save must finish before the next step with this state —
 the reference's default copying its share and reading the rest, DCP's stager copying
 everything into fresh memory — so each async stall is also read against its own
-design's floor (``memory_floor`` in the report).
+design's floor (``memory_floor`` in the report). The training thread's page faults
+during every stall are counted too (``stall_faults_all``): DCP's stager allocates a new
+copy at every save, and whether that memory comes back from an earlier save or fresh
+from the kernel (faulted in and zeroed page by page) doubles or halves its stall; the
+report says which each repeat got and splits the async stall ratio by it
+(``staging_faults``, :func:`staging_faults`).
 
 Targets from the design: reference sync save >= 80% of raw bandwidth and faster than
 DCP; reference async stall <= 0.5x DCP async's; verified load <= 1.2x DCP's load.
@@ -53,6 +58,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import tempfile
@@ -423,7 +429,8 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
     opt = owning_optimizer(state)
     opt.step()  # as a training loop's first step would: the reference's fence learns the optimizer
     runs = groups(list(cks))
-    series = {name: {"save": [], "stall": [], "load": [], "raw": [], "at_return": []} for name in cks}
+    series: dict[str, dict[str, list[Any]]] = {
+        name: {"save": [], "stall": [], "load": [], "raw": [], "at_return": [], "faults": []} for name in cks}
     copy = DeviceCopy(state) if cuda else None
     copies: list[float] = []
     floor = MemoryFloor(state, rank, world) if not cuda else None
@@ -436,10 +443,11 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
             for name in bench_ranks.ordered(group, i):
                 raws.append(bench_ranks.raw_write(rank, world, base, payload, buf))
                 series[name]["raw"].append(raws[-1])
-                stall, save, at_return = bench_ranks.timed_save_then_step(cks[name], i + 1, state, opt.step, cuda)
-                series[name]["stall"].append(stall)
-                series[name]["at_return"].append(at_return)
-                series[name]["save"].append(save)
+                t = bench_ranks.timed_save_then_step(cks[name], i + 1, state, opt.step, cuda)
+                series[name]["stall"].append(t.stall)
+                series[name]["at_return"].append(t.at_return)
+                series[name]["save"].append(t.save)
+                series[name]["faults"].append(t.stall_faults)
         if copy is not None:
             copies.append(copy.sample())
         if floor is not None:
@@ -483,11 +491,12 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
             name, save_s=save_s, stall_s=statistics.median(s["stall"]), load_s=statistics.median(s["load"]),
             save_mb_s=payload / save_s / 1e6, correct=ok[name],
             extra={"save_all_s": s["save"], "stall_all_s": s["stall"], "stall_at_return_all_s": s["at_return"],
-                   "load_all_s": s["load"],
+                   "stall_faults_all": s["faults"], "load_all_s": s["load"],
                    "raw_all_s": s["raw"], "loaded_on": loaded_on.get(name, [])})))
         series.pop(name)
     measured: dict[str, Any] = {"payload_bytes": payload, "raw_s": statistics.median(raws) if raws else 0.0,
                                 "raw_all_s": raws, "results": results, "ranks": facts, "schedule": schedule}
+    measured["page_bytes"] = resource.getpagesize()
     if copy is not None:
         measured["device_copy"] = {"bytes_per_rank": copy.bytes, "all_seconds": copies}
     if floor is not None and floors:
@@ -588,6 +597,10 @@ def make_report(cfg: BenchConfig, measured: dict[str, Any]) -> dict[str, Any]:
     floor = memory_floor(measured.get("memory_floor"), by)
     if floor:
         report["memory_floor"] = floor
+    faults = staging_faults(by, ratio_spread.get("async_stall_vs_dcp_async"), measured.get("page_bytes"),
+                            (measured.get("memory_floor") or {}).get("bytes_all"))
+    if faults:
+        report["staging_faults"] = faults
     copy = measured.get("device_copy")
     if copy and copy.get("all_seconds"):
         report["device_copy"] = {**copy, "gb_s": spread([copy["bytes_per_rank"] / s / 1e9 for s in copy["all_seconds"]
@@ -619,6 +632,43 @@ def memory_floor(measured: dict[str, Any] | None, by: dict[str, dict[str, Any]])
         if len(stalls) == len(base) and all(b > 0 for b in base):
             over[name] = spread([st / b for st, b in zip(stalls, base, strict=True)])
     out["stall_over_floor"] = over
+    return out
+
+
+# Async checkpointers whose stall page faults the report shows.
+ASYNC_NAMES = ("reference-async", "reference-async-trust", "dcp-async")
+
+
+def staging_faults(by: dict[str, dict[str, Any]], stall_ratio: dict[str, Any] | None, page_bytes: int | None,
+                   bytes_all: int | None) -> dict[str, Any] | None:
+    """The report's ``staging_faults``: which memory each async stager copied into, repeat by repeat.
+
+    DCP's default stager allocates a new copy of the state at every ``async_save``; whether
+    the allocator serves it from memory an earlier save freed or from pages the kernel must
+    fault in and zero depends on what else the process allocated and freed, and halves or
+    doubles its stall. The training thread's page faults during the stall
+    (``bench_ranks.SaveTiming.stall_faults``) say which: a repeat counts as ``fresh`` when
+    the faulted bytes reach half of ``bytes_all`` (this rank's whole state, what DCP copies).
+    ``async_stall_vs_dcp_async_by_dcp_pages`` splits that ratio's repeats by it, so a
+    median judged over a mix of both says so. None when no fault counts were measured
+    (``--device cuda`` has no memory floor, a report from before they existed).
+    """
+    counts = {n: by[n]["extra"]["stall_faults_all"] for n in ASYNC_NAMES
+              if n in by and (by[n].get("extra") or {}).get("stall_faults_all")}
+    if not counts or not page_bytes:
+        return None
+    out: dict[str, Any] = {"page_bytes": page_bytes, "faults": {n: spread([float(c) for c in v])
+                                                               for n, v in counts.items()}}
+    dcp = counts.get("dcp-async")
+    if dcp and bytes_all:
+        fresh = [c * page_bytes >= bytes_all / 2 for c in dcp]
+        out["dcp_async_fresh"] = fresh
+        if stall_ratio and len(stall_ratio["per_repeat"]) == len(fresh):
+            per = stall_ratio["per_repeat"]
+            out["async_stall_vs_dcp_async_by_dcp_pages"] = {
+                kind: (spread([r for r, f in zip(per, fresh, strict=True) if f == want])
+                       if want in fresh else None)
+                for kind, want in (("fresh", True), ("reused", False))}
     return out
 
 
@@ -704,12 +754,29 @@ def _floor_line(report: dict[str, Any]) -> str | None:
     return line
 
 
+def _faults_line(report: dict[str, Any]) -> str | None:
+    f = report.get("staging_faults")
+    if not f:
+        return None
+    line = ("Page faults of the training thread during the stall (min / med / max; one per "
+            f"{f['page_bytes'] // 1024} KB page first touched): " + "; ".join(
+                f"{name} {triple(s, '{:.0f}')}" for name, s in f["faults"].items()) + ".")
+    fresh = f.get("dcp_async_fresh")
+    if fresh:
+        line += (f" dcp-async's staging copied into fresh pages (at least half its state faulted in) in "
+                 f"{sum(fresh)} of {len(fresh)} repeats")
+        split = f.get("async_stall_vs_dcp_async_by_dcp_pages") or {}
+        parts = [f"{triple(split[k], '{:.2f}')} over the {k} ones" for k in ("fresh", "reused") if split.get(k)]
+        line += (": async_stall_vs_dcp_async " + ", ".join(parts) + ".") if parts else "."
+    return line
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: the checkpointer table, then the per-repeat ratios."""
     lines = [f"# chaos bench: {headline(report)}", "",
              f"| {' | '.join(COLUMNS)} |", "|---|---:|---:|---:|---:|---:|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in result_rows(report)]
-    for extra in (_copy_line(report), _floor_line(report)):
+    for extra in (_copy_line(report), _floor_line(report), _faults_line(report)):
         if extra:
             lines += ["", extra]
     lines += ["", f"Ratios ({report.get('order', 'per repeat pair')}):", "",
@@ -730,7 +797,7 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     for row in result_rows(report):
         t.add_row(*row)
     console.print(t)
-    for extra in (_copy_line(report), _floor_line(report)):
+    for extra in (_copy_line(report), _floor_line(report), _faults_line(report)):
         if extra:
             console.print(extra, markup=False, highlight=False)
     rt = Table(title="ratios, per repeat pair (median judged against the target)")

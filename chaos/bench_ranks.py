@@ -23,6 +23,7 @@ import statistics
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -181,13 +182,41 @@ def timed_save(ck: Any, step: int, state: dict[str, Any], cuda: bool = False) ->
     returned, the save durable and committed. With ``cuda`` the device is idle first, so
     no earlier kernel is billed to the save. (:func:`timed_save_then_step` with no step.)
     """
-    stall, save, _at_return = timed_save_then_step(ck, step, state, lambda: None, cuda)
-    return stall, save
+    t = timed_save_then_step(ck, step, state, lambda: None, cuda)
+    return t.stall, t.save
+
+
+@dataclass(frozen=True)
+class SaveTiming:
+    """One collective save as :func:`timed_save_then_step` saw it, each figure the worst rank's.
+
+    ``stall_faults``: page faults the training thread took during the stall (minor and
+    major, ``getrusage(RUSAGE_THREAD)``). A stager that copies into memory the allocator
+    just got from the kernel faults once per page it touches; one that reuses memory
+    faults next to never. The same stager's stall can halve between the two, so the
+    report shows which one each repeat got (``chaos.bench`` puts it beside the stalls).
+    """
+
+    stall: float
+    save: float
+    at_return: float
+    stall_faults: int
+
+
+def _thread_faults() -> int:
+    """Page faults of the calling thread so far (0 where ``RUSAGE_THREAD`` does not exist)."""
+    import resource
+
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    if who is None:
+        return 0
+    r = resource.getrusage(who)
+    return r.ru_minflt + r.ru_majflt
 
 
 def timed_save_then_step(ck: Any, step: int, state: dict[str, Any], next_step: Any,
-                         cuda: bool = False) -> tuple[float, float, float]:
-    """``(stall, save, at_return)``: :func:`timed_save` with the caller's next optimizer step.
+                         cuda: bool = False) -> SaveTiming:
+    """:func:`timed_save` with the caller's next optimizer step, and the faults of the stall.
 
     ``next_step`` (the bench's ``optimizer.step()``, with no gradients: it changes nothing
     and costs microseconds) runs right after ``save()`` returns and is billed to the stall:
@@ -203,14 +232,16 @@ def timed_save_then_step(ck: Any, step: int, state: dict[str, Any], next_step: A
 
         torch.cuda.synchronize()
     dist.barrier()
+    f0 = _thread_faults()
     t0 = time.perf_counter()
     ck.save(step, state)
     at_return = time.perf_counter() - t0
     next_step()
     stall = time.perf_counter() - t0
+    faults = _thread_faults() - f0
     ck.wait()
     dist.barrier()
-    return max_all(stall), max_all(time.perf_counter() - t0), max_all(at_return)
+    return SaveTiming(max_all(stall), max_all(time.perf_counter() - t0), max_all(at_return), int(max_all(faults)))
 
 
 def zeros_like(value: Any) -> Any:

@@ -116,6 +116,7 @@ def test_tiny_end_to_end_run(tmp_path, capsys):
         assert x["correct"] and x["save_s"] > 0 and x["load_s"] > 0
         assert x["save_mb_s"] == pytest.approx(r["payload_bytes"] / x["save_s"] / 1e6)
         assert len(x["extra"]["save_all_s"]) == len(x["extra"]["raw_all_s"]) == 2
+        assert [type(c) for c in x["extra"]["stall_faults_all"]] == [int, int]
         s = x["spread"]["save_s"]
         assert s["min"] <= s["median"] <= s["max"] and s["median"] == pytest.approx(x["save_s"])
     ref, dcp = by["reference"]["extra"], by["dcp"]["extra"]
@@ -225,6 +226,47 @@ def test_memory_floor_report_sets_each_stall_against_its_own_design_floor():
     assert bench.memory_floor(None, by) is None and bench.memory_floor({}, by) is None
     only_ours = bench.memory_floor(measured, {"reference-async": by["reference-async"]})
     assert set(only_ours["stall_over_floor"]) == {"reference-async"}
+
+
+def test_thread_faults_count_pages_first_touched_not_pages_touched_again():
+    import mmap
+
+    size = 8 << 20
+    pages = size // mmap.PAGESIZE
+    with mmap.mmap(-1, size) as m:  # fresh anonymous memory: no page is mapped until written
+        f0 = bench_ranks._thread_faults()
+        for off in range(0, size, mmap.PAGESIZE):
+            m[off] = 1
+        first = bench_ranks._thread_faults() - f0
+        f1 = bench_ranks._thread_faults()
+        for off in range(0, size, mmap.PAGESIZE):
+            m[off] = 2
+        again = bench_ranks._thread_faults() - f1
+    assert first >= pages // 2, f"{first} faults for {pages} fresh pages"  # huge pages would fault fewer
+    assert again < pages // 10, f"{again} faults writing {pages} pages already mapped"
+
+
+def test_staging_faults_split_the_stall_ratio_by_the_memory_dcp_staged_into():
+    by = {"reference-async": {"extra": {"stall_faults_all": [24000, 0, 1, 0]}},
+          "dcp-async": {"extra": {"stall_faults_all": [24400, 20000, 3, 12000]}}}
+    ratio = {"per_repeat": [1.0, 0.4, 0.9, 0.5]}
+    f = bench.staging_faults(by, ratio, 4096, 100_000_000)
+    assert f["faults"]["dcp-async"]["median"] == pytest.approx(16000)
+    # fresh: faulted bytes reach half the state (12000 pages = 49 MB falls just short)
+    assert f["dcp_async_fresh"] == [True, True, False, False]
+    split = f["async_stall_vs_dcp_async_by_dcp_pages"]
+    assert split["fresh"]["per_repeat"] == pytest.approx([1.0, 0.4])
+    assert split["reused"]["per_repeat"] == pytest.approx([0.9, 0.5])
+    line = bench._faults_line({"staging_faults": f})
+    assert "in 2 of 4 repeats" in line and "0.40 / 0.70 / 1.00 over the fresh ones" in line
+    assert "0.50 / 0.70 / 0.90 over the reused ones" in line
+    only_fresh = bench.staging_faults(by | {"dcp-async": {"extra": {"stall_faults_all": [24400] * 4}}}, ratio, 4096,
+                                      100_000_000)
+    assert only_fresh["async_stall_vs_dcp_async_by_dcp_pages"]["reused"] is None
+    assert "over the reused" not in bench._faults_line({"staging_faults": only_fresh})
+    assert bench.staging_faults({"reference": {"extra": {}}}, ratio, 4096, 100) is None  # no async series
+    no_dcp = bench.staging_faults({"reference-async": by["reference-async"]}, None, 4096, 100)
+    assert set(no_dcp) == {"page_bytes", "faults"}
 
 
 def test_device_copy_times_every_device_tensor():
