@@ -44,7 +44,9 @@ def test_mixed_states_find_the_torn_checkpoint_that_everything_lost_hides(tmp_pa
     assert any("kept, a write torn" in r.verdict.fault["what"] for r in torn)
     assert any("JSONDecodeError" in r.verdict.summary for r in torn)
     assert all(r.verdict.fault["choice"] == f"mixed state {r.point.state}" for r in mixed)
-    assert all(f"--point {r.point.id} " in r.replay for r in torn)  # each replays exactly that state
+    # each replays exactly that state, at that event (anchored: the job's paths are the same in every run)
+    assert all(r.point.anchored and f"--point {r.point.id}@{r.point.kind}:{r.point.path}:{r.point.nth} " in r.replay
+               for r in torn)
 
 
 def test_the_careful_job_survives_every_mixed_state(tmp_path: Path) -> None:

@@ -53,7 +53,8 @@ def test_a_failing_job_fails_the_test_with_the_replay_and_a_passing_one_passes(p
     # the careless point: the typed failure, its outcome, evidence and the command that replays it
     assert "JobHardFailure" in out
     assert "HARD_FAILURE rank0:op1:after (open ckpt.json)" in out and "JSONDecodeError" in out
-    assert "replay: chaos run --result-file final.json --point rank0:op1:after -- " in out
+    # anchored: the careless job's paths are the same in every run, so the replay names the event too
+    assert "replay: chaos run --result-file final.json --point rank0:op1:after@open:ckpt.json:1 -- " in out
     # a run in which nothing fired is a plain verdict error, never a pass
     assert "verdict skipped" in out and "no point fired, so the job was not tested" in out
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}

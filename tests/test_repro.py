@@ -54,10 +54,16 @@ def test_find_picks_the_first_failing_point_with_its_recorded_spec(job_run):
     doc = job_run["doc"]
     found = repro.find(doc, "R.json")
     first = _failing(doc)[0]
+    # what --point takes: the id with the anchor the run recorded (the job's paths are the same every run)
+    anchored = first["scenario"]["point"]
+    assert anchored.startswith(first["id"] + "@") and first["faults"][0]["params"]["path"] in anchored
     assert (found.point, found.outcome, found.summary) == (first["id"], "hard_failure", first["summary"])
     assert found.spec.cwd == str(job_run["work"]) and found.spec.command[1:] == ("careless_job.py", "--out", "{out}")
-    assert found.rerun_args()[-4:] == ["--seed", "0", "--point", first["id"]]
-    assert repro.find(doc, "R.json", first["id"]).point == first["id"]
+    assert found.rerun_args()[-4:] == ["--seed", "0", "--point", anchored] and found.point_arg == anchored
+    assert repro.find(doc, "R.json", first["id"]).point_arg == anchored
+    # results written before anchors existed: the bare id
+    old = {**doc, "scenarios": [{**s, "scenario": {**s["scenario"], "point": s["id"]}} for s in doc["scenarios"]]}
+    assert repro.find(old, "R.json").rerun_args()[-1] == first["id"]
 
 
 def test_find_refuses_what_it_cannot_reproduce_naming_the_file(job_run):
@@ -101,7 +107,7 @@ def test_the_issue_draft_says_what_was_done_expected_observed_versions_and_outpu
         assert f"\n{heading}\n" in text
     assert f"of `<out>/{fault['path']}` (traced file event {fault['op']})" in text
     assert f"point `{found.point}`" in text and "**hard failure**" in text
-    assert f"--seed 0 --point {found.point} -- <venv>/bin/python careless_job.py --out '{{out}}'" in text
+    assert f"--seed 0 --point {found.point_arg} -- <venv>/bin/python careless_job.py --out '{{out}}'" in text
     assert f"- python: {found.environment['python']}\n- torch: {metadata.version('torch')}\n" in text
     assert f"- chaos-ckpt (the harness): {metadata.version('chaos-ckpt')}" in text
     assert 'File "<cwd>/careless_job.py"' in text and "json.decoder.JSONDecodeError: Expecting value" in text
@@ -150,6 +156,7 @@ def test_the_repro_script_is_python_with_the_point_command_and_cwd_embedded(job_
     text = repro.repro_script(found, sys.executable, repro.job_script(found.spec), "careless_job.py")
     compile(text, "repro.py", "exec")
     assert f"POINT = {found.point!r}" in text and f"CWD = {str(job_run['work'])!r}" in text
+    assert f"POINT_ARG = {found.point_arg!r}" in text and found.point_arg.startswith(found.point + "@")
     assert f"COMMAND = {list(found.spec.command)!r}" in text and "JOB_SCRIPT = (1, 'careless_job.py')" in text
     assert "EXPECTED = 'hard_failure'" in text and "OPTIONS = ['--faults', 'kill']" in text
 

@@ -27,6 +27,7 @@ from chaos.job.spec import (
     MODES,
     JobSpec,
     parse_point,
+    replay_point,
 )
 
 
@@ -164,8 +165,9 @@ def replay_argv(doc: dict[str, Any], ids: list[str], source: str) -> tuple[list[
     seed = seeds.pop() if len(seeds) == 1 else None
     if seed:  # the run's seed decides a corruption's bytes and a power-loss state
         argv += ["--seed", str(seed)]
+    by_id = {e.get("id"): e for e in entries if isinstance(e, dict)}
     for point in chosen:
-        argv += ["--point", point]
+        argv += ["--point", replay_point(by_id[point])]
     return [*argv, "--", *command], spec.get("cwd")
 
 

@@ -280,7 +280,14 @@ class Reference:
     nodes: int | None = None  # --nodes: every run on that many simulated nodes, one agent each
 
     def lookup(self, job: JobSpec, point: Point) -> Point:
-        """A replayed point with what the fault-free run did there (any kind, asked for or not)."""
+        """A replayed point with what the fault-free run did there (any kind, asked for or not).
+
+        A point given with its anchor (``--point rank0:op17:after@write:a.pt:2``, as replay
+        commands give it) is taken as it is: it fires at that event wherever this run's
+        ordinals put it, and keeps the id it was recorded with.
+        """
+        if point.anchored:
+            return point
         known = {p.id: p for p in self.points}
         if point.id not in known and point.family not in self.kinds:
             known = {p.id: p for p in pointset.enumerate_points(job, self.traces, self.facts, (point.family,))}
@@ -347,7 +354,9 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                if a == 0}
     if events != events1:
         notes.append(f"the two fault-free runs traced different numbers of file events ({events} and {events1}): "
-                     "points are numbered by event and one that lands on another event is reported as drifted")
+                     "points are numbered by event; those whose event (kind, path, count on it) both runs had "
+                     "fire at that event (anchored), the others at their number, and one that lands on another "
+                     "event is reported as drifted")
     written = {x.get("rel") for recs_ in traces.values() for x in recs_ if x.get("event") == "op"}
     written |= {os.path.relpath(x["dst"], os.path.realpath(runs[0].out)) for recs_ in traces.values()
                 for x in recs_ if x.get("event") == "op" and x.get("dst")}
@@ -372,6 +381,7 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                     checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses,
                     last_steps=last_steps(traces))
     facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
+    facts.stable = pointset.stable_events(recs[1].traces)
     points = pointset.enumerate_points(job, traces, facts, kinds)
     notes += left_out + pointset.notes(job, traces, facts, kinds, points)
     return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
@@ -399,6 +409,9 @@ class PointResult:
         drift = None
         if fired and self.point.kind and fired[0].get("op") not in (self.point.kind, "step"):
             drift = f"the fault-free run's event {self.point.op} was {self.point.kind}, this run's {fired[0].get('op')}"
+        elif fired and self.point.anchored and fired[0].get("ord") != self.point.op:
+            drift = (f"fired at the anchor ({self.point.anchor}), this run's event {fired[0].get('ord')}; the "
+                     f"fault-free run's was event {self.point.op}: ordinals moved, the event did not")
         extra: dict[str, Any] = {}
         if self.point.family in ("corrupt", "power"):
             extra["seed"] = atrest.point_seed(self.seed, self.point)
@@ -416,7 +429,7 @@ class PointResult:
             "oracles": {n: o.to_dict() for n, o in v.oracles.items()}, "replay": self.replay,
             "error": v.summary if v.verdict == "error" else None, "seconds": round(self.seconds, 3),
             "attempts": [a.to_dict() for a in self.record.attempts], "drift": drift,
-            "scenario": {"kind": "job", "job": self.job.to_dict(), "point": self.point.id},
+            "scenario": {"kind": "job", "job": self.job.to_dict(), "point": self.point.replay_id},
         }
 
 

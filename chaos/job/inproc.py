@@ -9,7 +9,11 @@ subclassing, not by editing it:
 
 - every op record carries ``ord``, the ordinal of the rank's file event (0, 1, ...),
   which is what a point names (``rank0:op17:before``). Ordinals, unlike paths, are
-  stable when a job writes random temp names (``tempfile.mkstemp``);
+  stable when a job writes random temp names (``tempfile.mkstemp``); but where ranks
+  race (on creating one directory, say) they move from run to run. An anchored point
+  (``Point.anchored``: its path was the same in both fault-free runs) therefore fires
+  at the ``nth`` event of its kind on its path, counted here per (kind, path) the way
+  ``pointset.enumerate_points`` counts them, whatever that event's ordinal;
 - a point fires *before* event N (the event is not performed), *after* it (its record
   is on disk, then SIGKILL), or *torn* (a write stores the first half of its bytes,
   then SIGKILL, through the interposer's own ``short_write`` rule);
@@ -111,6 +115,12 @@ class JobInterposer(Interposer):
         super().__init__(root, rank=rank, trace_path=trace_path, rules=_rules(point and point.get("mode")),
                          keep_records=False)
         self.point = point
+        self._anchor: tuple[str, str, int] | None = None
+        self._counts: dict[tuple[str, str], int] = {}  # (kind, path key) -> events so far (anchored point)
+        if point is not None and point.get("anchor"):
+            kind, path, nth = point["anchor"]
+            self._anchor = (str(kind), str(path), int(nth))
+            self.point = {**point, "op": None}  # no ordinal matches until the anchor's event comes
         self._ord = 0
         self._cur: int | None = None
         self._errored = False  # an enospc / eio point fired: kill at the next announced step
@@ -127,6 +137,8 @@ class JobInterposer(Interposer):
         # Called exactly once per traced op, before it is performed, under the lock.
         self._cur = self._ord
         self._ord += 1
+        if self._anchor is not None:
+            self._count(kind, paths)
         if self._target("torn"):
             if kind == "write" and length and length > 1:
                 return [0]  # _do_write keeps the first half (keep=None), records it, fires, dies
@@ -141,6 +153,19 @@ class JobInterposer(Interposer):
                 kind in _NEEDS_SPACE or kind == "open" and paths and not os.path.lexists(paths[0])):
             return [0]  # the disk is still full
         return []
+
+    def _count(self, kind: str, paths: tuple[str, ...]) -> None:
+        """Count this event under its (kind, path key) and aim the point at it if it is the anchor's.
+
+        The key is the path its trace record carries (a rename's destination, else its one
+        path), relative to {out} as ``explore.read_traces`` makes it: the same key and count
+        ``pointset.enumerate_points`` gave the anchor in the fault-free run.
+        """
+        path = paths[-1] if len(paths) > 1 else paths[0] if paths else None
+        key = (kind, self._rel(path) if path else "")
+        n = self._counts[key] = self._counts.get(key, 0) + 1
+        if (kind, key[1], n) == self._anchor:
+            self.point["op"] = self._cur  # type: ignore[index]
 
     def _op(self, kind: str, **fields: Any) -> dict[str, Any]:
         fields.setdefault("ord", self._cur)

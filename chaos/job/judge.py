@@ -203,8 +203,11 @@ def _saving_step(rec: PointRecord) -> int | None:
     step before event N: for a corruption deferred to a later step, ``at_step``, not the halt's
     step), if it announced any."""
     n = None
-    for r in rec.traces.get((rec.point.rank, 0), []):
-        if r.get("event") == "op" and rec.point.op is not None and r.get("ord") == rec.point.op:
+    trace = rec.traces.get((rec.point.rank, 0), [])
+    halt = next((r for r in trace if r.get("event") == "fired" and r.get("action") == "halt"), None)
+    event = halt.get("ord") if halt is not None else rec.point.op  # an anchored point's ordinal may have moved
+    for r in trace:
+        if r.get("event") == "op" and event is not None and r.get("ord") == event:
             return n
         if r.get("event") == "fired" and r.get("action") == "halt":
             return n

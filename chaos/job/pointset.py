@@ -62,6 +62,40 @@ class Facts:
     pending: dict[tuple[int, int], int] | str | None = None
     peak: int = 0                                   # tmpfs bytes {out} needed at its fullest
     seed: int = 0
+    # (rank, kind, path key, nth) of every attempt-0 event of the second fault-free run
+    # (:func:`stable_events`); a point there is ``anchored``. None: no second run to compare.
+    stable: frozenset[tuple[int, str, str, int]] | None = None
+
+
+def event_keys(traces: Traces) -> list[tuple[int, dict[str, Any], str, int]]:
+    """``(rank, record, path key, nth)`` of every attempt-0 file event, rank by rank, in trace order.
+
+    The path key is the record's path relative to {out} (``rel``), else its absolute path;
+    ``nth`` counts this rank's events of the same kind on the same key, from 1. The
+    rank's tracer counts the same way when it looks for an anchored point's event
+    (``inproc.JobInterposer._count``).
+    """
+    out: list[tuple[int, dict[str, Any], str, int]] = []
+    for (rank, attempt), recs in sorted(traces.items()):
+        if attempt != 0:
+            continue
+        seen: dict[tuple[str, str], int] = {}
+        for r in recs:
+            if r.get("event") == "op" and r.get("ord") is not None:
+                key = (r["op"], r.get("rel") or r.get("path") or "")
+                seen[key] = seen.get(key, 0) + 1
+                out.append((rank, r, key[1], seen[key]))
+    return out
+
+
+def stable_events(traces: Traces) -> frozenset[tuple[int, str, str, int]]:
+    """The events of another fault-free run as ``(rank, kind, path key, nth)`` (``Facts.stable``).
+
+    A point whose event has the same identity in both runs names a path the job chooses
+    the same way every time (no random temp name), so it can fire by that identity
+    (``Point.anchored``) where ranks racing each other move ordinals between runs.
+    """
+    return frozenset((rank, r["op"], key, nth) for rank, r, key, nth in event_keys(traces))
 
 
 def kinds_to_explore(job: JobSpec) -> tuple[tuple[str, ...], list[str]]:
@@ -209,22 +243,23 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
     mid_save: set[tuple[int, int]] = set()  # (rank, ord) of a net point at an event
     errnos: list[Point] = []
     power: list[Point] = []
-    events: list[tuple[int, dict[str, Any], str, int]] = []  # (rank, record, path key, nth)
+    events = event_keys(traces)
+    opened: set[tuple[int, str]] = set()  # (rank, path) opened and not yet written since
+    for rank, r, path, _nth in events:
+        if r["op"] == "open":
+            opened.add((rank, path))
+        elif r["op"] == "rename" or r["op"] == "write" and (rank, path) in opened:
+            opened.discard((rank, path))
+            mid_save.add((rank, r["ord"]))
+    stable = facts.stable if facts is not None else None
+
+    def anchored(rank: int, kind: str, path: str, nth: int) -> bool:
+        return stable is not None and bool(path) and not os.path.isabs(path) and (rank, kind, path, nth) in stable
+
+    nth_of = {(rank, r["ord"]): (path, nth) for rank, r, path, nth in events}
     for (rank, attempt), recs in sorted(traces.items()):
         if attempt != 0:
             continue
-        seen: dict[tuple[str, str], int] = {}
-        opened: set[str] = set()  # paths opened and not yet written since
-        for r in recs:
-            if r.get("event") == "op" and r.get("ord") is not None:
-                key = (r["op"], r.get("rel") or r.get("path") or "")
-                seen[key] = seen.get(key, 0) + 1
-                events.append((rank, r, key[1], seen[key]))
-                if r["op"] == "open":
-                    opened.add(key[1])
-                elif r["op"] == "rename" or r["op"] == "write" and key[1] in opened:
-                    opened.discard(key[1])
-                    mid_save.add((rank, r["ord"]))
         announced = sorted({r["info"]["n"] for r in recs if r.get("event") == "phase"
                             and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS})
         if "kill" in kinds:
@@ -236,7 +271,8 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
     pending = facts.pending if facts is not None else None
     for rank, r, path, nth in events:
         def at(mode: str, rank: int = rank, r: dict[str, Any] = r, path: str = path, nth: int = nth) -> Point:
-            return Point(rank, mode, op=r["ord"], kind=r["op"], path=path, seq=r.get("seq"), nth=nth)
+            return Point(rank, mode, op=r["ord"], kind=r["op"], path=path, seq=r.get("seq"), nth=nth,
+                         anchored=anchored(rank, r["op"], path, nth))
 
         if "kill" in kinds:
             for mode in job.modes:
@@ -255,6 +291,14 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
             power += [dataclasses.replace(at("power"), state=k) for k in range(1, min(POWER_STATES, mixed) + 1)]
         if cuts and (rank, r["ord"]) in mid_save:
             net_ops.append(at("net"))
+    def at_completer(ev: dict[str, Any], fam: str, rel: str, **more: Any) -> Point:
+        """A corruption of ``rel`` at the event ``ev`` that completed it, anchored where that event is
+        on ``rel`` itself (a close of it, a rename onto it) and the same in both fault-free runs."""
+        key, nth = nth_of.get((ev["rank"], ev["ord"]), ("", 0))
+        on_it = key == rel
+        return Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq"),
+                     nth=nth if on_it else None, anchored=on_it and anchored(ev["rank"], ev["op"], rel, nth), **more)
+
     corrupt: list[Point] = []
     if "corrupt" in kinds and facts is not None:
         done = completions(traces)
@@ -264,13 +308,11 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
             ev = _completer(done, rel)
             if ev is None:
                 continue
-            for fam in CORRUPT_FAMILIES:
-                corrupt.append(Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq")))
+            corrupt += [at_completer(ev, fam, rel) for fam in CORRUPT_FAMILIES]
         # the same files, and every earlier version of a checkpoint file, once the job trusts them
         for ev, rel, step in rot_sites(traces):
             if job.checkpoint_glob is None or _is_checkpoint(job, rel):
-                corrupt += [Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq"),
-                                  at_step=step) for fam in CORRUPT_FAMILIES]
+                corrupt += [at_completer(ev, fam, rel, at_step=step) for fam in CORRUPT_FAMILIES]
     disk: list[Point] = []
     if "diskfull" in kinds and facts is not None:
         size = diskfull.choose_size(facts.peak, facts.seed)

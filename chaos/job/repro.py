@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ConfigError
-from chaos.job.spec import JobSpec
+from chaos.job.spec import JobSpec, replay_point
 
 # The frameworks of chaos/examples/frameworks/ (distribution names): listed when the job's
 # imports cannot be read (no local script, ``python -m``), where they are installed.
@@ -60,7 +60,7 @@ class Finding:
     """One failing point of a job results document, with what the texts need of the rest."""
 
     source: str                  # the results file as given on the command line
-    point: str                   # its id, what ``--point`` takes
+    point: str                   # its id
     seed: int                    # the run's ``--seed`` (corruption and power-loss points derive theirs from it)
     outcome: str                 # hard_failure | silent_divergence | lost_work
     summary: str
@@ -70,7 +70,12 @@ class Finding:
 
     def rerun_args(self) -> list[str]:
         """``chaos run`` options, ``--seed`` and ``--point`` that rerun exactly this point (COMMAND follows ``--``)."""
-        return [*self.spec.replay_args(), "--seed", str(self.seed), "--point", self.point]
+        return [*self.spec.replay_args(), "--seed", str(self.seed), "--point", self.point_arg]
+
+    @property
+    def point_arg(self) -> str:
+        """What ``--point`` takes: the id with the anchor its run recorded (``spec.replay_point``)."""
+        return replay_point(self.entry)
 
     def rerun_command(self) -> str:
         return shlex.join(["chaos", "run", *self.rerun_args(), "--", *self.spec.command])
@@ -508,6 +513,7 @@ import sys
 import tempfile
 
 POINT = {point!r}
+POINT_ARG = {point_arg!r}  # what --point takes: POINT and, where it has one, its anchor (fires at that event)
 SEED = {seed!r}
 EXPECTED = {outcome!r}
 RECORDED_SUMMARY = {summary!r}
@@ -574,7 +580,7 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="chaos-repro-", dir=scratch)
     try:
         results = os.path.abspath(args.json) if args.json else os.path.join(work, "results.json")
-        run = [python, "-m", "chaos.cli", "run", *OPTIONS, "--seed", str(SEED), "--point", POINT,
+        run = [python, "-m", "chaos.cli", "run", *OPTIONS, "--seed", str(SEED), "--point", POINT_ARG,
                "--json", results, "--scratch", work, *(["--keep"] if args.keep else []), "--", *command]
         print("repro: in %s: chaos %s" % (cwd, shlex.join(run[3:])), flush=True)
         code = subprocess.run(run, cwd=cwd).returncode
@@ -615,7 +621,7 @@ def repro_script(finding: Finding, harness_python: str, script: JobScript | None
                  copied: str | None = None) -> str:
     """The standalone reproduction script (its recorded command and cwd embedded; see REPRO_TEMPLATE)."""
     name = script.path.name if script is not None else job_name(finding, script)
-    return REPRO_TEMPLATE.format(point=finding.point, name=_docstring_safe(name), outcome=finding.outcome,
+    return REPRO_TEMPLATE.format(point=finding.point, point_arg=finding.point_arg, name=_docstring_safe(name), outcome=finding.outcome,
                                  source=_docstring_safe(Path(finding.source).name), seed=finding.seed,
                                  summary=finding.summary, options=[*finding.spec.replay_args()],
                                  command=list(finding.spec.command), cwd=finding.spec.cwd,

@@ -20,6 +20,7 @@ puts on ``PYTHONPATH`` (``boot/sitecustomize.py`` -> ``inproc.py``) live in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -97,8 +98,12 @@ class Point:
 
     ``kind``, ``path`` (relative to {out}; for a corruption the file corrupted), ``seq``
     (trace sequence number) and ``nth`` (how many events of this kind on this path came
-    before, plus one) describe what the fault-free run did there; they are evidence, not
-    identity.
+    before, plus one) describe what the fault-free run did there. With ``anchored`` they
+    also say where the point fires: both fault-free runs had this rank's ``nth`` event of
+    ``kind`` on ``path`` (so the path is no random temp name), and a rank fires at that
+    event whatever its ordinal in that run. Ranks that race (two creating one directory,
+    whichever is first) shift each other's ordinals between runs, never another path's
+    count. ``op`` still names the point (``id``); :attr:`replay_id` adds the anchor.
     """
 
     rank: int
@@ -113,6 +118,22 @@ class Point:
     node: int | None = None  # a node point (``--nodes``): the node; ``rank`` is the rank that announces the step
     state: int | None = None  # a power point: which mixed crash state at its cut (None: every pending change lost)
     at_step: int | None = None  # a corruption point: strike once the rank announced this step, not right after event N
+    anchored: bool = False  # fire at the nth ``kind`` event on ``path``, not at ordinal ``op`` (see above)
+
+    @property
+    def anchor(self) -> str | None:
+        """``KIND:PATH:NTH`` where the point fires (``anchored``); None where it fires by ordinal.
+
+        Colons, not a ``#``, so a replay command needs no quoting for the usual path."""
+        if not self.anchored or self.op is None or not self.kind or not self.path or not self.nth:
+            return None
+        return f"{self.kind}:{self.path}:{self.nth}"
+
+    @property
+    def replay_id(self) -> str:
+        """What a replay command passes to ``--point``: :attr:`id`, then ``@`` and the anchor if any."""
+        anchor = self.anchor
+        return self.id if anchor is None else f"{self.id}@{anchor}"
 
     @property
     def id(self) -> str:
@@ -158,6 +179,8 @@ class Point:
         env = {"rank": self.rank, "mode": self.mode, "op": self.op, "step": self.step}
         if self.at_step is not None:
             env["at_step"] = self.at_step
+        if self.anchor is not None:
+            env["anchor"] = [self.kind, self.path, self.nth]
         return env
 
     def to_fault(self, **extra: Any) -> dict[str, Any]:
@@ -183,7 +206,18 @@ class Point:
 def parse_point(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
     ``rank0:op9:power:s2`` | ``rank1:op3:truncate:step5`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
-    ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``_parse_node_point``)."""
+    ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``_parse_node_point``).
+
+    An event point may carry its anchor (``Point.replay_id``): ``rank0:op17:before@write:ckpt/a.pt:3``
+    fires at rank 0's third write to ``{out}/ckpt/a.pt``, whatever its ordinal in this run.
+    """
+    base, sep, anchor = text.strip().partition("@")
+    if sep:
+        point = parse_point(base)
+        if point.op is None:
+            raise ConfigError(f"malformed --point {text!r}: only an event point (rankR:opN:MODE) takes an anchor "
+                              "(@KIND:PATH:N)")
+        return dataclasses.replace(point, anchored=True, **_parse_anchor(text, anchor))
     if text.strip().startswith("node"):
         return _parse_node_point(text)
     m = _POINT_RE.fullmatch(text.strip())
@@ -204,6 +238,28 @@ def parse_point(text: str) -> Point:
                           f"{', '.join(CORRUPT_FAMILIES)}")
     return Point(int(rank), mode, op=int(op), state=None if state is None else int(state),
                  at_step=None if at_step is None else int(at_step))
+
+
+def replay_point(entry: dict[str, Any]) -> str:
+    """What ``--point`` takes to rerun a results entry of a job run: its recorded replay point
+    (``scenario.point``, the id with its anchor), or its ``id`` in results written before anchors.
+    Called by ``cli_job.replay_argv`` (``chaos replay``) and ``repro.find`` (``chaos repro``)."""
+    scenario = entry.get("scenario")
+    point = scenario.get("point") if isinstance(scenario, dict) else None
+    return point if isinstance(point, str) and point.partition("@")[0] == entry.get("id") else str(entry.get("id"))
+
+
+def _parse_anchor(text: str, anchor: str) -> dict[str, Any]:
+    """``KIND:PATH:N`` of a ``--point`` (PATH relative to {out}, N >= 1) as Point fields; ConfigError if not."""
+    kind, colon, rest = anchor.partition(":")
+    path, colon2, nth = rest.rpartition(":")
+    if not (colon and colon2 and re.fullmatch(r"[a-z_]+", kind) and path and nth.isdigit() and int(nth) >= 1):
+        raise ConfigError(f"malformed --point {text!r}: an anchor is @KIND:PATH:N (an event kind such as write, "
+                          "a path relative to {out}, and which such event on it, from 1)")
+    if os.path.isabs(path) or path.split(os.sep)[0] == "..":
+        raise ConfigError(f"malformed --point {text!r}: the anchor's path {path!r} must be relative to {{out}} "
+                          "and inside it")
+    return {"kind": kind, "path": path, "nth": int(nth)}
 
 
 def _is_torchrun(argv: tuple[str, ...]) -> bool:
@@ -371,7 +427,7 @@ class JobSpec:
         if seed:
             args += ["--seed", str(seed)]
         if point is not None:
-            args += ["--point", point.id]
+            args += ["--point", point.replay_id]
         return shlex.join([*args, "--", *self.command])
 
     @classmethod
