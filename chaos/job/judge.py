@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.job import losscurve, nodes
+from chaos.job.atrest import halt_record
 from chaos.job.compare import first_difference
 from chaos.job.launch import AttemptOutcome
 from chaos.job.launch import cause as _cause
@@ -203,10 +204,9 @@ def _saving_step(rec: PointRecord) -> int | None:
     step before event N: for a corruption deferred to a later step, ``at_step``, not the halt's
     step), if it announced any."""
     n = None
-    trace = rec.traces.get((rec.point.rank, 0), [])
-    halt = next((r for r in trace if r.get("event") == "fired" and r.get("action") == "halt"), None)
+    halt = halt_record(rec.traces, rec.point.rank)
     event = halt.get("ord") if halt is not None else rec.point.op  # an anchored point's ordinal may have moved
-    for r in trace:
+    for r in rec.traces.get((rec.point.rank, 0), []):
         if r.get("event") == "op" and event is not None and r.get("ord") == event:
             return n
         if r.get("event") == "fired" and r.get("action") == "halt":

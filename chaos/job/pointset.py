@@ -291,6 +291,7 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
             power += [dataclasses.replace(at("power"), state=k) for k in range(1, min(POWER_STATES, mixed) + 1)]
         if cuts and (rank, r["ord"]) in mid_save:
             net_ops.append(at("net"))
+
     def at_completer(ev: dict[str, Any], fam: str, rel: str, **more: Any) -> Point:
         """A corruption of ``rel`` at the event ``ev`` that completed it, anchored where that event is
         on ``rel`` itself (a close of it, a rename onto it) and the same in both fault-free runs."""
