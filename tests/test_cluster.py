@@ -79,6 +79,17 @@ def test_restarts_are_bounded(tmp_path):
     assert not res.completed
 
 
+def _sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default, as in a shell at a terminal.
+
+    A test run started in the background by a non-interactive shell (``.ci/run ... &``)
+    inherits SIGINT ignored, the child would too, and Python then never turns it into
+    KeyboardInterrupt: the run would go on to exit 0, and the test would fail for a
+    reason that has nothing to do with the harness.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.chaos
 def test_ctrl_c_leaves_no_rank_process(tmp_path):
     """SIGINT to `chaos run` mid-scenario: every rank is gone and the scratch root too."""
@@ -87,7 +98,7 @@ def test_ctrl_c_leaves_no_rank_process(tmp_path):
         [sys.executable, "-m", "chaos.cli", "run", "--checkpointer", "torch-save", "--steps", "400",
          "--save-every", "50", "--fault", "kill:rank=1,step=399", "--scratch", str(scratch),
          "--cache-dir", str(tmp_path / "cache"), "--no-cache"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     pids: list[int] = []
     deadline = time.time() + 120
     while time.time() < deadline and not pids:
