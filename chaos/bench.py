@@ -61,7 +61,6 @@ import re
 import resource
 import shutil
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -69,6 +68,7 @@ from typing import Any
 from chaos import bench_ranks
 from chaos.bench_ranks import VARIANTS, spread, triple
 from chaos.errors import ConfigError
+from chaos.scratch import make_root
 
 __all__ = ["DEFAULT_CHECKPOINTERS", "DEVICES", "GROUPS", "RATIOS", "TARGETS", "VARIANTS", "BenchConfig", "Result",
            "groups", "make_report", "make_state", "print_report", "run_bench", "to_markdown", "validate"]
@@ -519,7 +519,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                           "chaos.commands.bench.run_bench's to dispatch")
     validate(cfg)
     envs = bench_ranks.rank_envs(cfg.device, cfg.world_size)
-    base = tempfile.mkdtemp(prefix="chaos-bench-", dir=cfg.root)
+    base = make_root("chaos-bench-", cfg.root)
     try:
         measured = bench_ranks.launch(_measure, cfg.world_size, cfg.timeout_s, (cfg, base), envs=envs)
     finally:

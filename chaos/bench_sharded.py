@@ -36,7 +36,6 @@ import math
 import os
 import shutil
 import statistics
-import tempfile
 import time
 from dataclasses import replace
 from typing import Any
@@ -44,6 +43,7 @@ from typing import Any
 from chaos import bench, bench_ranks
 from chaos.bench_ranks import spread
 from chaos.errors import ConfigError
+from chaos.scratch import make_root
 
 CHECKPOINTERS = ("reference", "reference-async", "dcp", "dcp-async")
 BENCHED_MODES = ("ddp", "fsdp")
@@ -288,7 +288,7 @@ def run(cfg: Any) -> dict[str, Any]:
     spec = workload(cfg)
     cfg = replace(cfg, checkpointers=CHECKPOINTERS)
     ctx = _context()
-    base = tempfile.mkdtemp(prefix="chaos-bench-", dir=cfg.root)
+    base = make_root("chaos-bench-", cfg.root)
     try:
         first = bench_ranks.launch(measure_saves, cfg.world_size, cfg.timeout_s, (spec, base, cfg.repeats), ctx)
         second = bench_ranks.launch(measure_resharded_loads, cfg.world_size // 2, cfg.timeout_s,

@@ -25,7 +25,7 @@ from chaos.workload.config import DEVICES, WorkloadConfig
 
 # Modules under chaos.commands that add a subcommand; missing ones are skipped.
 EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report", "crashbench", "selfcheck", "engine", "certify",
-                  "jobbench", "repro", "findings", "scalebench")
+                  "jobbench", "repro", "findings", "scalebench", "clean")
 
 
 def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:

@@ -53,7 +53,10 @@ class Environment:
                 ok, why = can_use_netns()
                 if not ok:
                     raise Unsupported(f"network drop needs network namespaces: {why}")
+                from chaos.scratch import claim_netns
+
                 self.lab = NetworkLab(self.world_size)
+                claim_netns(self.lab.suffix)  # swept by the next harness if this one is killed
                 self.lab.setup()
             if "disk" in self.families and self.ckpt_root:
                 os.makedirs(self.ckpt_root, exist_ok=True)

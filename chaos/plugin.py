@@ -405,14 +405,14 @@ def docker_engine() -> Iterator[Any]:
     where none can start (not root, no ``dockerd``, no docker SDK)."""
     import os
     import shutil
-    import tempfile
 
     from chaos.drivers.engine import EngineUnavailable, PrivateEngine, can_start_engine
+    from chaos.scratch import make_root
 
     ok, why = can_start_engine()
     if not ok:
         pytest.skip(f"no Docker engine can be started: {why}")
-    root = tempfile.mkdtemp(prefix="chaos-eng-")  # short: Unix socket paths live under it
+    root = make_root("chaos-eng-")  # short: Unix socket paths live under it
     engine = PrivateEngine(root)
     try:
         engine.start()

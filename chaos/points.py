@@ -29,13 +29,13 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.jsonfile import write_json_atomic
+from chaos.scratch import make_root
 
 if TYPE_CHECKING:
     from chaos.record import RunRecord
@@ -243,7 +243,7 @@ def trace_reference_run(scenario: Scenario, options: RunOptions) -> TracePoints:
 
     if options.scratch_base:
         Path(options.scratch_base).mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="chaos-trace-", dir=options.scratch_base))
+    scratch = Path(make_root("chaos-trace-", options.scratch_base))
     try:
         plan = cluster.LaunchPlan(
             world_size=scenario.world_size, workload=scenario.workload.to_dict(), log_dir=str(scratch / "logs"),

@@ -73,6 +73,7 @@ from typing import Any
 
 from chaos.errors import HarnessError
 from chaos.recovery_pool import RecoveryPool
+from chaos.scratch import make_root
 from faults.crashstate import CrashModel, CrashSet, CrashState, Deduper, Snapshot, merge_traces
 
 CLASSES = ("ok", "atomicity", "durability", "error", "hang")
@@ -473,7 +474,7 @@ def explore(inp: PowerLossInput,
     model, cs = plan_states(inp)
     gen_s, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
     own_scratch = inp.scratch is None
-    scratch = inp.scratch or tempfile.mkdtemp(prefix="chaos-powerloss-", dir=scratch_root())
+    scratch = inp.scratch or make_root("chaos-powerloss-", scratch_root())
     own_pool = pool is None
     pools: list[RecoveryPool] = [] if pool is None else (list(pool) if isinstance(pool, list) else [pool])
     n_pools = max(1, inp.parallel) if own_pool else len(pools)

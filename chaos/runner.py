@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from chaos.oracles import OracleResult, judge
 from chaos.protocol import validate_spec
 from chaos.record import RunRecord, read_events
 from chaos.scenario import Scenario
+from chaos.scratch import make_root
 from faults import Unsupported
 
 
@@ -293,7 +293,7 @@ class ScenarioRun:
                 self.started = time.time()  # ``seconds`` leaves out the fork server's one-off start
                 if options.scratch_base:
                     Path(options.scratch_base).mkdir(parents=True, exist_ok=True)
-                scratch = self.scratch = Path(tempfile.mkdtemp(prefix="chaos-", dir=options.scratch_base))
+                scratch = self.scratch = Path(make_root("chaos-", options.scratch_base, keep=options.keep))
             self.result.scratch = str(scratch) if options.keep else None
             self._ranks(scratch)
         except BaseException as exc:

@@ -87,6 +87,30 @@ def leftovers(suffix: str | None = None) -> list[str]:
     return sorted(out)
 
 
+def remove_leftovers(suffix: str) -> dict[str, list[str]]:
+    """Delete the namespaces, links and bridge of lab ``suffix`` without its ``NetworkLab``
+    (the harness that made it was killed): ``{"removed": [...], "errors": [...]}``.
+
+    Namespaces first (deleting one takes both ends of its veth pair with it), then the
+    links still there. ``removed`` is what was there before and is gone after, in
+    :func:`leftovers`' names; anything still there is an error. Safe when nothing is there.
+    """
+    if not _SUFFIX_RE.match(suffix):
+        raise FaultError(f"suffix must be 6 hex digits, got {suffix!r}")
+    before = leftovers(suffix)
+    errors = []
+    for kind in ("netns", "link"):
+        for item in leftovers(suffix):
+            k, _, name = item.partition(":")
+            if k == kind:
+                p = _ip(kind, "del", name, check=False)
+                if p.returncode and "Cannot find" not in p.stderr and "No such" not in p.stderr:
+                    errors.append(f"ip {kind} del {name}: {p.stderr.strip()}")
+    after = leftovers(suffix)
+    errors += [f"{item} is still there" for item in after if not any(item in e for e in errors)]
+    return {"removed": sorted(set(before) - set(after)), "errors": errors}
+
+
 def enter_netns(target: str | int) -> None:
     """Move this (single-threaded, freshly forked) process into a network namespace.
 

@@ -17,6 +17,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -58,22 +59,53 @@ def group_members(pgid: int) -> list[int]:
     return sorted(out)
 
 
-def marked_with(name: str, value: str) -> list[int]:
-    """Live pids whose environment has ``name=value`` (inherited by every descendant, even
-    one that left its parent's process group or session), from /proc."""
-    want = f"{name}={value}".encode()
-    found = []
+def _environs() -> Iterator[tuple[int, list[bytes]]]:
+    """``(pid, NAME=VALUE items)`` of every process but this one whose environment is readable."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
+                yield int(entry), f.read().split(b"\0")
         except OSError:
             continue  # gone, or not ours to read
-        if want in env and alive(int(entry)):
-            found.append(int(entry))
-    return sorted(found)
+
+
+def marked_with(name: str, value: str) -> list[int]:
+    """Live pids whose environment has ``name=value`` (inherited by every descendant, even
+    one that left its parent's process group or session), from /proc."""
+    want = f"{name}={value}".encode()
+    return sorted(pid for pid, env in _environs() if want in env and alive(pid))
+
+
+def marks(var_prefix: str = "CHAOS_") -> dict[int, list[bytes]]:
+    """Every live pid (but this one) with the values of its ``var_prefix...`` environment
+    variables, from /proc in one pass (for :func:`marked_under` over many roots)."""
+    want = var_prefix.encode()
+    found: dict[int, list[bytes]] = {}
+    for pid, env in _environs():
+        values = [v for name, eq, v in (item.partition(b"=") for item in env) if eq and name.startswith(want)]
+        if values and alive(pid):
+            found[pid] = values
+    return found
+
+
+def marked_under(prefix: str, found: dict[int, list[bytes]] | None = None) -> list[int]:
+    """Live pids with a ``CHAOS_...`` environment variable whose value is the path ``prefix``
+    or lies under it (``prefix/...`` or ``prefix#...``); ``found``: a :func:`marks` pass to reuse.
+
+    What the harness marks every process of a scratch root with (a scenario's root, a
+    job point's scratch and attempt) all start with that root, so this finds what a
+    harness killed before its clean-up left running, whatever its process group.
+    """
+    root = os.fsencode(prefix).rstrip(b"/")
+    n = len(root)
+
+    def under(v: bytes) -> bool:
+        return v == root or (v.startswith(root) and v[n:n + 1] in (b"/", b"#"))
+
+    found = marks() if found is None else found
+    return sorted(pid for pid, values in found.items() if any(under(v) for v in values))
 
 
 def signal_group(pgid: int, sig: int | signal.Signals) -> dict[str, Any]:

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# pytest's own tmp_path root; multiprocessing's per-process dir (removed at exit).
-ALLOWED_TMP = ("pytest-of-*", "pymp-*")
+# pytest's own tmp_path root; multiprocessing's per-process dir (removed at exit); the
+# harness's claims (chaos.scratch: this process's own claim file is removed at its exit,
+# and the directory with the last one).
+ALLOWED_TMP = ("pytest-of-*", "pymp-*", "chaos-claims-*")
 _KEY = pytest.StashKey[dict]()
 
 

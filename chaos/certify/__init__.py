@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from chaos.scratch import make_root
+
 SCHEMA_VERSION = 1
 
 
@@ -205,7 +207,7 @@ def _scratch_dir(parent: str | None) -> Iterator[str]:
     import multiprocessing.util
 
     multiprocessing.util.get_temp_dir()
-    scratch = tempfile.mkdtemp(prefix="chaos-certify-", dir=parent)
+    scratch = make_root("chaos-certify-", parent)
     saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
     tmp = os.path.join(scratch, "tmp")
     try:

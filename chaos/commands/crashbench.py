@@ -27,10 +27,11 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from chaos.scratch import make_root
 
 NAME = "bench-crashstates"
 HELP = "record one save, explore its power-loss crash states and report states/s"
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}")
         return 2
     ckpt = args.checkpointer or default_checkpointer()
-    work = tempfile.mkdtemp(prefix="chaos-crashbench-", dir=args.dir or scratch_root())
+    work = make_root("chaos-crashbench-", args.dir or scratch_root())
     try:
         t0 = time.perf_counter()
         inp = record_save(os.path.join(work, "ckpt"), os.path.join(work, "rec"), checkpointer=ckpt,

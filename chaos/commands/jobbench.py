@@ -38,7 +38,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ConfigError
+from chaos.scratch import make_root
 
 NAME = "bench-job"
 HELP = "run our job mode and the peer ckpt-chaos on the same scripts, side by side, and compare"
@@ -353,7 +353,7 @@ def _check(args: argparse.Namespace) -> list[Path]:
 def bench(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
     """Every script, every repeat, both tools; the report as one JSON-able dict."""
     scripts = _check(args)
-    root = Path(tempfile.mkdtemp(prefix="chaos-bench-job-", dir=args.scratch))
+    root = Path(make_root("chaos-bench-job-", args.scratch))
     started, load_before = time.time(), _load()
     doc: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),

@@ -18,10 +18,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from chaos.scratch import make_root
 
 NAME = "bench-launch"
 HELP = "time one kill scenario (golden cached), phase by phase, against a plain torchrun launch"
@@ -220,7 +221,7 @@ def measure(checkpointer: str, steps: int, world_size: int, repeat: int, scratch
 
 
 def run(args: argparse.Namespace) -> int:
-    scratch = Path(tempfile.mkdtemp(prefix="chaos-bench-launch-"))
+    scratch = Path(make_root("chaos-bench-launch-"))
     try:
         try:
             report = measure(args.checkpointer, args.steps, args.world_size, max(1, args.repeat), scratch)

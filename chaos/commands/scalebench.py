@@ -42,13 +42,13 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from chaos.bench_ranks import spread, triple
 from chaos.errors import ConfigError
+from chaos.scratch import make_root
 
 NAME = "bench-scale"
 HELP = "how cost grows: kill scenario by world size, save/stall/load by size, crash states by shards, campaign rate"
@@ -324,7 +324,7 @@ def measure(s: dict[str, Any]) -> dict[str, Any]:
         doc["machine"]["torch"] = torch.__version__
     except ImportError:  # pragma: no cover - torch is a dependency
         pass
-    work = tempfile.mkdtemp(prefix="chaos-bench-scale-", dir=s["dir"])
+    work = make_root("chaos-bench-scale-", s["dir"])
     try:
         t0 = time.perf_counter()
         if "kill" in s["sections"]:

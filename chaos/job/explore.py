@@ -37,7 +37,6 @@ import glob
 import json
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +50,7 @@ from chaos.job.compare import first_difference
 from chaos.job.judge import Golden, PointRecord, PointVerdict, judge, last_steps
 from chaos.job.pointset import Facts, sample
 from chaos.job.spec import HALT_MODES, JobSpec, Point
+from chaos.scratch import make_root
 from faults import FaultError, disk
 from faults.crashstate import Snapshot
 
@@ -465,7 +465,7 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
 
     ``only``: run exactly these points (``--point``, ``chaos replay``) instead of a sample.
     """
-    root = tempfile.mkdtemp(prefix="chaos-job-", dir=scratch_base)
+    root = make_root("chaos-job-", scratch_base, keep=keep)
     started = time.monotonic()
     replayed = [] if only is None else only if isinstance(only, list) else [only]
     netlab = True if any(p.family == "net" for p in replayed) and netcut.usable(job)[0] else None

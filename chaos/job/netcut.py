@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from chaos.job import spec as S
+from chaos.scratch import claim_netns
 from faults import FaultError
 from faults.network import NetworkLab, can_use_netns
 
@@ -77,6 +78,7 @@ def lab_for(n_ranks: int) -> Iterator[NetworkLab]:
     FaultError / OSError if it cannot be set up (``NetworkLab.setup`` has removed what it made).
     """
     lab = NetworkLab(n_ranks)
+    claim_netns(lab.suffix)  # swept by the next harness if this one is killed
     with _labs_lock:
         _labs[lab.suffix] = lab
     try:
