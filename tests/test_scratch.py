@@ -342,3 +342,48 @@ def test_job_mode_claims_each_run_chains_lab(claims):
 
     with netcut.lab_for(2) as lab:
         assert [n for c in scratch.claims() for n in c.netns] == [lab.suffix]
+
+
+SLOW_JOB = """
+import json, os, sys, time
+out = sys.argv[1]
+p = os.path.join(out, "ckpt.json")
+start = json.load(open(p))["step"] if os.path.exists(p) else 0
+for step in range(start, 600):
+    time.sleep(0.1)
+    with open(p + ".tmp", "w") as f:
+        json.dump({"step": step + 1}, f)
+    os.replace(p + ".tmp", p)
+"""
+
+
+def test_a_users_job_orphaned_by_a_sigkilled_job_mode_harness_is_killed_by_the_next_sweep(tmp_path, claims):
+    """Job mode starts the user's job in a session of its own: the harness's SIGKILL does not reach it."""
+    job = tmp_path / "slow_job.py"
+    job.write_text(SLOW_JOB)
+    base = tmp_path / "scratch"
+    base.mkdir()
+    env = dict(os.environ, **{scratch.CLAIMS_ENV: str(claims)})
+    run = subprocess.Popen([*CHAOS, "run", "--scratch", str(base), "--", sys.executable, str(job), "{out}"],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    orphans: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not orphans and time.monotonic() < deadline and run.poll() is None:
+            roots = list(base.iterdir())
+            orphans = marked_under(str(roots[0])) if roots else []
+            time.sleep(0.05)
+        assert orphans, "the job never started"
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+    try:
+        time.sleep(0.3)
+        assert [p for p in orphans if alive(p)], "the job died with its harness; nothing to test"
+        out = _chaos_clean(claims)
+        assert out.returncode == 0 and f"pid {run.pid}" in out.stdout and "process(es) killed" in out.stdout, out.stdout
+        assert all(_wait_dead(p) for p in orphans) and list(base.iterdir()) == []
+    finally:
+        for p in orphans:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
