@@ -193,6 +193,14 @@ def claims() -> list[Claim]:
     return sorted(out, key=lambda c: (c.start, c.pid))
 
 
+def own() -> Claim | None:
+    """This process's claims so far, or None before its first (tests check its labs are gone)."""
+    key = (os.getpid(), claims_dir())
+    with _lock:
+        mine = _mine["path"] if _mine["pid"] == key else None
+    return _read(mine) if mine else None
+
+
 @dataclass
 class Swept:
     """What one sweep did (or, dry, would do) for one gone owner."""
