@@ -407,12 +407,13 @@ def docker_engine() -> Iterator[Any]:
     import shutil
 
     from chaos.drivers.engine import EngineUnavailable, PrivateEngine, can_start_engine
-    from chaos.scratch import make_root
+    from chaos.scratch import claim_cleanup, make_root
 
     ok, why = can_start_engine()
     if not ok:
         pytest.skip(f"no Docker engine can be started: {why}")
     root = make_root("chaos-eng-")  # short: Unix socket paths live under it
+    claim_cleanup(root, "chaos.drivers.engine:stop_engine_at")  # if this session is killed, the next stops it
     engine = PrivateEngine(root)
     try:
         engine.start()

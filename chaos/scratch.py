@@ -21,16 +21,18 @@ claim file (and the directory, once empty), unless something it claimed is still
 for the next sweep.
 
 Who calls what: the runner, job exploration, trace recording, power-loss exploration,
-``chaos repro``, ``chaos certify``, the benches and the pytest plugin make their roots
-with :func:`make_root`; ``environment`` and ``job.netcut`` call :func:`claim_netns` for
-each network lab; ``chaos clean`` (``commands/clean.py``) calls :func:`sweep` and
-:func:`claims` on demand.
+``chaos certify``, the benches and the pytest plugin make their roots with
+:func:`make_root`; ``environment`` and ``job.netcut`` call :func:`claim_netns` for each
+network lab; the plugin's private ``dockerd`` is claimed with :func:`claim_cleanup` (the
+sweep stops it with its own code); ``chaos clean`` (``commands/clean.py``) calls
+:func:`sweep` and :func:`claims` on demand.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -126,6 +128,18 @@ def claim_netns(suffix: str) -> None:
     _claim({"netns": suffix})
 
 
+def claim_cleanup(root: str, stop: str) -> None:
+    """Have a sweep call ``stop`` (``chaos.module:function``, given ``root``) before it removes ``root``.
+
+    For what only its maker knows how to stop: the pytest plugin's private ``dockerd``
+    (``chaos.drivers.engine:stop_engine_at``) runs detached and unmarked, and removing its
+    root under it would leave it and its containers running.
+    """
+    if not stop.startswith("chaos.") or ":" not in stop:
+        raise ValueError(f"clean-up {stop!r} must be a chaos.module:function")
+    _claim({"cleanup": stop, "root": os.path.abspath(root)})
+
+
 @dataclass
 class Claim:
     """One claim file: whose, whether its owner still runs, and what it claimed."""
@@ -138,6 +152,7 @@ class Claim:
     argv: list[str] = field(default_factory=list)
     roots: list[tuple[str, bool]] = field(default_factory=list)  # (path, keep)
     netns: list[str] = field(default_factory=list)
+    cleanups: list[tuple[str, str]] = field(default_factory=list)  # (chaos.module:function, root)
 
 
 def _read(path: str) -> Claim | None:
@@ -175,6 +190,8 @@ def _read(path: str) -> Claim | None:
             continue
         if isinstance(e.get("owner"), dict):
             claim.argv = [str(a) for a in e["owner"].get("argv", [])]
+        elif isinstance(e.get("cleanup"), str) and isinstance(e.get("root"), str):
+            claim.cleanups.append((e["cleanup"], e["root"]))
         elif isinstance(e.get("root"), str):
             claim.roots.append((e["root"], bool(e.get("keep"))))
         elif isinstance(e.get("netns"), str):
@@ -212,13 +229,14 @@ class Swept:
     unmounted: list[str] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)  # namespaces and links deleted
+    stopped: list[str] = field(default_factory=list)  # clean-ups run: "module:function root"
     refused: list[str] = field(default_factory=list)  # claims that are not a harness root: left alone, said why
 
     def line(self) -> str:
         what = self.argv[1:3] if len(self.argv) > 1 else self.argv
         cmd = " ".join([os.path.basename(self.argv[0]) if self.argv else "?", *what])
         parts = [f"{len(self.removed)} scratch root(s) removed"]
-        for label, items in (("unmounted", self.unmounted), ("process(es) killed", self.killed),
+        for label, items in (("stopped", self.stopped), ("unmounted", self.unmounted), ("process(es) killed", self.killed),
                              ("network namespace(s)/link(s) deleted", self.netns), ("kept (--keep)", self.kept)):
             if items:
                 parts.append(f"{len(items)} {label}")
@@ -246,6 +264,19 @@ def _sweep_one(claim: Claim, dry_run: bool) -> Swept:
     from faults.process import marked_under, marks
 
     done = Swept(claim.pid, claim.argv)
+    for stop, root in claim.cleanups:  # first: what runs detached under a root is stopped by its maker's code
+        why = _refusal(root) or (None if stop.startswith("chaos.") and ":" in stop else f"clean-up {stop!r} is not chaos's")
+        if why is not None:
+            done.refused.append(why)
+            continue
+        if not dry_run:
+            try:
+                module, _, func = stop.partition(":")
+                getattr(importlib.import_module(module), func)(root)
+            except Exception as exc:  # noqa: BLE001 - said; the root is still removed below
+                done.refused.append(f"{stop}({root}) failed: {type(exc).__name__}: {exc}")
+                continue
+        done.stopped.append(f"{stop} {root}")
     found = marks() if claim.roots else {}  # one pass over /proc for all of this owner's roots
     for root, keep in claim.roots:
         why = _refusal(root)
@@ -331,7 +362,7 @@ def sweep_once() -> None:
         print(f"chaos: could not sweep {claims_dir()}: {exc}", file=sys.stderr)
         return
     for d in done:
-        if d.removed or d.killed or d.netns or d.unmounted or d.refused:
+        if d.removed or d.killed or d.netns or d.unmounted or d.refused or d.stopped:
             print(d.line(), file=sys.stderr)
 
 

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -387,3 +388,60 @@ def test_a_users_job_orphaned_by_a_sigkilled_job_mode_harness_is_killed_by_the_n
         for p in orphans:
             if alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+ENGINE_HARNESS = r"""
+import json, sys
+from chaos import scratch
+from chaos.drivers.engine import PrivateEngine
+root = scratch.make_root("chaos-eng-", sys.argv[1])
+scratch.claim_cleanup(root, "chaos.drivers.engine:stop_engine_at")
+engine = PrivateEngine(root).start()
+print(json.dumps({"root": root, "pid": engine.pid()}), flush=True)
+import time; time.sleep(600)
+"""
+
+
+def _engine_ok() -> tuple[bool, str]:
+    from chaos.drivers.engine import can_start_engine
+
+    return can_start_engine()
+
+
+@pytest.mark.skipif(not _engine_ok()[0], reason=_engine_ok()[1])
+def test_the_sweep_stops_the_private_dockerd_of_a_killed_session_with_its_own_code(tmp_path, claims):
+    """The plugin's engine runs detached and unmarked: only its claimed clean-up stops it."""
+    from chaos.drivers.engine import PrivateEngine
+
+    base = tempfile.gettempdir()  # short: the engine's socket path must fit in a sockaddr_un
+    p = subprocess.Popen([sys.executable, "-c", ENGINE_HARNESS, base], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        line = p.stdout.readline()
+    finally:
+        p.kill()
+        _, err = p.communicate(timeout=30)
+    if not line:
+        pytest.skip(f"the private engine did not start here: {err.strip()[-300:]}")
+    made = json.loads(line)
+    try:
+        assert alive(made["pid"]), "dockerd died with the harness; nothing to test"
+        [done] = scratch.sweep()
+        assert done.stopped == [f"chaos.drivers.engine:stop_engine_at {made['root']}"] and done.refused == []
+        assert _wait_dead(made["pid"]) and not os.path.exists(made["root"])
+        assert "1 stopped" in done.line()
+    finally:
+        if os.path.isdir(made["root"]):
+            PrivateEngine(made["root"]).stop()
+
+
+def test_a_cleanup_that_is_not_chaos_code_is_refused_and_never_called(tmp_path, claims):
+    root = tmp_path / "chaos-x"
+    root.mkdir()
+    with pytest.raises(ValueError, match="chaos.module:function"):
+        scratch.claim_cleanup(str(root), "os:system")
+    _claim_file(claims, f"{scratch._pid_ns()}-{2 ** 22 + 13}-5.jsonl", {"root": str(root), "keep": False},
+                {"cleanup": "shutil:rmtree", "root": str(tmp_path / "chaos-y")})
+    [done] = scratch.sweep()
+    assert done.stopped == [] and done.refused == ["clean-up 'shutil:rmtree' is not chaos's"]
+    assert done.removed == [str(root)]

@@ -212,6 +212,16 @@ class PrivateEngine:
         return out
 
 
+def stop_engine_at(root: str) -> dict[str, Any]:
+    """Stop and delete the private engine under ``root`` whose starter is gone.
+
+    Called by ``chaos.scratch``'s sweep (claimed by the pytest plugin's ``docker_engine``)
+    when the harness that started it was killed: its containers, networks and volumes
+    removed, the daemon and its helpers stopped, its root deleted.
+    """
+    return PrivateEngine(root).stop()
+
+
 def _unmount_under(root: Path) -> None:
     """Lazy-unmount anything the daemon left mounted under its root (netns files, shm)."""
     prefix = str(root.resolve())
