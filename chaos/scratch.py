@@ -7,18 +7,18 @@ a full-disk tmpfs stays mounted on it holding memory, a network lab's namespaces
 links stay, and a rank that left its process group may run on. So every harness
 process keeps a *claim file* of what it made, one JSON line appended per root or lab,
 named for the process (its pid namespace, pid and start time, so a reused pid is never
-taken for it)::
+taken for it), its first line saying which host and boot it ran on::
 
     <tmp>/chaos-claims-<uid>/<pidns>-<pid>-<start>.jsonl     (CHAOS_CLAIMS_DIR overrides)
 
-and the first root a process makes sweeps the claims of processes that are gone: the
+The first root a process makes sweeps the claims of processes that are gone: the
 processes still marked with a claimed root are killed, its mounts unmounted and the
 root removed, the lab's namespaces and links deleted, and one line on stderr says what
 was removed and after which command. Roots made to be kept (``--keep``) keep their
-files and mounts. A claim of another pid namespace is never judged (its owner may be
-alive where this process cannot see it). A process that ends normally removes its
-claim file (and the directory, once empty), unless something it claimed is still there
-for the next sweep.
+files and mounts. A claim of another host (a TMPDIR shared between nodes) or another pid
+namespace is never judged: its owner may be alive where this process cannot see it. A
+process that ends normally removes its claim file (and the directory, once empty),
+unless something it claimed is still there for the next sweep.
 
 Who calls what: the runner, job exploration, trace recording, power-loss exploration,
 ``chaos certify``, the benches and the pytest plugin make their roots with
@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -86,13 +87,27 @@ def _pid_ns() -> str:
         return "0"
 
 
+def _host() -> str:
+    return socket.gethostname()
+
+
+def _boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``), "" where there is none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _claim(entry: dict[str, Any]) -> None:
     """Append ``entry`` to this process's claim file (made, with its owner line, on first use)."""
     pid, directory = os.getpid(), claims_dir()
     with _lock:
         if _mine["pid"] != (pid, directory):  # first claim of this process (a forked child, a new $CHAOS_CLAIMS_DIR)
             path = os.path.join(directory, f"{_pid_ns()}-{pid}-{_start_ticks(pid) or 0}.jsonl")
-            owner = {"owner": {"pid": pid, "argv": sys.argv[:8], "created": time.time()}}
+            owner = {"owner": {"pid": pid, "host": _host(), "boot": _boot_id(), "argv": sys.argv[:8],
+                               "created": time.time()}}
             for last in (False, True):  # a releasing process may remove the empty directory meanwhile
                 os.makedirs(directory, mode=0o700, exist_ok=True)
                 try:
@@ -171,16 +186,13 @@ def _read(path: str) -> Claim | None:
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
         return None
     ns, pid, start = parts[0], int(parts[1]), int(parts[2])
-    if ns != _pid_ns() or ns == "0" or start == 0:
-        state = "foreign"  # another pid namespace, or no /proc to tell: never judged
-    else:
-        state = "alive" if _start_ticks(pid) == start else "gone"
-    claim = Claim(path, pid, ns, start, state)
+    claim = Claim(path, pid, ns, start, "foreign")
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
+    owner: dict[str, Any] | None = None
     for line in lines:
         try:
             e = json.loads(line)
@@ -189,14 +201,30 @@ def _read(path: str) -> Claim | None:
         if not isinstance(e, dict):
             continue
         if isinstance(e.get("owner"), dict):
-            claim.argv = [str(a) for a in e["owner"].get("argv", [])]
+            owner = e["owner"]
+            claim.argv = [str(a) for a in owner.get("argv", [])]
         elif isinstance(e.get("cleanup"), str) and isinstance(e.get("root"), str):
             claim.cleanups.append((e["cleanup"], e["root"]))
         elif isinstance(e.get("root"), str):
             claim.roots.append((e["root"], bool(e.get("keep"))))
         elif isinstance(e.get("netns"), str):
             claim.netns.append(e["netns"])
+    claim.state = _owner_state(owner, ns, pid, start)
     return claim
+
+
+def _owner_state(owner: dict[str, Any] | None, ns: str, pid: int, start: int) -> str:
+    """"alive", "gone" or "foreign" (never judged) for a claim's owner.
+
+    Foreign: another host (a TMPDIR shared between nodes), another pid namespace, no
+    owner line (torn by the kill) or no /proc to tell. Gone: this host booted since
+    (every process of that boot is dead), or the pid is free or has another start time.
+    """
+    if owner is None or owner.get("host") != _host() or ns != _pid_ns() or ns == "0" or start == 0:
+        return "foreign"
+    if owner.get("boot") != _boot_id():
+        return "gone"
+    return "alive" if _start_ticks(pid) == start else "gone"
 
 
 def claims() -> list[Claim]:

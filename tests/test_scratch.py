@@ -175,10 +175,12 @@ def test_a_live_harness_claims_are_never_swept(tmp_path, claims):
     shutil.rmtree(made["kept"])
 
 
-def _claim_file(claims: Path, name: str, *entries: dict) -> Path:
+def _claim_file(claims: Path, name: str, *entries: dict, **owner: str) -> Path:
+    """A claim file as a harness writes it: an owner line (this host and boot unless given), then ``entries``."""
     claims.mkdir(exist_ok=True)
     path = claims / name
-    path.write_text("".join(json.dumps(e) + "\n" for e in [{"owner": {"pid": 1, "argv": ["x"]}}, *entries]))
+    head = {"owner": {"pid": 1, "argv": ["x"], "host": scratch._host(), "boot": scratch._boot_id(), **owner}}
+    path.write_text("".join(json.dumps(e) + "\n" for e in [head, *entries]))
     return path
 
 
@@ -201,6 +203,23 @@ def test_a_reused_pid_is_not_the_owner_and_another_pid_namespace_is_never_judged
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_another_host_is_never_judged_and_an_earlier_boot_is_gone_even_for_a_live_pid(tmp_path, claims):
+    """A TMPDIR shared between nodes holds other hosts' claims; after a reboot every owner is dead."""
+    ns = scratch._pid_ns()
+    other_host, rebooted, torn = tmp_path / "chaos-host", tmp_path / "chaos-boot", tmp_path / "chaos-torn"
+    for d in (other_host, rebooted, torn):
+        d.mkdir()
+    me, start = os.getpid(), scratch._start_ticks(os.getpid())  # a pid and start time that are alive here
+    _claim_file(claims, f"{ns}-{me + 1}-{start}.jsonl", {"root": str(other_host), "keep": False}, host="node-17")
+    _claim_file(claims, f"{ns}-{me}-{start}.jsonl", {"root": str(rebooted), "keep": False}, boot="0-earlier")
+    (claims / f"{ns}-{me + 2}-{start}.jsonl").write_text('{"owner": {"pid": 3, "ho' + "\n" + json.dumps(
+        {"root": str(torn), "keep": False}) + "\n")  # the owner line torn: whose is it?
+    states = {c.pid: c.state for c in scratch.claims()}
+    assert states == {me + 1: "foreign", me: "gone", me + 2: "foreign"}
+    [done] = scratch.sweep()
+    assert done.removed == [str(rebooted)] and other_host.is_dir() and torn.is_dir()
 
 
 def test_a_claim_on_something_that_is_not_a_harness_root_is_left_alone(tmp_path, claims):
