@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from chaos.cluster import free_port
+from chaos.ports import free_port
 
 # Bench names for checkpointer variants: (built-in checkpointer, options).
 # reference-async-trust: replicas=trust, DCP's own assumption that replicated tensors

@@ -27,6 +27,7 @@ from typing import Any
 
 from chaos.environment import Environment
 from chaos.errors import HarnessError
+from chaos.ports import free_port
 from chaos.scenario import PROCESS_SIGNALS, Fault
 from chaos.workload.device import rank_env as rank_device_env
 from chaos.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
@@ -52,12 +53,6 @@ def warm_up() -> None:
 
     _context()
     forkserver.ensure_running()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def signal_rank(pid: int, sig: int) -> None:

@@ -678,8 +678,9 @@ def record_save(ckpt_root: str | os.PathLike[str], work_dir: str | os.PathLike[s
     ``work_dir/trace-rank<r>.jsonl`` with full data. Returns the input for
     :func:`explore` (``mode``, ``scratch``... can be changed with ``dataclasses.replace``).
     """
+    from chaos.ports import free_port
     from chaos.protocol import validate_spec
-    from chaos.recovery_pool import _context, _free_port, _kill_group
+    from chaos.recovery_pool import _context, _kill_group
     from faults.interposer import read_trace
 
     if not saves or list(saves) != sorted(set(saves)) or saves[0] < 1:
@@ -693,7 +694,7 @@ def record_save(ckpt_root: str | os.PathLike[str], work_dir: str | os.PathLike[s
     wl["steps"] = max(int(wl.get("steps", 0) or 0), saves[-1])
     opts = dict(ckpt_options or {})
     ctx = _context()
-    port = _free_port()
+    port = free_port()
     procs: list[Any] = []
     conns: list[Any] = []
     deadline = time.monotonic() + timeout_s

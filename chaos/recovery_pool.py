@@ -38,7 +38,6 @@ import atexit
 import copy
 import os
 import signal
-import socket
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from typing import Any
 from chaos.cluster import _context as cluster_context
 from chaos.cluster import signal_rank
 from chaos.errors import HarnessError
+from chaos.ports import free_port
 
 _pools: weakref.WeakSet[RecoveryPool] = weakref.WeakSet()
 
@@ -55,12 +55,6 @@ _pools: weakref.WeakSet[RecoveryPool] = weakref.WeakSet()
 def _context() -> Any:
     """The harness's warm fork server (torch preloaded), shared with the cluster."""
     return cluster_context()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _kill_group(pid: int) -> None:
@@ -437,7 +431,7 @@ class RecoveryPool:
     def _start(self) -> None:
         t0 = time.monotonic()
         deadline = t0 + self.start_timeout_s
-        port = _free_port()
+        port = free_port()
         first = self._spawn(0, port)
         self._expect(first, "store_ready", deadline)
         for rank in range(1, self.world_size):

@@ -14,13 +14,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+from chaos.ports import free_port
 
 _CTX: Any = None
 
@@ -32,12 +33,6 @@ def _context() -> Any:
         ctx.set_forkserver_preload(["torch", "torch.distributed", "chaos.checkpoint"])
         _CTX = ctx
     return _CTX
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

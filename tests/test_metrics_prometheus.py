@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chaos.checkpoint.metrics import ALERT_RULES, AUXILIARY_FILES, Metrics, alert_rules_path
 from chaos.ckptformat.errors import CheckpointConfigError
 from chaos.errors import ConfigError
+from chaos.ports import free_port
 
 Usage = namedtuple("Usage", "total used free")
 PROMTOOL = shutil.which("promtool")
@@ -166,14 +167,8 @@ def test_a_dead_writers_temp_file_is_removed_a_live_ones_kept(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted([f"metrics.prom.{os.getppid()}.2", "metrics.prom.notes"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_http_endpoint_serves_the_registry_and_close_frees_the_port(tmp_path):
-    base = _free_port() - 1  # rank 1 serves on base + 1
+    base = free_port() - 1  # rank 1 serves on base + 1
     m = Metrics(str(tmp_path), 1, port=base, addr="127.0.0.1")
     try:
         assert m.http_address == ("127.0.0.1", base + 1)

@@ -151,7 +151,7 @@ def _stats(values: list[float]) -> dict[str, float]:
 def _torchrun(world_size: int, steps: int, scratch: Path) -> float:
     logs = scratch / "torchrun-logs"
     logs.mkdir()
-    port = str(__import__("chaos.cluster", fromlist=["free_port"]).free_port())
+    port = str(__import__("chaos.ports", fromlist=["free_port"]).free_port())
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}",
            "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "chaos.workload.standalone", str(logs), str(steps)]
     t0 = time.perf_counter()

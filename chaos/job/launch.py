@@ -31,7 +31,6 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from chaos.errors import ChaosError, ConfigError
 from chaos.job import netcut, spares
 from chaos.job import spec as S
+from chaos.ports import free_port
 from faults.process import alive, marked_with
 
 if TYPE_CHECKING:
@@ -181,12 +181,6 @@ class _Exits:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attempt: int,

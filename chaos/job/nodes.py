@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from chaos.errors import ChaosError, ConfigError
 from chaos.job import launch, netcut
 from chaos.job import spec as S
+from chaos.ports import free_port
 from faults import FaultError
 from faults.process import alive, group_members, marked_with
 
@@ -218,7 +219,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         raise launch.Cancelled("the exploration was interrupted: no attempt is started")
     if not netcut.command_exists(argv[0], job.cwd, base.get("PATH")):
         raise ConfigError(f"cannot start COMMAND {argv[0]!r}: No such file or directory")
-    port = launch.free_port()
+    port = free_port()
     addrs = [lab.addr(i) for i in range(n)]
     outcome = launch.AttemptOutcome(attempt, argv)
     everyone: list[_Agent] = []

@@ -10,15 +10,10 @@ other endpoint, so a fault proxy can sit in between.
 from __future__ import annotations
 
 import logging
-import socket
 import uuid
 from typing import Any
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from chaos.ports import free_port
 
 
 class LocalS3:
@@ -33,7 +28,7 @@ class LocalS3:
         from moto.server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        port = _free_port()
+        port = free_port()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         self.server.start()
         self.endpoint = f"http://127.0.0.1:{port}"
