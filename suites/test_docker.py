@@ -83,7 +83,7 @@ def test_container_fault_mid_save_restarts_and_resumes_bit_exact(chaos, run_dock
 def test_interrupt_removes_containers_and_network(docker_engine, tmp_path):
     """Ctrl-C while a rank container runs: the driver's context removes everything it made."""
     from chaos.drivers.docker import DockerCluster
-    from faults.process import alive
+    from faults.process import alive, marked_under
 
     scratch = tempfile.mkdtemp(prefix="chaos-int-")
     try:
@@ -92,6 +92,8 @@ def test_interrupt_removes_containers_and_network(docker_engine, tmp_path):
             container.reload()
             pid = container.attrs["State"]["Pid"]
             assert pid and alive(pid)
+            # marked as a process rank is: a sweep after a SIGKILLed harness finds it from the host
+            assert pid in marked_under(str(driver.scratch))
             token = driver.token
             raise KeyboardInterrupt
         assert _ours(docker_engine, token) == {"containers": [], "networks": [], "volumes": []}

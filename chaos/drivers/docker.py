@@ -55,6 +55,7 @@ from chaos.drivers import engine
 from chaos.environment import Environment
 from chaos.errors import HarnessError
 from chaos.scenario import PROCESS_SIGNALS, Fault
+from chaos.workload.spec import SCENARIO_ENV
 
 STORE_PORT = 29500  # each container has its own network namespace: a fixed port is free
 CONNECT_TIMEOUT_S = 180.0  # a container start plus a cold torch import, on a loaded 2-core box
@@ -362,7 +363,9 @@ class DockerCluster:
             argv = [sys.executable, "-m", "chaos.drivers.rank", *args]
         else:
             argv = ["python3", "-m", "chaos.drivers.rank", *args]
-        env = {"OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+        # SCENARIO_ENV: the rank's own process carries the scenario's mark as its children
+        # do, so a sweep after a killed harness (chaos.scratch) finds it from the host
+        env = {SCENARIO_ENV: scratch, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
                "HOME": str(self.ctl_dir / "home"), "TMPDIR": str(self.ctl_dir / "tmp"),
                "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"])}
         return self.client.containers.run(
