@@ -9,7 +9,7 @@ lives here so neither bench module imports the other; ``chaos.commands.bench`` p
 which one runs.
 
 Parent side: :func:`launch`, :func:`rank_envs`. In the ranks: :func:`max_all`,
-:func:`all_true`, :func:`gather`, :func:`raw_write`, :func:`timed_save`, :func:`timed_save_then_step`,
+:func:`max_each`, :func:`all_true`, :func:`gather`, :func:`raw_write`, :func:`timed_save`, :func:`timed_save_then_step`,
 :func:`zeros_like`,
 :func:`open_checkpointer`, :func:`ordered`. In the report: :func:`spread`, :func:`triple`.
 """
@@ -125,12 +125,17 @@ def launch(target: Any, world_size: int, timeout_s: float, args: tuple, ctx: Any
 # ----------------------------------------------------------------- in the ranks
 def max_all(value: float) -> float:
     """The largest ``value`` over all ranks (collective): a timing is the slowest rank's."""
+    return max_each(value)[0]
+
+
+def max_each(*values: float) -> list[float]:
+    """:func:`max_all` of several values in one collective (a save's timings together)."""
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return [float(v) for v in t.tolist()]
 
 
 def raw_write(rank: int, world: int, base: str, nbytes: int, buf: Any) -> float:
@@ -241,7 +246,8 @@ def timed_save_then_step(ck: Any, step: int, state: dict[str, Any], next_step: A
     faults = _thread_faults() - f0
     ck.wait()
     dist.barrier()
-    return SaveTiming(max_all(stall), max_all(time.perf_counter() - t0), max_all(at_return), int(max_all(faults)))
+    stall, save, at_return, worst_faults = max_each(stall, time.perf_counter() - t0, at_return, faults)
+    return SaveTiming(stall, save, at_return, int(worst_faults))
 
 
 def zeros_like(value: Any) -> Any:

@@ -45,6 +45,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from faults.process import start_ticks
+
 CLAIMS_ENV = "CHAOS_CLAIMS_DIR"
 ROOT_PREFIX = "chaos-"  # every harness root's name starts so; nothing else is ever removed
 
@@ -66,17 +68,6 @@ def claims_dir() -> str:
         if _mine.get("default_dir") is None:
             _mine["default_dir"] = os.path.join(tempfile.gettempdir(), f"chaos-claims-{os.getuid()}")
         return _mine["default_dir"]
-
-
-def _start_ticks(pid: int | str) -> int | None:
-    """``pid``'s start time in clock ticks after boot (field 22 of /proc/PID/stat), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2:].split()
-    return int(fields[19]) if len(fields) > 19 else None
 
 
 def _pid_ns() -> str:
@@ -105,7 +96,7 @@ def _claim(entry: dict[str, Any]) -> None:
     pid, directory = os.getpid(), claims_dir()
     with _lock:
         if _mine["pid"] != (pid, directory):  # first claim of this process (a forked child, a new $CHAOS_CLAIMS_DIR)
-            path = os.path.join(directory, f"{_pid_ns()}-{pid}-{_start_ticks(pid) or 0}.jsonl")
+            path = os.path.join(directory, f"{_pid_ns()}-{pid}-{start_ticks(pid) or 0}.jsonl")
             owner = {"owner": {"pid": pid, "host": _host(), "boot": _boot_id(), "argv": sys.argv[:8],
                                "created": time.time()}}
             for last in (False, True):  # a releasing process may remove the empty directory meanwhile
@@ -143,6 +134,11 @@ def claim_netns(suffix: str) -> None:
     _claim({"netns": suffix})
 
 
+def _chaos_callable(stop: str) -> bool:
+    """Whether ``stop`` names a function of this package (``chaos.module:function``): nothing else is ever called."""
+    return stop.startswith("chaos.") and ":" in stop
+
+
 def claim_cleanup(root: str, stop: str) -> None:
     """Have a sweep call ``stop`` (``chaos.module:function``, given ``root``) before it removes ``root``.
 
@@ -150,7 +146,7 @@ def claim_cleanup(root: str, stop: str) -> None:
     (``chaos.drivers.engine:stop_engine_at``) runs detached and unmarked, and removing its
     root under it would leave it and its containers running.
     """
-    if not stop.startswith("chaos.") or ":" not in stop:
+    if not _chaos_callable(stop):
         raise ValueError(f"clean-up {stop!r} must be a chaos.module:function")
     _claim({"cleanup": stop, "root": os.path.abspath(root)})
 
@@ -163,7 +159,7 @@ class Claim:
     pid: int
     pid_ns: str
     start: int
-    state: str  # "alive", "gone", "foreign" (another pid namespace: not judged)
+    state: str  # "alive", "gone", "foreign" (another host or pid namespace: never judged; see _owner_state)
     argv: list[str] = field(default_factory=list)
     roots: list[tuple[str, bool]] = field(default_factory=list)  # (path, keep)
     netns: list[str] = field(default_factory=list)
@@ -180,7 +176,7 @@ def _read(path: str) -> Claim | None:
     name, _, sweeper = name.partition(".sweeping-")
     if sweeper:
         spid, _, sstart = sweeper.partition("-")
-        if not (spid.isdigit() and sstart.isdigit()) or _start_ticks(int(spid)) == int(sstart):
+        if not (spid.isdigit() and sstart.isdigit()) or start_ticks(int(spid)) == int(sstart):
             return None
     parts = name[: -len(".jsonl")].split("-") if name.endswith(".jsonl") else []
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
@@ -224,7 +220,7 @@ def _owner_state(owner: dict[str, Any] | None, ns: str, pid: int, start: int) ->
         return "foreign"
     if owner.get("boot") != _boot_id():
         return "gone"
-    return "alive" if _start_ticks(pid) == start else "gone"
+    return "alive" if start_ticks(pid) == start else "gone"
 
 
 def claims() -> list[Claim]:
@@ -260,6 +256,11 @@ class Swept:
     stopped: list[str] = field(default_factory=list)  # clean-ups run: "module:function root"
     refused: list[str] = field(default_factory=list)  # claims that are not a harness root: left alone, said why
 
+    @property
+    def acted(self) -> bool:
+        """Whether the sweep did (or, dry, would do) anything for this owner, or refused something."""
+        return bool(self.removed or self.killed or self.netns or self.unmounted or self.refused or self.stopped)
+
     def line(self) -> str:
         what = self.argv[1:3] if len(self.argv) > 1 else self.argv
         cmd = " ".join([os.path.basename(self.argv[0]) if self.argv else "?", *what])
@@ -293,7 +294,7 @@ def _sweep_one(claim: Claim, dry_run: bool) -> Swept:
 
     done = Swept(claim.pid, claim.argv)
     for stop, root in claim.cleanups:  # first: what runs detached under a root is stopped by its maker's code
-        why = _refusal(root) or (None if stop.startswith("chaos.") and ":" in stop else f"clean-up {stop!r} is not chaos's")
+        why = _refusal(root) or (None if _chaos_callable(stop) else f"clean-up {stop!r} is not chaos's")
         if why is not None:
             done.refused.append(why)
             continue
@@ -364,7 +365,7 @@ def sweep(dry_run: bool = False) -> list[Swept]:
             continue
         if not dry_run:
             me = os.getpid()
-            taken = f"{claim.path.partition('.sweeping-')[0]}.sweeping-{me}-{_start_ticks(me) or 0}"
+            taken = f"{claim.path.partition('.sweeping-')[0]}.sweeping-{me}-{start_ticks(me) or 0}"
             try:
                 os.rename(claim.path, taken)
             except FileNotFoundError:
@@ -390,7 +391,7 @@ def sweep_once() -> None:
         print(f"chaos: could not sweep {claims_dir()}: {exc}", file=sys.stderr)
         return
     for d in done:
-        if d.removed or d.killed or d.netns or d.unmounted or d.refused or d.stopped:
+        if d.acted:
             print(d.line(), file=sys.stderr)
 
 

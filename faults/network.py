@@ -97,15 +97,19 @@ def remove_leftovers(suffix: str) -> dict[str, list[str]]:
     """
     if not _SUFFIX_RE.match(suffix):
         raise FaultError(f"suffix must be 6 hex digits, got {suffix!r}")
-    before = leftovers(suffix)
-    errors = []
-    for kind in ("netns", "link"):
-        for item in leftovers(suffix):
+    errors: list[str] = []
+
+    def delete(kind: str, items: list[str]) -> None:
+        for item in items:
             k, _, name = item.partition(":")
             if k == kind:
                 p = _ip(kind, "del", name, check=False)
                 if p.returncode and "Cannot find" not in p.stderr and "No such" not in p.stderr:
                     errors.append(f"ip {kind} del {name}: {p.stderr.strip()}")
+
+    before = leftovers(suffix)
+    delete("netns", before)
+    delete("link", leftovers(suffix))  # listed again: each namespace took its veth pair with it
     after = leftovers(suffix)
     errors += [f"{item} is still there" for item in after if not any(item in e for e in errors)]
     return {"removed": sorted(set(before) - set(after)), "errors": errors}

@@ -21,14 +21,30 @@ from collections.abc import Iterator
 from typing import Any
 
 
-def _state(pid: int) -> str | None:
-    """The /proc state letter of ``pid`` (R, S, D, T, Z, ...), or None if gone."""
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read().decode(errors="replace")
     except OSError:
         return None
-    return raw[raw.rfind(")") + 2:].split(" ", 1)[0]
+    return raw[raw.rfind(")") + 2:].split()
+
+
+def _state(pid: int) -> str | None:
+    """The /proc state letter of ``pid`` (R, S, D, T, Z, ...), or None if gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def start_ticks(pid: int | str) -> int | None:
+    """``pid``'s start time in clock ticks after boot (field 22 of /proc/PID/stat), None if gone.
+
+    With the pid it names one process for good: a reused pid has another start time
+    (``chaos.scratch`` tells a claim's owner from a newcomer by it).
+    """
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
 
 
 def alive(pid: int) -> bool:
@@ -48,13 +64,8 @@ def group_members(pgid: int) -> list[int]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        fields = raw[raw.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        fields = _stat_fields(name)
+        if fields and len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             out.append(int(name))
     return sorted(out)
 

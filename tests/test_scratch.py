@@ -22,7 +22,7 @@ import pytest
 
 from chaos import scratch
 from faults.disk import mounts_under, unmount_all
-from faults.process import alive, marked_under
+from faults.process import alive, marked_under, start_ticks
 
 REPO = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0
@@ -191,7 +191,7 @@ def test_a_reused_pid_is_not_the_owner_and_another_pid_namespace_is_never_judged
     foreign.mkdir()
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        start = scratch._start_ticks(sleeper.pid)
+        start = start_ticks(sleeper.pid)
         # the sleeper's pid, but a start time it never had: a dead harness whose pid was reused
         _claim_file(claims, f"{ns}-{sleeper.pid}-{start + 1}.jsonl", {"root": str(reused), "keep": False})
         _claim_file(claims, f"1-{sleeper.pid}-{start + 1}.jsonl", {"root": str(foreign), "keep": False})
@@ -211,7 +211,7 @@ def test_another_host_is_never_judged_and_an_earlier_boot_is_gone_even_for_a_liv
     other_host, rebooted, torn = tmp_path / "chaos-host", tmp_path / "chaos-boot", tmp_path / "chaos-torn"
     for d in (other_host, rebooted, torn):
         d.mkdir()
-    me, start = os.getpid(), scratch._start_ticks(os.getpid())  # a pid and start time that are alive here
+    me, start = os.getpid(), start_ticks(os.getpid())  # a pid and start time that are alive here
     _claim_file(claims, f"{ns}-{me + 1}-{start}.jsonl", {"root": str(other_host), "keep": False}, host="node-17")
     _claim_file(claims, f"{ns}-{me}-{start}.jsonl", {"root": str(rebooted), "keep": False}, boot="0-earlier")
     (claims / f"{ns}-{me + 2}-{start}.jsonl").write_text('{"owner": {"pid": 3, "ho' + "\n" + json.dumps(

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: cannot read the claims in {scratch.claims_dir()}: {exc}")
         return 2
-    acted = [d for d in done if d.removed or d.killed or d.netns or d.unmounted or d.refused or d.kept or d.stopped]
+    acted = [d for d in done if d.acted or d.kept]
     for d in acted:
         line = d.line()
         print(line.replace("chaos: cleaned up after", "would clean up after", 1) if args.dry_run else line)
