@@ -413,7 +413,7 @@ def docker_engine() -> Iterator[Any]:
     if not ok:
         pytest.skip(f"no Docker engine can be started: {why}")
     root = make_root("chaos-eng-")  # short: Unix socket paths live under it
-    claim_cleanup(root, "chaos.drivers.engine:stop_engine_at")  # if this session is killed, the next stops it
+    claim_cleanup(root, "dockerd")  # if this session is killed, the next stops it
     engine = PrivateEngine(root)
     try:
         engine.start()

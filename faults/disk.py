@@ -41,6 +41,7 @@ CLONE_NEWNS = 0x00020000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
+UMOUNT_NOFOLLOW = 8  # never dereference the target if it is a symbolic link
 FILLER_PREFIX = ".chaos-filler-"
 
 _libc: ctypes.CDLL | None = None
@@ -74,8 +75,8 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int = 0,
 
 
 def umount(target: str, detach: bool = False) -> None:
-    """umount2(2); ``detach`` makes it lazy (MNT_DETACH) for a busy mount."""
-    _check(_lib().umount2(_b(target), MNT_DETACH if detach else 0), f"umount {target}")
+    """umount2(2) that never follows a link at ``target``; ``detach`` makes it lazy (MNT_DETACH)."""
+    _check(_lib().umount2(_b(target), UMOUNT_NOFOLLOW | (MNT_DETACH if detach else 0)), f"umount {target}")
 
 
 def threads() -> int:
@@ -107,9 +108,13 @@ def mountinfo(pid: int | str = "self") -> list[dict[str, str]]:
     return out
 
 
-def mounts_under(prefix: str | os.PathLike[str], pid: int | str = "self") -> list[str]:
-    """Mount points at or below ``prefix`` (a leak check for the hygiene oracle)."""
-    p = os.path.realpath(os.fspath(prefix)).rstrip("/")
+def mounts_under(prefix: str | os.PathLike[str], pid: int | str = "self", *, resolve: bool = True) -> list[str]:
+    """Mount points at or below ``prefix`` (a leak check for the hygiene oracle).
+
+    ``resolve=False``: ``prefix`` is taken as the canonical path it already is (the sweep
+    walked it without following links); resolving it again would follow a link swapped
+    in meanwhile."""
+    p = (os.path.realpath(os.fspath(prefix)) if resolve else os.fspath(prefix)).rstrip("/")
     return [m["mount_point"] for m in mountinfo(pid)
             if m["mount_point"] == p or m["mount_point"].startswith(p + "/")]
 
@@ -216,10 +221,11 @@ def mounted_tmpfs(path: str | os.PathLike[str], size_bytes: int, *, copy_existin
         unmount_all(p)
 
 
-def unmount_all(path: str | os.PathLike[str]) -> list[str]:
-    """Unmount every mount at or below ``path`` (deepest first); lazy if busy. Idempotent."""
+def unmount_all(path: str | os.PathLike[str], *, resolve: bool = True) -> list[str]:
+    """Unmount every mount at or below ``path`` (deepest first); lazy if busy. Idempotent.
+    ``resolve``: as for :func:`mounts_under`."""
     done = []
-    for mp in sorted(mounts_under(path), key=len, reverse=True):
+    for mp in sorted(mounts_under(path, resolve=resolve), key=len, reverse=True):
         try:
             umount(mp)
         except OSError as e:

@@ -89,20 +89,41 @@ def marked_with(name: str, value: str) -> list[int]:
     return sorted(pid for pid, env in _environs() if want in env and alive(pid))
 
 
-def marks(var_prefix: str = "CHAOS_") -> dict[int, list[bytes]]:
-    """Every live pid (but this one) with the values of its ``var_prefix...`` environment
-    variables, from /proc in one pass (for :func:`marked_under` over many roots)."""
-    want = var_prefix.encode()
+# The environment variables the harness marks the processes of a scratch root with, each
+# holding a path that starts with that root: a scenario's ranks and their children
+# (CHAOS_SCENARIO), a job attempt's processes (CHAOS_JOB_MARK), a node's agent and workers
+# (CHAOS_JOB_NODE). Nothing else counts as a mark: CHAOS_CLAIMS_DIR, CHAOS_CACHE_DIR or a
+# user's own CHAOS_* setting never make a process a target of the sweep.
+MARK_VARS = ("CHAOS_SCENARIO", "CHAOS_JOB_MARK", "CHAOS_JOB_NODE")
+
+
+def uids(pid: int | str) -> tuple[int, int] | None:
+    """``pid``'s real and effective uid (from /proc/PID/status), None if gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    real, effective = line.split()[1:3]
+                    return int(real), int(effective)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def marks(names: tuple[str, ...] = MARK_VARS) -> dict[int, list[bytes]]:
+    """Every live pid (but this one) with the values of its mark variables ``names``,
+    from /proc in one pass (for :func:`marked_under` over many roots)."""
+    want = {n.encode() for n in names}
     found: dict[int, list[bytes]] = {}
     for pid, env in _environs():
-        values = [v for name, eq, v in (item.partition(b"=") for item in env) if eq and name.startswith(want)]
+        values = [v for name, eq, v in (item.partition(b"=") for item in env) if eq and name in want]
         if values and alive(pid):
             found[pid] = values
     return found
 
 
 def marked_under(prefix: str, found: dict[int, list[bytes]] | None = None) -> list[int]:
-    """Live pids with a ``CHAOS_...`` environment variable whose value is the path ``prefix``
+    """Live pids with a mark variable (:data:`MARK_VARS`) whose value is the path ``prefix``
     or lies under it (``prefix/...`` or ``prefix#...``); ``found``: a :func:`marks` pass to reuse.
 
     What the harness marks every process of a scratch root with (a scenario's root, a

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# pytest's own tmp_path root; multiprocessing's per-process dir (removed at exit); the
-# harness's claims (chaos.scratch: this process's own claim file is removed at its exit,
-# and the directory with the last one).
+# pytest's own tmp_path root; multiprocessing's per-process dir (removed at exit); a
+# non-root user's claims directory (chaos.scratch: kept, private, its claim files removed
+# at each harness's exit; root's lies under /run).
 ALLOWED_TMP = ("pytest-of-*", "pymp-*", "chaos-claims-*")
 _KEY = pytest.StashKey[dict]()
 

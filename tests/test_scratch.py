@@ -116,7 +116,7 @@ def test_the_sweep_removes_a_killed_harness_root_and_its_marked_rank_and_keeps_t
         assert not os.path.exists(made["root"])
         assert os.path.isdir(made["kept"]), "a root made with keep was removed"
         assert f"pid {made['pid']}" in done.line() and made["root"] in done.line()
-        assert not claims.exists(), "the swept claim file (or its empty directory) is still there"
+        assert _no_claim_files(claims), "the swept claim file is still there"
         assert scratch.sweep() == []  # nothing twice
     finally:
         _forget(made)
@@ -175,9 +175,19 @@ def test_a_live_harness_claims_are_never_swept(tmp_path, claims):
     shutil.rmtree(made["kept"])
 
 
+def _root(path: Path, keep: bool = False) -> dict:
+    """A root entry as ``make_root`` writes it for the directory (or link) at ``path``."""
+    st = os.lstat(path)
+    return {"root": str(path), "keep": keep, "dev": st.st_dev, "ino": st.st_ino, "since": scratch.now_ticks()}
+
+
+def _no_claim_files(claims: Path) -> bool:
+    return not claims.exists() or not [p for p in claims.iterdir() if ".jsonl" in p.name]
+
+
 def _claim_file(claims: Path, name: str, *entries: dict, **owner: str) -> Path:
     """A claim file as a harness writes it: an owner line (this host and boot unless given), then ``entries``."""
-    claims.mkdir(exist_ok=True)
+    claims.mkdir(mode=0o700, exist_ok=True)
     path = claims / name
     head = {"owner": {"pid": 1, "argv": ["x"], "host": scratch._host(), "boot": scratch._boot_id(), **owner}}
     path.write_text("".join(json.dumps(e) + "\n" for e in [head, *entries]))
@@ -193,8 +203,8 @@ def test_a_reused_pid_is_not_the_owner_and_another_pid_namespace_is_never_judged
     try:
         start = start_ticks(sleeper.pid)
         # the sleeper's pid, but a start time it never had: a dead harness whose pid was reused
-        _claim_file(claims, f"{ns}-{sleeper.pid}-{start + 1}.jsonl", {"root": str(reused), "keep": False})
-        _claim_file(claims, f"1-{sleeper.pid}-{start + 1}.jsonl", {"root": str(foreign), "keep": False})
+        _claim_file(claims, f"{ns}-{sleeper.pid}-{start + 1}.jsonl", _root(reused))
+        _claim_file(claims, f"1-{sleeper.pid}-{start + 1}.jsonl", _root(foreign))
         states = {c.path.split("/")[-1].split("-")[0]: c.state for c in scratch.claims()}
         assert states == {ns: "gone", "1": "foreign"}
         [done] = scratch.sweep()
@@ -212,10 +222,10 @@ def test_another_host_is_never_judged_and_an_earlier_boot_is_gone_even_for_a_liv
     for d in (other_host, rebooted, torn):
         d.mkdir()
     me, start = os.getpid(), start_ticks(os.getpid())  # a pid and start time that are alive here
-    _claim_file(claims, f"{ns}-{me + 1}-{start}.jsonl", {"root": str(other_host), "keep": False}, host="node-17")
-    _claim_file(claims, f"{ns}-{me}-{start}.jsonl", {"root": str(rebooted), "keep": False}, boot="0-earlier")
+    _claim_file(claims, f"{ns}-{me + 1}-{start}.jsonl", _root(other_host), host="node-17")
+    _claim_file(claims, f"{ns}-{me}-{start}.jsonl", _root(rebooted), boot="0-earlier")
     (claims / f"{ns}-{me + 2}-{start}.jsonl").write_text('{"owner": {"pid": 3, "ho' + "\n" + json.dumps(
-        {"root": str(torn), "keep": False}) + "\n")  # the owner line torn: whose is it?
+        _root(torn)) + "\n")  # the owner line torn: whose is it?
     states = {c.pid: c.state for c in scratch.claims()}
     assert states == {me + 1: "foreign", me: "gone", me + 2: "foreign"}
     [done] = scratch.sweep()
@@ -229,7 +239,7 @@ def test_a_claim_on_something_that_is_not_a_harness_root_is_left_alone(tmp_path,
     link = tmp_path / "chaos-link"
     link.symlink_to(precious)
     _claim_file(claims, f"{scratch._pid_ns()}-{2 ** 22 + 7}-5.jsonl",
-                {"root": str(precious), "keep": False}, {"root": str(link), "keep": False},
+                _root(precious), _root(link),
                 {"root": "relative/chaos-x", "keep": False}, {"root": "/tmp/../chaos-x", "keep": False})
     with open(next(claims.iterdir()), "a") as f:
         f.write('{"root": "/tmp/chaos-torn')  # torn by the kill: ignored
@@ -246,7 +256,7 @@ def test_a_normal_exit_drops_the_claim_file_unless_a_claimed_root_is_left(tmp_pa
     base = tmp_path / "base"
     base.mkdir()
     subprocess.run([sys.executable, "-c", code, str(base), "tidy"], check=True, cwd=REPO)
-    assert not claims.exists(), "a tidy exit left its claim file (or the empty directory)"
+    assert _no_claim_files(claims), "a tidy exit left its claim file"
     subprocess.run([sys.executable, "-c", code, str(base), "messy"], check=True, cwd=REPO)
     [claim] = scratch.claims()
     assert claim.state == "gone" and len(claim.roots) == 2
@@ -259,10 +269,10 @@ def test_a_normal_exit_drops_the_claim_file_unless_a_claimed_root_is_left(tmp_pa
 def test_a_sweep_killed_midway_is_taken_up_by_the_next(tmp_path, claims):
     root = tmp_path / "chaos-half"
     root.mkdir()
-    path = _claim_file(claims, f"{scratch._pid_ns()}-{2 ** 22 + 9}-5.jsonl", {"root": str(root), "keep": False})
+    path = _claim_file(claims, f"{scratch._pid_ns()}-{2 ** 22 + 9}-5.jsonl", _root(root))
     path.rename(f"{path}.sweeping-{2 ** 22 + 11}-3")  # its sweeper is gone too
     [done] = scratch.sweep()
-    assert done.removed == [str(root)] and not root.exists() and not claims.exists()
+    assert done.removed == [str(root)] and not root.exists() and _no_claim_files(claims)
 
 
 def test_marked_under_matches_the_root_and_below_never_a_longer_name(tmp_path):
@@ -414,7 +424,7 @@ import json, sys
 from chaos import scratch
 from chaos.drivers.engine import PrivateEngine
 root = scratch.make_root("chaos-eng-", sys.argv[1])
-scratch.claim_cleanup(root, "chaos.drivers.engine:stop_engine_at")
+scratch.claim_cleanup(root, "dockerd")
 engine = PrivateEngine(root).start()
 print(json.dumps({"root": root, "pid": engine.pid()}), flush=True)
 import time; time.sleep(600)
@@ -447,7 +457,7 @@ def test_the_sweep_stops_the_private_dockerd_of_a_killed_session_with_its_own_co
     try:
         assert alive(made["pid"]), "dockerd died with the harness; nothing to test"
         [done] = scratch.sweep()
-        assert done.stopped == [f"chaos.drivers.engine:stop_engine_at {made['root']}"] and done.refused == []
+        assert done.stopped == [f"dockerd {made['root']}"] and done.refused == []
         assert _wait_dead(made["pid"]) and not os.path.exists(made["root"])
         assert "1 stopped" in done.line()
     finally:
@@ -455,13 +465,15 @@ def test_the_sweep_stops_the_private_dockerd_of_a_killed_session_with_its_own_co
             PrivateEngine(made["root"]).stop()
 
 
-def test_a_cleanup_that_is_not_chaos_code_is_refused_and_never_called(tmp_path, claims):
+def test_a_cleanup_that_is_not_registered_is_refused_and_never_called(tmp_path, claims):
     root = tmp_path / "chaos-x"
     root.mkdir()
-    with pytest.raises(ValueError, match="chaos.module:function"):
+    with pytest.raises(ValueError, match="registered clean-ups"):
         scratch.claim_cleanup(str(root), "os:system")
-    _claim_file(claims, f"{scratch._pid_ns()}-{2 ** 22 + 13}-5.jsonl", {"root": str(root), "keep": False},
-                {"cleanup": "shutil:rmtree", "root": str(tmp_path / "chaos-y")})
+    _claim_file(claims, f"{scratch._pid_ns()}-{2 ** 22 + 13}-5.jsonl", _root(root),
+                {"cleanup": "shutil:rmtree", "root": str(tmp_path / "chaos-y")},
+                {"cleanup": "chaos.drivers.engine:stop_engine_at", "root": str(root)})
     [done] = scratch.sweep()
-    assert done.stopped == [] and done.refused == ["clean-up 'shutil:rmtree' is not chaos's"]
+    assert done.stopped == [] and done.refused == ["clean-up 'shutil:rmtree' is not a registered clean-up",
+                                                   "clean-up 'chaos.drivers.engine:stop_engine_at' is not a registered clean-up"]
     assert done.removed == [str(root)]

@@ -7,7 +7,7 @@
 Every harness sweeps once by itself, when it makes its first scratch root
 (:mod:`chaos.scratch`); this runs the same sweep on demand, e.g. in a CI job's
 ``always()`` step after a hard timeout. Exit status 0, 2 when the claims directory
-cannot be read.
+cannot be read or is refused (not a private directory of this user: see SECURITY.md).
 """
 
 from __future__ import annotations
@@ -32,11 +32,19 @@ def run(args: argparse.Namespace) -> int:
             if not found:
                 print(f"no claims in {scratch.claims_dir()}")
             for c in found:
-                roots = ", ".join(f"{r}{' (keep)' if keep else ''}" for r, keep in c.roots) or "no root"
+                if c.state == "untrusted":
+                    print(scratch.printable(f"left alone: {c.why}"))
+                    continue
+                roots = ", ".join(f"{r.path}{' (keep)' if r.keep else ''}" for r in c.roots) or "no root"
                 labs = f"; network labs {', '.join(c.netns)}" if c.netns else ""
-                print(f"pid {c.pid} [{c.state}] {' '.join(c.argv[:3])}: {roots}{labs}")
+                print(scratch.printable(f"pid {c.pid} [{c.state}] {' '.join(c.argv[:3])}: {roots}{labs}"))
             return 0
         done = scratch.sweep(dry_run=args.dry_run)
+        for c in scratch.untrusted():
+            print(scratch.printable(f"left alone: {c.why}"))
+    except scratch.UnsafeClaims as exc:
+        print(f"error: {exc}")
+        return 2
     except OSError as exc:
         print(f"error: cannot read the claims in {scratch.claims_dir()}: {exc}")
         return 2

@@ -2,7 +2,7 @@
 
 No Docker daemon runs on a fresh CI machine; as root this starts one of our own
 (``dockerd --iptables=false --storage-driver=vfs --bridge=none`` with its socket, data
-and exec roots under ``--root``, default ``/tmp/chaos-engine`` or ``CHAOS_ENGINE_ROOT``),
+and exec roots under ``--root``, default ``/run/chaos-engine`` or ``CHAOS_ENGINE_ROOT``),
 which ``chaos run --driver docker`` then finds by itself. ``stop`` removes every
 container, network and volume the harness made, stops the daemon and deletes its root::
 
@@ -23,7 +23,7 @@ HELP = "start, stop or inspect a private Docker engine for --driver docker"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("start", "stop", "status"))
     parser.add_argument("--root", default=None, metavar="DIR",
-                        help="the engine's own directory (default: $CHAOS_ENGINE_ROOT or /tmp/chaos-engine)")
+                        help="the engine's own directory (default: $CHAOS_ENGINE_ROOT or /run/chaos-engine)")
     parser.add_argument("--json", action="store_true", help="print the engine's status as JSON")
 
 

@@ -15,7 +15,8 @@ tar. Containers of that image run the host's Python and virtual environment, bin
 read-only (see ``chaos.drivers.docker``).
 
 Which engine ``connect`` picks: ``DOCKER_HOST`` if set; else a private engine running under
-``CHAOS_ENGINE_ROOT`` (default ``/tmp/chaos-engine``, where ``chaos engine start`` puts it);
+``CHAOS_ENGINE_ROOT`` (default ``/run/chaos-engine``, where ``chaos engine start`` puts it:
+a place other users cannot make first, since the daemon runs as root from what is there);
 else the system socket ``/var/run/docker.sock``. None reachable raises ``EngineUnavailable``,
 which the runner reports as a *skipped* scenario with the reason.
 """
@@ -33,9 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chaos import trustedpath
 from faults import Unsupported
+from faults.process import uids
 
-DEFAULT_ROOT = "/tmp/chaos-engine"
+DEFAULT_ROOT = "/run/chaos-engine"
 EMPTY_IMAGE = "chaos-empty:latest"
 LABEL = "chaos.harness"  # every container, network and volume the driver makes carries it
 SYSTEM_SOCKET = "/var/run/docker.sock"
@@ -99,12 +102,36 @@ class PrivateEngine:
         return f"unix://{self.socket}"
 
     def pid(self) -> int | None:
-        """The daemon's pid from its pidfile, if that process is alive."""
+        """The daemon's pid from its pidfile, if that process is alive and is this root's dockerd.
+
+        A pidfile outlives its daemon, and the pid may since be anyone's (another user's
+        process that ignores SIGTERM, say): only a ``dockerd`` of this uid started with
+        ``--pidfile`` naming this very file is ever signalled.
+        """
         try:
-            pid = int(self.pidfile.read_text().strip())
+            fd = os.open(self.pidfile, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                pid = int(os.read(fd, 32).strip())
+            finally:
+                os.close(fd)
         except (OSError, ValueError):
             return None
-        return pid if _pid_alive(pid) else None
+        return pid if pid > 0 and _pid_alive(pid) and self._is_ours(pid) else None
+
+    def _is_ours(self, pid: int) -> bool:
+        """Whether ``pid`` runs ``dockerd`` as this uid with ``--pidfile`` this engine's pidfile."""
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            return False
+        me = os.geteuid()
+        want = os.fsencode(str(self.pidfile))
+        named = any(a == b"--pidfile" and b == want for a, b in zip(argv, argv[1:], strict=False)) or \
+            b"--pidfile=" + want in argv
+        return comm == "dockerd" and uids(pid) == (me, me) and named
 
     def running(self) -> bool:
         if self.pid() is None or not self.socket.exists():
@@ -118,13 +145,21 @@ class PrivateEngine:
         return _client(self.url)
 
     def start(self, timeout_s: float = 60.0) -> PrivateEngine:
-        """Start the daemon (detached, its own session) and wait until it answers a ping."""
+        """Start the daemon (detached, its own session) and wait until it answers a ping.
+
+        The root must be a private directory of this user reached without links
+        (``chaos.trustedpath``): dockerd runs as root from the data and config there.
+        """
         ok, why = can_start_engine()
         if not ok:
             raise EngineUnavailable(why)
         if self.running():
             return self
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            trustedpath.private_dir(os.path.abspath(self.root))
+        except trustedpath.Untrusted as exc:
+            raise EngineUnavailable(f"refusing the engine root: {exc}") from None
         config = self.root / "daemon.json"
         config.write_text("{}\n")  # never the host's /etc/docker/daemon.json
         cmd = ["dockerd", "--iptables=false", "--ip-masq=false", "--bridge=none", "--storage-driver=vfs",
@@ -148,7 +183,7 @@ class PrivateEngine:
         """The engine's own processes still alive: dockerd, its containerd, shims, runc,
         proxies — an engine binary whose command line names our root. A shell that merely
         mentions the root (``bash -c "chaos engine stop --root ..."``) is never one of them."""
-        pids, needle = [], str(self.root).encode()
+        pids, needle, me = [], os.fsencode(str(self.root)) + b"/", os.geteuid()
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
                 continue
@@ -159,7 +194,7 @@ class PrivateEngine:
                     cmdline = f.read()
             except OSError:
                 continue
-            if comm.startswith(ENGINE_BINARIES) and needle in cmdline:
+            if comm.startswith(ENGINE_BINARIES) and needle in cmdline and uids(entry) == (me, me):
                 pids.append(int(entry))
         return [p for p in pids if _pid_alive(p)]
 
@@ -196,8 +231,9 @@ class PrivateEngine:
             self._proc = None
         done["stopped_pid"] = pid
         if remove and self.root.exists():
-            _unmount_under(self.root)
-            shutil.rmtree(self.root, ignore_errors=True)
+            why = _remove_root(self.root)
+            if why:
+                done["not_removed"] = why
         return done
 
     def status(self) -> dict[str, Any]:
@@ -213,25 +249,41 @@ class PrivateEngine:
 
 
 def stop_engine_at(root: str) -> dict[str, Any]:
-    """Stop and delete the private engine under ``root`` whose starter is gone.
+    """Stop the private engine under ``root`` whose starter is gone.
 
-    Called by ``chaos.scratch``'s sweep (claimed by the pytest plugin's ``docker_engine``)
-    when the harness that started it was killed: its containers, networks and volumes
-    removed, the daemon and its helpers stopped, its root deleted.
+    Called by ``chaos.scratch``'s sweep (the clean-up ``"dockerd"`` claimed by the pytest
+    plugin's ``docker_engine``) when the harness that started it was killed, on a root the
+    sweep has verified: its containers, networks and volumes removed, the daemon and its
+    helpers stopped. The sweep itself then unmounts and removes the root.
     """
-    return PrivateEngine(root).stop()
+    return PrivateEngine(root).stop(remove=False)
 
 
-def _unmount_under(root: Path) -> None:
-    """Lazy-unmount anything the daemon left mounted under its root (netns files, shm)."""
-    prefix = str(root.resolve())
+def _remove_root(root: Path) -> str:
+    """Unmount what the daemon left under ``root`` (netns files, shm) and delete it; why not, or "".
+
+    Only a root reached without links whose every component is root's or this user's
+    (``chaos.trustedpath``): the mounts unmounted are those ``/proc/self/mountinfo`` lists
+    under that path, and the tree goes relative to its parent's descriptor.
+    """
+    from faults.disk import unmount_all
+
+    path = os.path.abspath(root)
+    parent, name = os.path.split(path)
     try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return
-    points = [ln.split()[4] for ln in lines if ln.split()[4].startswith(prefix + "/")]
-    for point in sorted(points, key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        os.close(trustedpath.open_dir(path))
+        parent_fd = trustedpath.open_dir(parent, own_last=False)
+    except (trustedpath.Untrusted, FileNotFoundError) as exc:
+        return f"{path} left in place: {exc}"
+    try:
+        try:
+            unmount_all(path, resolve=False)
+        except OSError as exc:
+            return f"{path} left in place: unmount failed ({exc})"
+        trustedpath.remove_tree(parent_fd, name)
+        return ""
+    finally:
+        os.close(parent_fd)
 
 
 def remove_labelled(client: Any, label: str = LABEL, value: str | None = None) -> dict[str, list[str]]:
