@@ -26,7 +26,6 @@ from __future__ import annotations
 import bisect
 import math
 import os
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +39,9 @@ from chaos.ckptformat.errors import (
     ManifestError,
 )
 from chaos.ckptformat.hashing import digest
-from chaos.ckptformat.manifest import DTYPES, safe_json_loads
-from chaos.ckptformat.shard import MAX_HEADER, ST_CODES
+from chaos.ckptformat.manifest import DTYPES
+from chaos.ckptformat.safeio import open_regular
+from chaos.ckptformat.shard import ST_CODES, read_header
 
 
 @dataclass
@@ -86,34 +86,20 @@ class RangedReader:
             return o
         path = os.path.join(self.store.step_location(self.step), name)
         try:
-            f = open(path, "rb")  # noqa: SIM115 - closed by close()
+            # Below the root nothing is followed and only a regular file is read (safeio).
+            f, st = open_regular(path, self.store.root, CorruptCheckpointError)
         except FileNotFoundError:
             raise CorruptCheckpointError(path, "shard file is missing") from None
         try:
-            size = os.fstat(f.fileno()).st_size
+            size = st.st_size
             if size != spec["size"]:
                 raise CorruptCheckpointError(path, f"size {size} bytes, manifest says {spec['size']} (truncated or replaced)")
-            head = f.read(8)
-            if len(head) != 8:
-                raise CorruptCheckpointError(path, "shorter than a safetensors header")
-            (hlen,) = struct.unpack("<Q", head)
-            if hlen > min(size - 8, MAX_HEADER):
-                raise ManifestError(path, f"absurd safetensors header length {hlen} (file has {size} bytes)")
-            raw = f.read(hlen)
-            self.bytes_read += 8 + len(raw)
-            header = safe_json_loads(raw, path)
-            if not isinstance(header, dict):
-                raise ManifestError(path, "safetensors header is not a JSON object")
-            meta = header.get("__metadata__", {})
-            if isinstance(meta, dict) and "step" in meta and meta["step"] != str(self.step):
-                raise CorruptCheckpointError(path, f"shard belongs to step {meta['step']}, not step {self.step} (stale copy)")
-            if isinstance(meta, dict) and "rank" in meta and meta["rank"] != str(spec["rank"]):
-                raise CorruptCheckpointError(path, f"shard was written by rank {meta['rank']}, manifest says rank "
-                                                   f"{spec['rank']} (swapped)")
+            head, header = read_header(f, path, size, self.step, spec)
+            self.bytes_read += len(head)
         except BaseException:
             f.close()
             raise
-        o = _Open(path, f, header, 8 + hlen)
+        o = _Open(path, f, header, len(head))
         self._open[name] = o
         return o
 

@@ -9,5 +9,6 @@ here and imports neither of them. Importing this package imports nothing heavy.
 Modules: ``errors`` (typed checkpoint errors), ``hashing`` (xxh3 / sha256 / crc32c),
 ``tree`` (state tree encoding, hostile-input checks), ``manifest`` (manifest format),
 ``shard`` (safetensors shard I/O with checksums), ``dtensor`` (sharded tensors: pieces,
-boxes, block checksums), ``commit`` (POSIX two-phase commit).
+boxes, block checksums), ``commit`` (POSIX two-phase commit), ``safeio`` (opening a
+checkpoint tree's files without following links, only regular files).
 """

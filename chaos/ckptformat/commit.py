@@ -23,10 +23,14 @@ import uuid
 
 from chaos.ckptformat.errors import ManifestError
 from chaos.ckptformat.manifest import MANIFEST_NAME
+from chaos.ckptformat.safeio import open_regular, read_upto
 from chaos.phases import phase
 
-STEP_DIR = re.compile(r"^step-(\d{1,19})$")
+# ``\Z``, not ``$``: ``$`` also matches before a trailing newline, so a directory named
+# "step-0000000003\n" would pass for step 3.
+STEP_DIR = re.compile(r"^step-(\d{1,19})\Z")
 LATEST = "latest"
+MAX_LATEST = 256
 TEMP_PREFIXES = (".tmp-", ".old-", ".del-")
 
 
@@ -60,25 +64,40 @@ def write_durably(path: str, data: bytes) -> None:
 
 
 def list_steps(root: str) -> list[int]:
-    """Steps of the published checkpoint directories, newest first."""
+    """Steps of the published checkpoint directories, newest first.
+
+    Only names :func:`step_dirname` writes count: ``step-3`` next to ``step-0000000003``
+    would otherwise be a second directory for the same step, and only the canonical
+    one is ever read. A symbolic link with such a name is listed (so a load rejects
+    it with a reason: ``chaos.ckptformat.safeio`` never follows it) rather than
+    silently skipped.
+    """
     try:
         names = os.listdir(root)
     except FileNotFoundError:
         return []
-    steps = [int(m.group(1)) for n in names if (m := STEP_DIR.match(n)) and os.path.isdir(os.path.join(root, n))]
+    steps = [int(m.group(1)) for n in names
+             if (m := STEP_DIR.match(n)) and n == step_dirname(int(m.group(1))) and os.path.isdir(os.path.join(root, n))]
     return sorted(steps, reverse=True)
 
 
 def read_latest(root: str) -> int | None:
-    """The step the ``latest`` pointer names, or None if absent; malformed -> ManifestError."""
+    """The step the ``latest`` pointer names, or None if absent; malformed -> ManifestError.
+
+    The pointer is opened without following a link and must be a regular file (a FIFO
+    would block the load forever); its size is checked before anything is read.
+    """
     path = os.path.join(root, LATEST)
     try:
-        with open(path, "rb") as f:
-            data = f.read(257)
+        f, st = open_regular(path, root, ManifestError)
     except FileNotFoundError:
         return None
-    if len(data) > 256:
-        raise ManifestError(path, "latest pointer is larger than 256 bytes")
+    with f:
+        if st.st_size > MAX_LATEST:
+            raise ManifestError(path, f"latest pointer of {st.st_size} bytes is larger than {MAX_LATEST} bytes")
+        data = read_upto(f, MAX_LATEST + 1)
+    if len(data) > MAX_LATEST:
+        raise ManifestError(path, f"latest pointer is larger than {MAX_LATEST} bytes")
     m = STEP_DIR.match(data.decode("utf-8", "replace").strip())
     if not m:
         raise ManifestError(path, f"latest pointer {data[:60]!r} does not name a step directory")

@@ -30,6 +30,7 @@ import torch
 from chaos.ckptformat import tree
 from chaos.ckptformat.dtensor import validate_section
 from chaos.ckptformat.errors import ManifestError
+from chaos.ckptformat.safeio import open_regular, read_upto
 
 FORMAT = "chaos-ckpt"
 FORMAT_VERSION = 1
@@ -40,7 +41,8 @@ READABLE_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_SHARDED)
 MANIFEST_NAME = "manifest.json"
 MAX_DIM = 1 << 62
 MAX_RANKS = 1 << 20
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+# ``\Z``, not ``$`` (which also matches before a trailing newline: "shard\n" would pass).
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\Z")
 
 DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -233,19 +235,24 @@ def validate(m: Any, file: str, expect_step: int | None = None) -> dict[str, Any
 
 
 def read_manifest(directory: str, expect_step: int | None = None, max_bytes: int = 256 * 1024 * 1024) -> dict[str, Any]:
-    """Read and validate ``directory/manifest.json``; size is checked before reading."""
+    """Read and validate ``directory/manifest.json``; size is checked before reading.
+
+    ``directory`` (a step directory) and the manifest are opened without following a
+    link, and the manifest must be a regular file: a checkpoint tree is hostile input
+    (:mod:`chaos.ckptformat.safeio`). The directory's parent is taken as the root the
+    caller chose. At most ``max_bytes + 1`` bytes are ever read.
+    """
+    directory = directory.rstrip(os.sep) or os.sep
     path = os.path.join(directory, MANIFEST_NAME)
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > max_bytes:
-                raise ManifestError(path, f"manifest of {size} bytes exceeds the {max_bytes}-byte limit")
-            data = f.read(size + 1)
+        f, st = open_regular(path, os.path.dirname(directory) or ".", ManifestError)
     except FileNotFoundError:
         raise ManifestError(path, "missing (the save never committed)") from None
-    except IsADirectoryError:
-        raise ManifestError(path, "is a directory") from None
-    if len(data) > max_bytes:
+    with f:
+        if st.st_size > max_bytes:
+            raise ManifestError(path, f"manifest of {st.st_size} bytes exceeds the {max_bytes}-byte limit")
+        data = read_upto(f, st.st_size + 1)
+    if len(data) > st.st_size:
         raise ManifestError(path, "manifest grew while being read")
     return validate(safe_json_loads(data, path), path, expect_step)
 

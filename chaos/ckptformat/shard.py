@@ -9,13 +9,20 @@ then ``f.write``) instead; it produces the same format but costs a full serializ
 copy (measured ~0.25 s per 50 MB here, more than the write itself). Tests check that
 the library reads our files back bit-exact.
 
-Reading: the shard's size is compared with the manifest before anything is allocated,
-the checksum is verified over the bytes actually read, the safetensors header length is
-bounded, and every entry is cross-checked against the header.
+Reading: a shard is hostile input. It is opened without following links and must be a
+regular file (:mod:`chaos.ckptformat.safeio`); its size is compared with the manifest and
+with what this machine could hold before anything is allocated; the safetensors header
+(length bounded) is read and checked first — JSON object, step and rank, tensor data
+ending exactly at the end of the file — so a file of garbage or of zeros is refused
+having cost a few bytes; a file with holes (sparse: gigabytes claimed, nothing stored)
+is checksummed through a small buffer before its bytes are given memory; then the
+checksum is verified over the bytes actually read and every entry is cross-checked
+against the header.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -26,9 +33,10 @@ from typing import Any, BinaryIO
 
 import torch
 
-from chaos.ckptformat.errors import CorruptCheckpointError, ManifestError
+from chaos.ckptformat.errors import CheckpointError, CorruptCheckpointError, ManifestError
 from chaos.ckptformat.hashing import digest, new_hasher, tensor_bytes
 from chaos.ckptformat.manifest import DTYPE_NAMES, DTYPES, safe_json_loads
+from chaos.ckptformat.safeio import open_regular, read_upto
 
 MAX_HEADER = 100 * 1024 * 1024
 CHUNK = 8 * 1024 * 1024
@@ -229,11 +237,141 @@ def _fill(f: BinaryIO, view: memoryview, hasher: Any) -> int:
     return got
 
 
+def memory_limit() -> int | None:
+    """This machine's RAM plus swap in bytes (None when unknown).
+
+    A shard is loaded into one buffer of its size, so one that declares more than this
+    can never load: it is refused before a byte is downloaded or hashed, which also
+    bounds the time a sparse file claiming a petabyte can cost.
+    """
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read(1 << 16).splitlines() if b":" in line)
+        return sum(int(fields[k].split()[0]) * 1024 for k in (b"MemTotal", b"SwapTotal") if k in fields) or None
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_loadable(path: str, size: int) -> None:
+    """Refuse a shard whose declared ``size`` exceeds :func:`memory_limit` (see there)."""
+    limit = memory_limit()
+    if limit is not None and size > limit:
+        raise CorruptCheckpointError(path, f"declares {size} bytes, more than this machine's memory and swap "
+                                           f"({limit} bytes) could hold")
+
+
+def check_header(raw: bytes, path: str, size: int, step: int, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Parse and check a shard's safetensors header (``raw``: the JSON after the length).
+
+    Shared by :func:`read_shard` and ``chaos.checkpoint.reshard`` (which reads byte
+    ranges). Checks: a JSON object, ``__metadata__`` step and rank as the manifest says,
+    every entry's ``data_offsets`` well formed, and the data ending exactly at the end of
+    the file (safetensors leaves no unindexed bytes), so a shard cannot claim more bytes
+    than its header accounts for.
+    """
+    try:
+        header = safe_json_loads(raw, path)
+    except ManifestError as exc:
+        raise ManifestError(path, f"safetensors header: {exc.problem}") from None
+    if not isinstance(header, dict):
+        raise ManifestError(path, "safetensors header is not a JSON object")
+    meta = header.get("__metadata__", {})
+    if isinstance(meta, dict) and "step" in meta and meta["step"] != str(step):
+        raise CorruptCheckpointError(path, f"shard belongs to step {meta['step']}, not step {step} (stale copy)")
+    if isinstance(meta, dict) and "rank" in meta and meta["rank"] != str(spec["rank"]):
+        raise CorruptCheckpointError(path, f"shard was written by rank {meta['rank']}, manifest says rank {spec['rank']} (swapped)")
+    end = 0
+    for name, h in header.items():
+        if name == "__metadata__":
+            continue
+        offs = h.get("data_offsets") if isinstance(h, dict) else None
+        if not (isinstance(offs, list) and len(offs) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offs) and 0 <= offs[0] <= offs[1]):
+            raise ManifestError(path, f"safetensors header entry {str(name)[:120]!r} has malformed data_offsets")
+        end = max(end, offs[1])
+    data = size - 8 - len(raw)
+    if end != data:
+        raise ManifestError(path, f"safetensors header describes {end} bytes of tensor data, the file holds {data} "
+                                  "after its header")
+    return header
+
+
+def read_header(f: BinaryIO, path: str, size: int, step: int, spec: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """The 8-byte length and JSON header of the open shard ``f`` (at offset 0), and the parsed header.
+
+    Reads at most ``8 + min(size - 8, MAX_HEADER)`` bytes, whatever the file says.
+    """
+    if size < 8:
+        raise CorruptCheckpointError(path, f"{size} bytes is shorter than a safetensors header")
+    first = read_upto(f, 8)
+    if len(first) != 8:
+        raise CorruptCheckpointError(path, f"read {len(first)} of {size} bytes (file shrank while reading)")
+    (hlen,) = struct.unpack("<Q", first)
+    if hlen > min(size - 8, MAX_HEADER):
+        raise ManifestError(path, f"absurd safetensors header length {hlen} (file has {size} bytes)")
+    raw = read_upto(f, hlen)
+    if len(raw) != hlen:
+        raise CorruptCheckpointError(path, f"read {8 + len(raw)} of {size} bytes (file shrank while reading)")
+    return first + raw, check_header(raw, path, size, step, spec)
+
+
+def _has_holes(f: BinaryIO, size: int) -> bool:
+    """Whether the open file has a hole (``SEEK_HOLE`` before its end): a sparse file.
+
+    Only a hint that picks the cautious path; a file system without hole support
+    reports none, which costs nothing but that caution.
+    """
+    here = f.tell()
+    try:
+        hole = os.lseek(f.fileno(), 0, os.SEEK_HOLE)
+    except (OSError, AttributeError, ValueError, TypeError, io.UnsupportedOperation):
+        hole = None
+    f.seek(here)
+    return isinstance(hole, int) and hole < size
+
+
+def _mismatch(path: str, spec: Mapping[str, Any], checksum: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(path, f"checksum mismatch: manifest {spec['checksum']}, file {checksum}")
+
+
+def verify_streaming(f: BinaryIO, path: str, spec: Mapping[str, Any], algorithm: str, size: int) -> None:
+    """Check the whole-file checksum of ``f`` through one small buffer; raise on a mismatch.
+
+    The memory-bounded check :func:`read_shard` runs before allocating a sparse shard,
+    and after a header problem (so bytes damaged at rest are reported as a checksum
+    mismatch, as metrics and alerts expect, whichever byte was hit).
+    """
+    f.seek(0)
+    hasher = new_hasher(algorithm)
+    scratch = memoryview(bytearray(max(1, min(CHUNK, size))))
+    got = 0
+    while got < size:
+        n = f.readinto(scratch[: min(len(scratch), size - got)])
+        if not n:
+            break
+        hasher.update(scratch[:n])
+        got += n
+    if got != size:
+        raise CorruptCheckpointError(path, f"read {got} of {size} bytes (file shrank while reading)")
+    checksum = f"{algorithm}:{hasher.hexdigest()}"
+    if checksum != spec["checksum"]:
+        raise _mismatch(path, spec, checksum)
+
+
 def read_shard(
     path: str, spec: Mapping[str, Any], algorithm: str, verify: bool, step: int,
-    targets: Mapping[str, tuple[int, int, torch.Tensor]] | None = None,
+    targets: Mapping[str, tuple[int, int, torch.Tensor]] | None = None, *, root: str | None = None,
 ) -> LoadedShard:
-    """Read a whole shard after checking its size; verify checksum and header.
+    """Read a whole shard after checking its kind, size and header; verify checksum and header.
+
+    ``root``: the directory the caller owns that ``path`` lies below (PosixStorage passes
+    the checkpoint root, so the step directory is not followed if it is a link either);
+    default, the shard's own directory. Never reads more than the manifest's ``size``,
+    which must equal the file's.
 
     ``targets`` maps an entry's name to its byte range and a contiguous CPU
     tensor of exactly that many bytes that should receive it directly, as DCP loads into
@@ -243,54 +381,60 @@ def read_shard(
     that any later valid checkpoint overwrites. Ranges that overlap the header or each
     other, or that do not fit the file, are read into the buffer as usual.
     """
-    want = spec["size"]
     try:
-        f = open(path, "rb")
+        f, st = open_regular(path, root if root is not None else (os.path.dirname(path) or "."), CorruptCheckpointError)
     except FileNotFoundError:
         raise CorruptCheckpointError(path, "shard file is missing") from None
-    inplace: dict[str, tuple[int, torch.Tensor]] = {}
     with f:
-        actual = os.fstat(f.fileno()).st_size
-        if actual != want:
-            raise CorruptCheckpointError(path, f"size {actual} bytes, manifest says {want} (truncated or replaced)")
-        # Allocated, not touched: pages of ranges read in place are never faulted in.
-        buf = torch.empty(want, dtype=torch.uint8)
-        view = memoryview(buf.numpy()).cast("B")
-        hasher = new_hasher(algorithm) if verify else None
-        got = _fill(f, view[: min(want, 8)], hasher)
-        if got == 8 and targets:
-            (hlen,) = struct.unpack("<Q", bytes(view[:8]))
-            pos = min(want, 8 + hlen)
-            got += _fill(f, view[8:pos], hasher)
-            for name, (begin, end, tensor) in sorted(targets.items(), key=lambda kv: kv[1][0]):
-                if got != pos or begin < pos or end > want or end - begin != tensor.numel() * tensor.element_size():
-                    continue
-                got += _fill(f, view[pos:begin], hasher)
-                pos = begin
-                if got != pos:
-                    break
-                got += _fill(f, tensor_bytes(tensor), hasher)
-                pos = end
-                inplace[name] = (begin, tensor)
-        got += _fill(f, view[got:want], hasher)
+        try:
+            return _read_open_shard(f, st.st_size, path, spec, algorithm, verify, step, targets)
+        except OSError as exc:  # EIO and the like: a reason to fall back like any other
+            raise CorruptCheckpointError(path, f"cannot be read: {exc.strerror or exc}") from None
+
+
+def _read_open_shard(f: BinaryIO, actual: int, path: str, spec: Mapping[str, Any], algorithm: str, verify: bool,
+                     step: int, targets: Mapping[str, tuple[int, int, torch.Tensor]] | None) -> LoadedShard:
+    want = spec["size"]
+    if actual != want:
+        raise CorruptCheckpointError(path, f"size {actual} bytes, manifest says {want} (truncated or replaced)")
+    check_loadable(path, want)
+    try:
+        head, header = read_header(f, path, want, step, spec)
+    except CheckpointError:
+        if verify:
+            verify_streaming(f, path, spec, algorithm, want)
+        raise
+    if verify and _has_holes(f, want):
+        verify_streaming(f, path, spec, algorithm, want)
+    base = len(head)
+    f.seek(base)
+    inplace: dict[str, tuple[int, torch.Tensor]] = {}
+    # Allocated, not touched: pages of ranges read in place are never faulted in.
+    buf = torch.empty(want, dtype=torch.uint8)
+    view = memoryview(buf.numpy()).cast("B")
+    hasher = new_hasher(algorithm) if verify else None
+    view[:base] = head
+    if hasher is not None:
+        hasher.update(view[:base])
+    got = pos = base
+    for name, (begin, end, tensor) in sorted((targets or {}).items(), key=lambda kv: kv[1][0]):
+        if got != pos or begin < pos or end > want or end - begin != tensor.numel() * tensor.element_size():
+            continue
+        got += _fill(f, view[pos:begin], hasher)
+        pos = begin
+        if got != pos:
+            break
+        got += _fill(f, tensor_bytes(tensor), hasher)
+        pos = end
+        inplace[name] = (begin, tensor)
+    got += _fill(f, view[got:want], hasher)
     if got != want:
         raise CorruptCheckpointError(path, f"read {got} of {want} bytes (file shrank while reading)")
     if hasher is not None:
         checksum = f"{algorithm}:{hasher.hexdigest()}"
         if checksum != spec["checksum"]:
-            raise CorruptCheckpointError(path, f"checksum mismatch: manifest {spec['checksum']}, file {checksum}")
-    (hlen,) = struct.unpack("<Q", bytes(view[:8]))
-    if hlen > min(want - 8, MAX_HEADER):
-        raise ManifestError(path, f"absurd safetensors header length {hlen} (file has {want} bytes)")
-    header = safe_json_loads(bytes(view[8 : 8 + hlen]), path)
-    if not isinstance(header, dict):
-        raise ManifestError(path, "safetensors header is not a JSON object")
-    meta = header.get("__metadata__", {})
-    if isinstance(meta, dict) and "step" in meta and meta["step"] != str(step):
-        raise CorruptCheckpointError(path, f"shard belongs to step {meta['step']}, not step {step} (stale copy)")
-    if isinstance(meta, dict) and "rank" in meta and meta["rank"] != str(spec["rank"]):
-        raise CorruptCheckpointError(path, f"shard was written by rank {meta['rank']}, manifest says rank {spec['rank']} (swapped)")
-    return LoadedShard(path=path, buffer=buf, header=header, inplace=inplace, base=8 + hlen)
+            raise _mismatch(path, spec, checksum)
+    return LoadedShard(path=path, buffer=buf, header=header, inplace=inplace, base=base)
 
 
 def entry_tensor(shard: LoadedShard, name: str, e: Mapping[str, Any], algorithm: str, verify: bool) -> torch.Tensor:

@@ -20,14 +20,18 @@ durability beyond what the filesystem's ``close()`` provides (no fsync in fsspec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from chaos.ckptformat import commit, manifest
+from chaos.ckptformat.errors import CorruptCheckpointError, ManifestError
+from chaos.ckptformat.safeio import ErrorType, open_regular, read_upto
 from chaos.phases import phase
 from chaos.storage.base import (
     CommitConflict,
@@ -35,14 +39,14 @@ from chaos.storage.base import (
     StorageError,
     StorageURL,
 )
-from chaos.storage.objects import CommitObjectStore
+from chaos.storage.objects import MAX_COMMIT, CommitObjectStore
 
 # Always a fresh filesystem instance without a listing cache: a checkpoint store that read
 # through fsspec's instance cache would see what this process wrote, not what the
 # backend holds, and a lagging backend could pass read-after-write (issue 12, hole 5).
 FRESH = {"skip_instance_cache": True, "use_listings_cache": False}
 
-COMMIT_NAME = re.compile(r"^step-(\d{1,19})\.json$")
+COMMIT_NAME = re.compile(r"^step-(\d{1,19})\.json\Z")
 
 
 class FsspecShardWriter:
@@ -134,6 +138,9 @@ class FsspecStorage(CommitObjectStore):
         self.url = u.raw
         self.scheme = u.scheme
         self.base = path.rstrip("/")
+        # A local filesystem is a directory tree like the POSIX backend's: read it the same
+        # way, without following links below the base and only from regular files.
+        self._local = issubclass(cls, LocalFileSystem) or isinstance(self.fs, LocalFileSystem)
         self.latest_key = f"{self.base}/{commit.LATEST}"
         self._seen: set[int] = set()  # steps this instance listed or committed
         self.fs.makedirs(self.base, exist_ok=True)
@@ -150,14 +157,59 @@ class FsspecStorage(CommitObjectStore):
     def commit_key(self, step: int) -> str:
         return f"{self.base}/commits/step-{step:010d}.json"
 
-    def _read(self, path: str) -> bytes | None:
+    def _info(self, path: str, error: ErrorType) -> dict[str, Any] | None:
+        """The object's ``info`` (its HEAD), or None when it does not exist; only a plain file passes."""
         try:
-            return self.fs.cat_file(path)
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return None
+        if info.get("islink"):
+            raise error(self.url_of(path), "is a symbolic link; links inside a checkpoint are never followed")
+        if info.get("type") != "file":
+            raise error(self.url_of(path), f"is a {str(info.get('type'))[:40]}, not a regular file")
+        return info
+
+    def _read(self, path: str, limit: int) -> bytes | None:
+        if self._local:
+            try:
+                f, _ = open_regular(path, self.base, ManifestError)
+            except FileNotFoundError:
+                return None
+            with f:
+                return read_upto(f, limit + 1)
+        info = self._info(path, ManifestError)
+        if info is None:
+            return None
+        size = info.get("size")
+        end = min(size, limit + 1) if isinstance(size, int) else limit + 1
+        try:
+            return bytes(self.fs.cat_file(path, start=0, end=end))[: limit + 1]
         except FileNotFoundError:
             return None
 
-    def _download(self, path: str, local: str) -> None:
-        self.fs.get_file(path, local)
+    def _size(self, path: str) -> tuple[int | None, Any] | None:
+        if self._local:
+            try:
+                f, st = open_regular(path, self.base, CorruptCheckpointError)
+            except FileNotFoundError:
+                return None
+            f.close()
+            return st.st_size, None
+        info = self._info(path, CorruptCheckpointError)
+        if info is None:
+            return None
+        size = info.get("size")
+        return (size if isinstance(size, int) and not isinstance(size, bool) else None), None
+
+    @contextlib.contextmanager
+    def _open_range(self, path: str, size: int, version: Any) -> Iterator[Any]:
+        """The file, opened for reading; the caller reads at most ``size + 1`` bytes of it."""
+        if self._local:
+            f, _ = open_regular(path, self.base, CorruptCheckpointError)
+        else:
+            f = self.fs.open(path, "rb")
+        with f:
+            yield f
 
     def _delete_commit(self, step: int, key: str) -> None:
         try:
@@ -218,7 +270,11 @@ class FsspecStorage(CommitObjectStore):
     def _referenced(self) -> set[str]:
         out = set()
         for step in self._commit_steps():
-            data = self._data_named_by(self._read(self.commit_key(step)))
+            try:
+                got = self._read(self.commit_key(step), MAX_COMMIT)
+            except ManifestError:  # not a plain file (local://): names no data, like a malformed one
+                got = None
+            data = self._data_named_by(got)
             if data is not None:
                 out.add(os.path.relpath(data, self.base))
         return out

@@ -78,8 +78,9 @@ class PosixStorage:
         return m, os.path.join(directory, manifest.MANIFEST_NAME)
 
     def read_shard(self, step: int, name: str, spec: Any, algorithm: str, verify: bool, targets: Any = None) -> LoadedShard:
+        """The verified shard; opened below ``self.root`` without following a link (step directory included)."""
         extra = (targets,) if targets is not None else ()  # in-place targets, when the loader has any
-        return read_shard(os.path.join(self.step_location(step), name), spec, algorithm, verify, step, *extra)
+        return read_shard(os.path.join(self.step_location(step), name), spec, algorithm, verify, step, *extra, root=self.root)
 
     def hide_step(self, step: int) -> Any:
         """Make a checkpoint invisible now (atomic rename); return the slow removal to run later."""

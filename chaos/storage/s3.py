@@ -30,13 +30,17 @@ Layout under ``s3://bucket/prefix/``::
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import io
 import json
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from chaos.ckptformat import commit, manifest
+from chaos.ckptformat.errors import CorruptCheckpointError
 from chaos.phases import phase
 from chaos.storage.base import (
     CommitConflict,
@@ -44,10 +48,10 @@ from chaos.storage.base import (
     StorageError,
     StorageURL,
 )
-from chaos.storage.objects import CommitObjectStore
+from chaos.storage.objects import MAX_COMMIT, MAX_LATEST, CommitObjectStore
 
 MIN_PART = 5 * 1024 * 1024
-COMMIT_KEY = re.compile(r"^commits/step-(\d{1,19})\.json$")
+COMMIT_KEY = re.compile(r"^commits/step-(\d{1,19})\.json\Z")
 
 
 def _b64sha256(data: Any) -> str:
@@ -223,26 +227,58 @@ class S3Storage(CommitObjectStore):
                 return out
             token = r["NextContinuationToken"]
 
-    def _read(self, key: str) -> bytes | None:
-        got = self._get(key)
+    def _read(self, key: str, limit: int) -> bytes | None:
+        got = self._get(key, limit)
         return None if got is None else got[0]
 
-    def _download(self, key: str, path: str) -> None:
+    def _size(self, key: str) -> tuple[int | None, Any] | None:
         try:
-            self.client.download_file(self.bucket, key, path)
-        except Exception as exc:  # noqa: BLE001
-            if _code(exc) in ("NoSuchKey", "404"):
-                raise FileNotFoundError(key) from None
-            raise
-
-    def _get(self, key: str) -> tuple[bytes, str] | None:
-        try:
-            r = self.client.get_object(Bucket=self.bucket, Key=key)
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
         except Exception as exc:  # noqa: BLE001
             if _code(exc) in ("NoSuchKey", "404"):
                 return None
             raise
-        return r["Body"].read(), r["ETag"]
+        return int(head["ContentLength"]), head["ETag"]
+
+    @contextlib.contextmanager
+    def _open_range(self, key: str, size: int, version: Any) -> Iterator[Any]:
+        """A ranged GET of bytes ``[0, size)``, only of the object whose HEAD gave ``version`` (its ETag)."""
+        if size <= 0:
+            yield io.BytesIO(b"")
+            return
+        kw: dict[str, Any] = {"IfMatch": version} if version else {}
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{size - 1}", **kw)
+        except Exception as exc:  # noqa: BLE001
+            if _code(exc) in ("NoSuchKey", "404"):
+                raise FileNotFoundError(key) from None
+            if _code(exc) in ("PreconditionFailed", "412"):
+                raise CorruptCheckpointError(self.url_of(key), "the object was replaced between its size check and "
+                                                               "its download") from None
+            raise
+        body = r["Body"]
+        try:
+            yield body
+        finally:
+            body.close()
+
+    def _get(self, key: str, limit: int) -> tuple[bytes, str] | None:
+        """At most ``limit + 1`` first bytes of the object (a ranged GET, read no further) and its ETag."""
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{limit}")
+        except Exception as exc:  # noqa: BLE001
+            if _code(exc) in ("NoSuchKey", "404"):
+                return None
+            if _code(exc) != "InvalidRange":
+                raise
+            # An empty object has no byte 0 to range over: it is b"", and a HEAD gives its ETag.
+            found = self._size(key)
+            return None if found is None else (b"", found[1])
+        body = r["Body"]
+        try:
+            return body.read(limit + 1), r["ETag"]
+        finally:
+            body.close()
 
     def _delete_keys(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):
@@ -310,7 +346,7 @@ class S3Storage(CommitObjectStore):
         key = self.latest_key
         body = (commit.step_dirname(step) + "\n").encode()
         for _ in range(attempts):
-            cur = self._get(key)
+            cur = self._get(key, MAX_LATEST)
             cond = {"IfMatch": cur[1]} if cur is not None else {"IfNoneMatch": "*"}
             try:
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=body, **cond)
@@ -360,7 +396,7 @@ class S3Storage(CommitObjectStore):
 
     def _unreferenced(self) -> dict[str, list[str]]:
         """Data prefixes no commit object names -> their keys."""
-        referenced = {self._data_named_by(self._read(key)) for key in self._commits().values()}
+        referenced = {self._data_named_by(self._read(key, MAX_COMMIT)) for key in self._commits().values()}
         doomed: dict[str, list[str]] = {}
         for o in self._list(self.prefix + "data/"):
             rest = o["Key"][len(self.prefix) + len("data/"):]
