@@ -13,6 +13,15 @@ Python checkpointer reaches directly or through ``pathlib``, ``shutil`` and
     os.rename replace link unlink remove mkdir rmdir   (makedirs, Path.*, shutil.*,
                    tempfile.* all end up here; ``dir_fd=`` forms are resolved)
 
+``open(x, opener=f)`` is traced under the file ``f`` really opened, never under ``x`` (only
+the name handed to ``f``): ``tempfile.NamedTemporaryFile(dir=d)`` is ``io.open(d,
+opener=...)`` whose opener makes ``d/tmpXXXX``, so its open, writes, fsyncs and close name
+``d/tmpXXXX`` and its later rename moves a file the trace saw created. The opener's own
+``os.open`` is the traced open (its record says ``"opener": "io.open"``); an fd the opener
+got some other way is traced from ``/proc/self/fd/N``. An anonymous ``O_TMPFILE`` file
+(``tempfile.TemporaryFile``, a rolled-over ``SpooledTemporaryFile``) is not traced: it has
+no name, so no crash can leave it in the tree.
+
 Only paths whose realpath lies under ``root`` are traced, plus files made under the
 *extra roots* (default: the process's temp dir, ``$TMPDIR``, which in a rank is the
 scenario's scratch ``tmp``): a file or directory there is traced from its creation
@@ -105,6 +114,7 @@ OP_KINDS = (
 ACTIONS = ("kill", "enospc", "eio", "short_write", "fsync_fail", "delay")
 _FSYNC_KINDS = ("fsync", "fdatasync")
 _WRITE_MODES = frozenset("wax+")
+_O_TMPFILE = getattr(os, "O_TMPFILE", 0)  # includes O_DIRECTORY's bit
 
 
 class IORule:
@@ -225,6 +235,13 @@ def _default_temp_dir() -> str:
 
 def _fsync_target(fd: Any) -> int:
     return fd if isinstance(fd, int) else fd.fileno()
+
+
+def _plain_mode(mode: str) -> bool:
+    """Whether ``io.open`` accepts ``mode`` (one of r/w/x/a, optional ``+``, ``b`` or ``t``)."""
+    chars = set(mode)
+    return (len(chars) == len(mode) and chars <= set("rwxabt+") and len(chars & set("rwxa")) == 1
+            and not {"b", "t"} <= chars)
 
 
 def _flag_names(flags: int) -> list[str]:
@@ -746,7 +763,11 @@ class Interposer:
                   opener: Callable[[str, int], int] | None = None, via: str = "io.open") -> Any:
         """``open`` with the record's ``via`` chosen by the caller (faults.native names its writer)."""
         args = (file, mode, buffering, encoding, errors, newline, closefd, opener)
-        if self._busy() or not isinstance(mode, str) or not (_WRITE_MODES & set(mode)):
+        if self._busy() or not isinstance(mode, str):
+            return self._o_open(*args)
+        if opener is not None and not isinstance(file, int):
+            return self._open_with_opener(args, via)
+        if not (_WRITE_MODES & set(mode)):
             return self._o_open(*args)
         path = self._resolve(file, follow=True, create="w" in mode or "x" in mode or "a" in mode)
         if path is None or "t" in mode and "b" in mode:
@@ -779,13 +800,108 @@ class Interposer:
                          trunc="w" in mode, is_dir=False, via=via)
         finally:
             self._leave()
+        return self._wrap(raw, mode, buffering, encoding, errors, newline)
+
+    def _open_with_opener(self, args: tuple[Any, ...], via: str) -> Any:
+        """``open(file, mode, ..., opener=opener)``: trace the file the opener really opened.
+
+        ``file`` is only the name handed to the opener, which may open anything else:
+        ``tempfile.NamedTemporaryFile(dir=d)`` calls ``io.open(d, opener=...)`` and its
+        opener makes ``d/tmpXXXX`` with ``os.open``. So nothing is resolved from ``file``:
+        the opener runs with the interposer idle, its own ``os.open`` is traced as any
+        other (``_os_open``: the open record, with ``"opener": via``, names the real path,
+        open rules fire on it, and its fd is registered), and the file object built on
+        that fd traces its writes, truncates and close against the same path. An opener
+        that opened its fd some way the interposer does not see (C code, an ``os.open``
+        bound before install) is traced after the fact from ``/proc/self/fd/N`` (the open
+        record says ``"opener": "untraced"``; its open rules fire once the file is open).
+        Any mode is routed here, reads too, so that a traced fd made by the opener is
+        forgotten when the file object closes it.
+        """
+        file, mode, buffering, encoding, errors, newline, closefd, opener = args
+        if not _plain_mode(mode) or "b" in mode and (encoding, errors, newline) != (None, None, None):
+            return self._o_open(*args)  # let io.open raise its own ValueError
+        writes = bool(_WRITE_MODES & set(mode))
+        named = self._norm(file, follow=True) if writes else None
+        existed = named is not None and os.path.lexists(named)
+        ctx: dict[str, Any] = {"via": via, "seen": False, "fd": None, "traced": set()}
+
+        def traced_opener(name: Any, flags: int) -> int:
+            outer = getattr(self._tls, "opener", None)
+            self._tls.opener = ctx
+            try:
+                fd = opener(name, flags)
+            finally:
+                self._tls.opener = outer
+            ctx["fd"] = fd
+            return fd
+
+        rawmode = "".join(c for c in mode if c in "rwxa+")
+        try:
+            raw = _TracedFileIO(file, rawmode, closefd, opener=traced_opener)
+        except BaseException:
+            self._forget(ctx["fd"], ctx["traced"])  # FileIO closed what the opener gave it (EISDIR)
+            raise
+        raw._chaos_ix = self
+        fd = raw.fileno()
+        if fd not in ctx["traced"]:
+            self._fds.pop(fd, None)  # a number the kernel just handed out again: any entry is stale
+            if writes and not ctx["seen"]:
+                self._trace_opened(raw, fd, mode, via, named, existed)
+        return self._wrap(raw, mode, buffering, encoding, errors, newline)
+
+    def _trace_opened(self, raw: _TracedFileIO, fd: int, mode: str, via: str, named: str | None,
+                      existed: bool) -> None:
+        """An opener's fd the interposer did not see being opened: trace it by what it is."""
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return
+        if not real.startswith("/") or real.endswith(" (deleted)"):
+            return  # an anonymous (O_TMPFILE) or already unlinked file: nothing a crash leaves in the tree
+        path = self._resolve(real, create=True)
+        if path is None:
+            return
+        self._enter()
+        try:
+            if self._untracked(path) and (real != named or existed and "w" not in mode):
+                return  # an extra root's file from before (or maybe so): its history is unknown
+            try:
+                self._act_before("open", (path,), mode=mode)
+            except BaseException:
+                io.FileIO.close(raw)
+                raise
+            self._fds[fd] = _Fd(path, append="a" in mode)
+            if not self._in_root(path):
+                self._tracked.add(path)
+            self._op("open", path=path, fd=fd, mode=mode, created=None if real != named else not existed,
+                     trunc="w" in mode, is_dir=False, via=via, opener="untraced")
+        finally:
+            self._leave()
+
+    def _forget(self, fd: int | None, traced: set[int]) -> None:
+        """The opener's traced fd was closed by ``FileIO`` itself (it refused it): record the close."""
+        if fd is None or fd not in traced or fd not in self._fds or self._busy():
+            return
+        self._enter()
+        try:
+            info = self._fds.pop(fd)
+            self._op("close", path=info.path, fd=fd, is_dir=info.is_dir, via="file")
+        finally:
+            self._leave()
+
+    @staticmethod
+    def _wrap(raw: _TracedFileIO, mode: str, buffering: int, encoding: str | None, errors: str | None,
+              newline: str | None) -> Any:
+        """Stack the stock buffered and text layers on ``raw`` exactly as ``io.open`` does."""
+        binary = "b" in mode
         try:
             line_buffering = False
             if buffering == 1 or (buffering < 0 and raw.isatty()):
                 buffering, line_buffering = -1, True
             if buffering < 0:
                 buffering = io.DEFAULT_BUFFER_SIZE
-                blk = os.fstat(fd).st_blksize
+                blk = os.fstat(raw.fileno()).st_blksize
                 if blk > 1:
                     buffering = blk
             if buffering == 0:
@@ -811,7 +927,17 @@ class Interposer:
         follow = not flags & getattr(os, "O_NOFOLLOW", 0)
         writes = flags & os.O_ACCMODE != os.O_RDONLY
         create = bool(flags & os.O_CREAT) or bool(flags & os.O_TRUNC) and writes
-        p = None if self._busy() else self._resolve(path, dir_fd, follow=follow, create=create)
+        busy = self._busy()
+        ctx = None if busy else getattr(self._tls, "opener", None)  # run as an open()'s opener
+        if ctx is not None:
+            ctx["seen"] = True
+        if _O_TMPFILE and flags & _O_TMPFILE == _O_TMPFILE:
+            # An anonymous file in the directory ``path`` names (TemporaryFile): it has no
+            # name, so no crash can leave it in the tree; tracing it would pin its writes
+            # on the directory. (One linked in later through /proc/self/fd comes in as a
+            # link from an untraced file, its bytes captured.)
+            return self._o["open"](path, flags, mode, dir_fd=dir_fd)
+        p = None if busy else self._resolve(path, dir_fd, follow=follow, create=create)
         if p is None:
             return self._o["open"](path, flags, mode, dir_fd=dir_fd)
         self._enter()
@@ -830,9 +956,13 @@ class Interposer:
             self._fds[fd] = _Fd(p, append=bool(flags & os.O_APPEND), is_dir=is_dir)
             if not self._in_root(p):
                 self._tracked.add(p)
+            extra: dict[str, Any] = {}
+            if ctx is not None:
+                ctx["traced"].add(fd)  # the file object owns it if the opener returns it
+                extra["opener"] = ctx["via"]
             self._op("open", path=p, fd=fd, flags=_flag_names(flags),
                      created=bool(flags & os.O_CREAT) and not existed,
-                     trunc=bool(flags & os.O_TRUNC) and not is_dir, is_dir=is_dir, via="os.open")
+                     trunc=bool(flags & os.O_TRUNC) and not is_dir, is_dir=is_dir, via="os.open", **extra)
             return fd
         finally:
             self._leave()
