@@ -47,12 +47,12 @@ from chaos.workload.config import WorkloadConfig
 
 MARKERS = {
     "chaos": "a real multi-process fault scenario (run with -m chaos)",
-    "slow": "long-running; excluded from the default run",
+    "slow": "long-running; excluded unless the -m expression names it (-m slow, -m 'chaos and slow')",
     "root": "needs root (mounts, namespaces)",
     "s3": "needs the embedded S3 endpoint",
     "gpu": "needs CUDA (NCCL); gpu(count=N): N GPUs. Skips with the reason where they are missing",
     "docker": "needs a Docker engine",
-    "bench": "benchmark; reports ratios, asserts no timings",
+    "bench": "benchmark; reports ratios, asserts no timings; excluded unless the -m expression names it",
     "frameworks": "needs the frameworks extra (transformers, Lightning, Accelerate); skips without it, "
                   "runs in the nightly (.ci/nightly installs it)",
 }
@@ -207,6 +207,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+
+
+OPT_IN = ("slow", "bench")  # markers whose tests run only when the -m expression names them
+
+
+def opted_in(markexpr: str) -> set[str]:
+    """Which of :data:`OPT_IN` the ``-m`` expression names (``"chaos and not slow"`` names slow)."""
+    import re
+
+    return {m for m in OPT_IN if re.search(rf"(?<![\w.]){m}(?![\w.])", markexpr or "")}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out ``slow`` and ``bench`` tests unless the ``-m`` expression names them.
+
+    A ``-m`` given on the command line replaces the one in ``addopts``, so a default of
+    ``-m "not slow"`` there made the CI command of the design card, ``pytest suites/ -m
+    chaos``, select the long campaigns too. Here the rule holds whatever ``-m`` is given:
+    ``-m chaos`` is the per-commit set, ``-m "chaos and slow"`` or ``-m slow`` (the nightly's
+    ``(gpu or slow or frameworks) and not bench``) opt in. A test marked ``slow`` that the
+    expression also selects by its name alone (``-k``) stays out: say ``-m slow``.
+    """
+    keep_marked = opted_in(config.getoption("markexpr", "") or "")
+    left_out = [item for item in items
+                if any(item.get_closest_marker(m) is not None for m in OPT_IN if m not in keep_marked)]
+    if left_out:
+        chosen = set(map(id, left_out))
+        items[:] = [item for item in items if id(item) not in chosen]
+        config.hook.pytest_deselected(items=left_out)
 
 
 @pytest.hookimpl(tryfirst=True)  # before fixtures: a GPU test must not start the chaos session for nothing
