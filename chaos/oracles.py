@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.golden import GoldenRun
+from chaos.golden import GoldenRun, ResizedReference
 from chaos.record import RunRecord
 from chaos.statehash import first_difference
 
@@ -126,12 +126,6 @@ def _destroyed_before(record: RunRecord, attempt: int) -> dict[int, str]:
     return out
 
 
-def _resumed_step(record: RunRecord, attempt: int) -> int | None:
-    ws = record.attempt_world_size(attempt)
-    steps = [e["step"] for r in range(ws) for e in record.events.get(attempt, {}).get(r, []) if e["ev"] == "resume"]
-    return min(steps) if len(steps) == ws else None
-
-
 def _last_step(record: RunRecord, attempt: int) -> tuple[int | None, float | None]:
     steps = [(e["step"], e["t"]) for r in range(record.world_size) for e in record.events.get(attempt, {}).get(r, [])
              if e["ev"] == "step"]
@@ -161,7 +155,7 @@ def durability(golden: GoldenRun, record: RunRecord) -> OracleResult:
         destroyed = _destroyed_before(record, attempt)
         intact = sorted(acked - set(destroyed))
         expected = intact[-1] if intact else None
-        resumed = _resumed_step(record, attempt)
+        resumed = record.resumed_step(attempt)
         last, t_last = _last_step(record, attempt - 1)
         t_resumed = _step_time(record, attempt - 1, resumed + 1) if resumed is not None else None
         entry = {"attempt": attempt, "acked_before": max(acked) if acked else None, "expected": expected,
@@ -430,118 +424,126 @@ def no_code_execution(golden: GoldenRun, record: RunRecord) -> OracleResult:
 # the golden curve for the following steps. 0.5 % sits between the two with margin.
 DEFAULT_LOSS_BAND = 0.005
 SPIKE_WINDOW = 5  # steps after a resume whose mean excess over the golden loss is a spike
-# After a world-size change a rank trains on other batches, so per-step losses are not
-# comparable: moving averages over this many steps are, within the golden run's own
-# rank-to-rank spread times this factor (one rank of the resized job against the mean of
-# two golden ranks has about 1.7 times the standard deviation of a golden rank against
-# that mean; 3 leaves room for the maximum over a run).
-ELASTIC_SMOOTHING = 4
-ELASTIC_SPREAD_FACTOR = 3.0
 
 
-def _moving(values: list[float], width: int) -> list[float]:
-    """Trailing means over full windows only: element i averages values[i .. i + width - 1]."""
-    return [sum(values[i:i + width]) / width for i in range(len(values) - width + 1)]
+@dataclass
+class _Baseline:
+    """The fault-free losses the attempts at one world size are compared with (None: not judged)."""
+
+    losses: dict[int, dict[int, str]] | None  # rank -> step -> loss (float.hex)
+    name: str  # the run in words, for summaries
+    info: dict[str, Any]  # the evidence entry naming it
 
 
-def _golden_loss(golden: GoldenRun, rank: int, step: int) -> float | None:
-    raw = golden.losses.get(rank, {}).get(step)
-    return float.fromhex(raw) if raw else None
+def _baselines(golden: GoldenRun, record: RunRecord,
+               resized: Mapping[int, ResizedReference | str] | None) -> dict[int, _Baseline]:
+    """World size -> what its attempts are compared with: the golden run at the size it was run
+    at, and at each size a lost rank shrank the job to, the fault-free run from the same
+    checkpoint (``chaos.golden.ResizedReference``) or the reason there is none."""
+    out = {golden.world_size: _Baseline(golden.losses, "the golden run",
+                                        {"world_size": golden.world_size, "run": "golden", "key": golden.key,
+                                         "cached": golden.cached})}
+    for ws in sorted({record.attempt_world_size(a["attempt"]) for a in record.attempts} - {golden.world_size},
+                     reverse=True):
+        ref = (resized or {}).get(ws)
+        if isinstance(ref, ResizedReference):
+            start = f"resumed from the same step-{ref.step} checkpoint" if ref.step else "started from scratch, as the job"
+            out[ws] = _Baseline(ref.losses, f"a fault-free run at {ws} rank(s) {start}",
+                                {"world_size": ws, "run": ref.describe(), "key": ref.key, "cached": ref.cached,
+                                 "resumed_from_step": ref.step, "chain": [list(c) for c in ref.chain]})
+        else:
+            why = ref or "no fault-free run at this world size was given"
+            out[ws] = _Baseline(None, "", {"world_size": ws, "run": None, "not_judged": why})
+    return out
 
 
-def _elastic_series(golden: GoldenRun, record: RunRecord, attempt: int) -> dict[str, Any]:
-    """Mean loss over the attempt's ranks against the golden mean over all its ranks, smoothed.
+def _diverged_before_resize(record: RunRecord, ref: ResizedReference) -> dict[str, Any] | None:
+    """Where the state the faulted job committed at the reference's resume step differs from the
+    state the fault-free run saved (and loaded) there; None when they are equal.
 
-    ``spread`` is how far one golden rank's smoothed curve strays from the golden mean
-    over the whole run: the deviation other batches alone cause, which a resized job
-    is allowed (times ELASTIC_SPREAD_FACTOR).
+    Unequal, the reference does not continue the faulted job: its trajectory had left the
+    fault-free one before the resize (deterministic workloads only: noise makes them differ).
     """
-    ws = record.attempt_world_size(attempt)
-    by_step: dict[int, list[float]] = {}
-    for r in range(ws):
-        for e in record.events.get(attempt, {}).get(r, []):
-            if e["ev"] == "step":
-                by_step.setdefault(e["step"], []).append(e["loss"])
-    ranks = sorted(golden.losses)
-    steps = [s for s in sorted(by_step) if len(by_step[s]) == ws
-             and all(_golden_loss(golden, g, s) is not None for g in ranks)]
-    width = ELASTIC_SMOOTHING
-    ours = _moving([sum(by_step[s]) / ws for s in steps], width)
-    gold = _moving([sum(_golden_loss(golden, g, s) for g in ranks) / len(ranks) for s in steps], width)
-    every = sorted(set.intersection(*(set(golden.losses[g]) for g in ranks))) if ranks else []
-    gold_all = _moving([sum(_golden_loss(golden, g, s) for g in ranks) / len(ranks) for s in every], width)
-    spread = 0.0
-    for g in ranks:
-        curve = _moving([_golden_loss(golden, g, s) for s in every], width)
-        spread = max([spread] + [abs(c - m) / abs(m) for c, m in zip(curve, gold_all, strict=True) if m])
-    return {"steps": steps[width - 1:], "ours": ours, "gold": gold, "spread": spread}
+    attempt = next((a["attempt"] for a in record.attempts if record.attempt_world_size(a["attempt"]) == ref.world_size
+                    and record.resumed_step(a["attempt"]) == ref.step), None)
+    if attempt is None:
+        return None
+    for rank in range(ref.world_size):
+        saved = record.saved_fingerprint(rank, ref.step, before_attempt=attempt) if ref.step else None
+        diff = first_difference(ref.resumed.get(rank) or {}, saved or {})
+        if diff is not None:
+            return {"rank": rank, "step": ref.step, "attempt": attempt, "world_size": ref.world_size,
+                    "first_difference": diff}
+    return None
 
 
 def loss_continuity(golden: GoldenRun, record: RunRecord, band: float = DEFAULT_LOSS_BAND,
-                    exact_note: str | None = None) -> OracleResult:
-    """Tolerance mode for runs that cannot be bit-exact: the loss stays near the golden curve.
+                    exact_note: str | None = None, *, resized: Mapping[int, ResizedReference | str] | None = None,
+                    strict: bool = False) -> OracleResult:
+    """The loss curve of every attempt follows the fault-free run at its own world size.
 
-    Every executed step's loss (re-run steps included) must lie within ``band`` (relative)
-    of the golden loss of that rank and step, and the ``SPIKE_WINDOW`` steps after each
-    resume must not sit above the golden curve by more than ``band / 2`` on average: a
-    resumed job that lost Adam's moments or the LR schedule trains on, but jumps first.
-    After a world-size change (a rank lost for good) per-rank batches differ, so the
-    mean loss over ranks is compared to the golden mean, both as ``ELASTIC_SMOOTHING``-step
-    moving averages, with the band widened to the golden run's own rank-to-rank spread.
-    Whenever bit_exact passes this passes too (every deviation is zero).
+    Every executed step's loss (re-run steps included) is compared with the loss of that
+    rank and step in a fault-free run: the golden run while the job has the world size it
+    started with; after a rank was lost for good (the job resumed resharded on fewer ranks,
+    on other batches), ``resized[world size]``: the run ``chaos.runner`` made with
+    ``chaos.golden.get_resized_references`` that resumed at that size from the very
+    checkpoint the attempt resumed from. A world size with no such run (the value is the
+    reason) is not judged, and the summary says so.
+
+    ``strict`` (``judge`` sets it for a deterministic workload whose world size changed,
+    where bit_exact cannot judge): every loss must equal its reference bit for bit, and
+    the state the job committed at the resize step must be the reference's. Otherwise
+    (nondeterministic runs) each loss lies within ``band`` (relative) of the reference,
+    and the ``SPIKE_WINDOW`` steps after each resume must not sit above it by more than
+    ``band / 2`` on average: a resumed job that lost Adam's moments or the LR schedule
+    trains on, but jumps first. Whenever bit_exact passes this passes too.
+    Called by ``judge`` (runner) and ``chaos.job.losscurve`` (user jobs, one world size).
     """
     name = "loss_continuity"
-    evidence: dict[str, Any] = {"band": band, "spike_window": SPIKE_WINDOW, "spike_threshold": band / 2}
+    evidence: dict[str, Any] = {"band": band, "spike_window": SPIKE_WINDOW, "spike_threshold": band / 2,
+                                "mode": "bit-exact" if strict else "band"}
     if exact_note:
         evidence["bit_exact"] = exact_note
+    bases = _baselines(golden, record, resized)
     worst: dict[str, Any] | None = None
     outside: dict[str, Any] | None = None
+    diverged: dict[str, Any] | None = None
     devs: dict[tuple[int, int], dict[int, float]] = {}  # (attempt, rank) -> step -> relative deviation
     elastic: list[dict[str, Any]] = []
     for a in record.attempts:
         attempt = a["attempt"]
         ws = record.attempt_world_size(attempt)
+        base = bases[ws]
         if ws != golden.world_size:
-            series = _elastic_series(golden, record, attempt)
-            limit = max(band, ELASTIC_SPREAD_FACTOR * series["spread"])
-            entry = {"attempt": attempt, "world_size": ws, "golden_world_size": golden.world_size,
-                     "effective_band": round(limit, 6), "golden_rank_spread": round(series["spread"], 6),
-                     "smoothing_steps": ELASTIC_SMOOTHING, "steps": len(series["steps"])}
-            for step, ours, gold in zip(series["steps"], series["ours"], series["gold"], strict=True):
-                dev = (ours - gold) / abs(gold) if gold else 0.0
-                devs.setdefault((attempt, -1), {})[step] = dev
-                # One-sided: a resized job's smaller global batch may train faster or slower
-                # (measured: 10 % lower at 2 -> 1); only a loss above the band is lost progress.
-                if outside is None and dev > limit:
-                    outside = {"attempt": attempt, "rank": "mean", "step": step, "loss": ours, "golden_loss": gold,
-                               "relative_deviation": dev, "limit": limit}
-                if dev > entry.get("max_excess", float("-inf")):
-                    entry.update(max_excess=dev, max_excess_step=step)
-            elastic.append(entry)
+            elastic.append({"attempt": attempt, "world_size": ws, "golden_world_size": golden.world_size,
+                            "resumed_at": record.resumed_step(attempt), "reference": base.info["run"],
+                            **({"not_judged": base.info["not_judged"]} if base.losses is None else {})})
+            ref = resized.get(ws) if resized else None
+            if strict and diverged is None and isinstance(ref, ResizedReference):
+                diverged = _diverged_before_resize(record, ref)
+        if base.losses is None:
             continue
         for rank in range(ws):
+            want_by_step = base.losses.get(rank, {})
             for e in record.events.get(attempt, {}).get(rank, []):
-                if e["ev"] != "step":
+                want = want_by_step.get(e["step"]) if e["ev"] == "step" else None
+                if want is None:
                     continue
-                gold = _golden_loss(golden, rank, e["step"])
-                if gold is None:
-                    continue
-                dev = 0.0 if e["loss_hex"] == golden.losses[rank][e["step"]] else (e["loss"] - gold) / abs(gold)
+                gold = float.fromhex(want)
+                same = e["loss_hex"] == want
+                dev = 0.0 if same else (e["loss"] - gold) / abs(gold) if gold else float("inf")
                 devs.setdefault((attempt, rank), {})[e["step"]] = dev
-                if outside is None and abs(dev) > band:
+                if outside is None and (not same if strict else abs(dev) > band):
                     outside = {"attempt": attempt, "rank": rank, "step": e["step"], "loss": e["loss"],
-                               "golden_loss": gold, "relative_deviation": dev, "limit": band}
+                               "golden_loss": gold, "relative_deviation": dev, "limit": 0.0 if strict else band,
+                               "world_size": ws, "reference": base.name}
                 if worst is None or abs(dev) > abs(worst["relative_deviation"]):
                     worst = {"attempt": attempt, "rank": rank, "step": e["step"], "relative_deviation": dev}
     spikes, resumes = [], []
     for a in record.attempts[1:]:
         attempt = a["attempt"]
-        ws = record.attempt_world_size(attempt)
-        limit = band / 2
-        if elastic and ws != golden.world_size:
-            limit = next(e["effective_band"] for e in elastic if e["attempt"] == attempt) / 2
-        for rank in ([-1] if ws != golden.world_size else range(ws)):
-            start = _resumed_step(record, attempt)
+        start = record.resumed_step(attempt)
+        for rank in range(record.attempt_world_size(attempt)):
             series = devs.get((attempt, rank), {})
             if start is None or not series:
                 continue
@@ -549,34 +551,55 @@ def loss_continuity(golden: GoldenRun, record: RunRecord, band: float = DEFAULT_
             if not window:
                 continue
             mean = sum(window) / len(window)
-            entry = {"attempt": attempt, "rank": "mean" if rank == -1 else rank, "resumed_at": start,
-                     "window_mean_excess": mean, "window_max": max(window), "limit": limit}
+            entry = {"attempt": attempt, "rank": rank, "resumed_at": start, "window_mean_excess": mean,
+                     "window_max": max(window), "limit": band / 2}
             resumes.append(entry)
-            if mean > limit:
+            if mean > band / 2:
                 spikes.append(entry)
-    evidence.update({"max_deviation": worst, "resumes": resumes})
+    evidence.update({"max_deviation": worst, "resumes": resumes,
+                     "references": [b.info for _, b in sorted(bases.items(), reverse=True)]})
     if elastic:
         evidence["elastic"] = elastic
-    if outside is None and not spikes:
-        where = f"{len(devs)} (attempt, rank) curve(s)"
+    unjudged = "".join(f"; not judged at {e['world_size']} rank(s) (attempt {e['attempt']}): {e['not_judged']}"
+                       for e in elastic if "not_judged" in e)
+    if outside is None and not spikes and diverged is None:
         biggest = abs(worst["relative_deviation"]) if worst else 0.0
-        resized = "".join(f"; after the resize to {e['world_size']} rank(s) the {e['smoothing_steps']}-step mean loss "
-                          f"stays below golden + {e['effective_band']:.1%} (the golden run's own rank spread x "
-                          f"{ELASTIC_SPREAD_FACTOR:g})" for e in elastic)
-        return OracleResult(name, True, f"{where} within {band:.3%} of the golden loss (largest deviation "
-                            f"{biggest:.2e}){resized}; no spike after {len(resumes)} resume(s)", evidence)
+        if not elastic:
+            return OracleResult(name, True, f"{len(devs)} (attempt, rank) curve(s) within {band:.3%} of the golden "
+                                f"loss (largest deviation {biggest:.2e}); no spike after {len(resumes)} resume(s)",
+                                evidence)
+        how = ("equal, step by step and bit for bit," if strict
+               else f"stay within {band:.3%} (largest deviation {biggest:.2e}) of")
+        runs = ", then ".join(f"{b.name} at {ws} rank(s)" if ws == golden.world_size else b.name
+                              for ws, b in sorted(bases.items(), reverse=True) if b.losses is not None)
+        return OracleResult(name, True, f"{len(devs)} (attempt, rank) curve(s) {how} the fault-free run at their "
+                            f"world size ({runs}); no spike after {len(resumes)} resume(s){unjudged}", evidence)
     parts = []
+    if diverged is not None:
+        parts.append(f"rank {diverged['rank']} committed a state at step {diverged['step']} that is not the "
+                     f"fault-free run's ({diverged['first_difference']}): the job had left the fault-free "
+                     f"trajectory before the resize to {diverged['world_size']} rank(s)")
+    if outside is not None:
+        o = outside
+        where = f"rank {o['rank']} step {o['step']} (attempt {o['attempt']})"
+        if strict:
+            parts.append(f"{where}: loss {o['loss']!r} != {o['golden_loss']!r} of {o['reference']} "
+                         f"({o['relative_deviation']:+.2e}; the workload is deterministic: they must be equal)")
+        elif o["world_size"] == golden.world_size:
+            parts.append(f"{where}: loss {o['loss']:.6g} is {o['relative_deviation']:+.2%} off the golden "
+                         f"{o['golden_loss']:.6g} (band {o['limit']:.2%})")
+        else:
+            parts.append(f"{where}: loss {o['loss']:.6g} is {o['relative_deviation']:+.2%} off "
+                         f"{o['golden_loss']:.6g}, the loss of {o['reference']} (band {o['limit']:.2%})")
     if spikes:
         s0 = spikes[0]
         parts.append(f"loss spike after the resume at step {s0['resumed_at']} (attempt {s0['attempt']}, rank "
-                     f"{s0['rank']}): mean {s0['window_mean_excess']:+.2%} over the golden loss in the next "
+                     f"{s0['rank']}): mean {s0['window_mean_excess']:+.2%} over the "
+                     f"{'golden' if record.attempt_world_size(s0['attempt']) == golden.world_size else 'fault-free'} "
+                     f"loss in the next "
                      f"{SPIKE_WINDOW} steps (limit {s0['limit']:.2%})")
-    if outside is not None:
-        parts.append(f"rank {outside['rank']} step {outside['step']} (attempt {outside['attempt']}): loss "
-                     f"{outside['loss']:.6g} is {outside['relative_deviation']:+.2%} off the golden "
-                     f"{outside['golden_loss']:.6g} (band {outside['limit']:.2%})")
-    evidence.update({"spikes": spikes, "first_outside_band": outside})
-    return OracleResult(name, False, "; ".join(parts), evidence)
+    evidence.update({"spikes": spikes, "first_outside_band": outside, "diverged_before_resize": diverged})
+    return OracleResult(name, False, "; ".join(parts) + unjudged, evidence)
 
 
 def liveness(golden: GoldenRun, record: RunRecord) -> OracleResult:
@@ -618,14 +641,18 @@ def tolerance_reason(record: RunRecord, nondeterministic: bool = False) -> str |
     """Why bit_exact cannot be the judge of this run (None when it can).
 
     A nondeterministic workload differs from its golden run even without a fault, and
-    after a world-size change each rank trains on other batches: in both, equality of
-    every bit is the wrong question, and loss_continuity, committed_state and
-    durability judge instead.
+    after a world-size change each rank trains on other batches: in both, equality with
+    the golden run is the wrong question, and loss_continuity, committed_state and
+    durability judge instead (loss_continuity bit for bit against a fault-free run at
+    the new world size, where the workload is deterministic).
     """
     if record.elastic:
         sizes = [record.attempt_world_size(a["attempt"]) for a in record.attempts]
+        how = ("its losses within the band of" if nondeterministic
+               else "every loss bit for bit against")
         return (f"not judged: the world size changed ({' -> '.join(map(str, sizes))}), so per-rank data order and "
-                "final state cannot equal the golden run's; committed_state, durability and loss_continuity judge")
+                f"final state cannot equal the golden run's; loss_continuity judges {how} a fault-free run at each "
+                "world size from the same checkpoint, committed_state and durability the loads")
     if nondeterministic:
         return ("not judged: the workload is nondeterministic (tolerance mode); loss_continuity judges the curve, "
                 "committed_state the loaded state")
@@ -633,16 +660,20 @@ def tolerance_reason(record: RunRecord, nondeterministic: bool = False) -> str |
 
 
 def judge(golden: GoldenRun, record: RunRecord, names: list[str] | None = None, *,
-          loss_band: float | None = None, nondeterministic: bool = False) -> dict[str, OracleResult]:
+          loss_band: float | None = None, nondeterministic: bool = False,
+          resized: Mapping[int, ResizedReference | str] | None = None) -> dict[str, OracleResult]:
     """Run the oracles; in tolerance mode (see ``tolerance_reason``) bit_exact is left out and the reason is
-    carried in loss_continuity's evidence."""
+    carried in loss_continuity's evidence. ``resized`` (from ``chaos.golden.get_resized_references``, built by
+    the runner when a rank was lost for good) is what loss_continuity compares the resized attempts with;
+    a deterministic resized run is compared bit for bit."""
     reason = tolerance_reason(record, nondeterministic)
     chosen = [n for n in (names or list(ORACLES)) if not (reason and n == "bit_exact")]
     out = {}
     for n in chosen:
         if n == "loss_continuity":
             out[n] = loss_continuity(golden, record, DEFAULT_LOSS_BAND if loss_band is None else loss_band,
-                                     exact_note=reason or "judged (bit_exact applies to this run too)")
+                                     exact_note=reason or "judged (bit_exact applies to this run too)",
+                                     resized=resized, strict=record.elastic and not nondeterministic)
         else:
             out[n] = ORACLES[n](golden, record)
     return out

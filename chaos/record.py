@@ -229,6 +229,13 @@ class RunRecord:
     def loss_by_step(self, rank: int) -> dict[int, str]:
         return {e["step"]: e["loss_hex"] for e in self.losses(rank)}
 
+    def resumed_step(self, attempt: int) -> int | None:
+        """The step ``attempt`` resumed from (0: from scratch), once every one of its ranks logged
+        its resume; None when some rank never got that far (it died in the load)."""
+        ws = self.attempt_world_size(attempt)
+        steps = [e["step"] for r in range(ws) for e in self.events.get(attempt, {}).get(r, []) if e["ev"] == "resume"]
+        return min(steps) if len(steps) == ws else None
+
     def errors(self) -> list[dict[str, Any]]:
         return [e for a in sorted(self.events) for r in sorted(self.events[a]) for e in self.events[a][r] if e["ev"] == "error"]
 

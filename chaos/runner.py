@@ -19,7 +19,7 @@ from chaos import cluster
 from chaos.drivers import open_driver
 from chaos.environment import Environment, idle_faults
 from chaos.errors import ChaosError, ConfigError
-from chaos.golden import GoldenRun, get_golden
+from chaos.golden import GoldenRun, ResizedReference, get_golden, get_resized_references
 from chaos.oracles import OracleResult, judge
 from chaos.protocol import validate_spec
 from chaos.record import RunRecord, read_events
@@ -252,7 +252,9 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None,
 class ScenarioRun:
     """One scenario in two halves: ``ranks()`` runs everything that needs the cores (the
     golden run when it is not cached, the faulted run, the final load, power-loss
-    exploration), ``finish()`` everything after (record, hygiene, oracles, clean-up).
+    exploration, and after a rank was lost for good the fault-free run at the new world
+    size when it is not cached), ``finish()`` everything after (record, hygiene, oracles,
+    clean-up).
 
     ``run_scenario`` calls both. ``chaos.campaign.run_pipelined`` calls ``finish`` of one
     scenario in a thread while the next one's ``ranks`` run: the second half reads logs,
@@ -280,7 +282,7 @@ class ScenarioRun:
         return self.finish()
 
     def ranks(self) -> None:
-        """Set-up, golden, environment, faulted run, final load, exploration: the core-bound half.
+        """Set-up, golden, environment, faulted run, final load, exploration, resized reference: the core-bound half.
 
         Whatever it raises is also kept for ``finish()``, which must be called next.
         """
@@ -340,8 +342,17 @@ class ScenarioRun:
             self._done = True
             return
         result.spans.append(("environment teardown", env_exit, time.time()))
+        resized: dict[int, ResizedReference | str] = {}
+        if any(a.world_size not in (None, scenario.world_size) for a in outcome.attempts):
+            # A rank lost for good: the attempts at the smaller world size are compared with a
+            # fault-free run at that size from the checkpoint they resumed from (ranks: here).
+            note("phase", {"phase": "fault-free run at the new world size"})
+            with spans("resized reference"):
+                resized = get_resized_references(
+                    scenario.workload, scenario.world_size, RunRecord.collect(outcome, str(log_dir), scenario.world_size),
+                    scratch, cache_dir=options.cache_dir, use_cache=options.use_golden_cache)
         self._state = {"golden": golden, "plan": plan, "driver": driver, "outcome": outcome, "verify": verify,
-                       "powerloss": powerloss, "suffix": suffix}
+                       "powerloss": powerloss, "suffix": suffix, "resized": resized}
 
     def finish(self) -> ScenarioResult:
         """Record, hygiene, oracles, verdict, clean-up: reads files, needs no core of its own.
@@ -394,7 +405,7 @@ class ScenarioRun:
             raise ConfigError(msgs[0] if msgs else "a rank rejected its configuration")
         with spans("judge"):
             result.oracles = judge(state["golden"], record, loss_band=scenario.loss_band,
-                                   nondeterministic=scenario.workload.nondeterministic)
+                                   nondeterministic=scenario.workload.nondeterministic, resized=state["resized"])
             if state["powerloss"] is not None:
                 result.oracles["atomic_commit"] = state["powerloss"]
             result.verdict = _verdict(result.oracles)

@@ -5,8 +5,9 @@ on one rank, which must load the two-rank checkpoint (a resharding load). bit_ex
 cannot hold across a world-size change (each rank's data order changes), so the
 verdict rests on committed_state (rank 0 loaded exactly what it saved), durability
 (resumed at the newest acknowledged save), final_durability (a one-rank launch loads
-the last save) and loss_continuity (smoothed mean loss within the golden run's own
-rank-to-rank spread); the evidence says so.
+the last save) and loss_continuity (every loss after the resize equal, bit for bit, to
+that of a fault-free run on one rank resumed from the same checkpoint); the evidence
+says so.
 
 Parametrized over every built-in checkpointer (``--chaos-checkpointer`` narrows it).
 Measured here: reference, dcp, dcp-async and torch-save all resume this DDP workload
@@ -32,6 +33,8 @@ def test_job_resumes_on_fewer_ranks_after_a_rank_is_lost_for_good(chaos, checkpo
     assert "world size changed (2 -> 1)" in continuity.evidence["bit_exact"]
     assert continuity.evidence["elastic"][0]["world_size"] == 1
     restart = result.oracles["durability"].evidence["restarts"][0]
+    assert continuity.evidence["mode"] == "bit-exact"
+    assert continuity.evidence["references"][1]["resumed_from_step"] == restart["resumed"]
     # The save at 8 returned before the kill at 11 but is acknowledged only at the next save's
     # wait(): a synchronous checkpointer resumes from it; an async one may not have committed it yet.
     assert restart["resumed"] == 8 if "async" not in checkpointer else restart["resumed"] in (4, 8)
