@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import json
 import os
 import signal
 import sys
@@ -154,6 +153,10 @@ def make_parser() -> argparse.ArgumentParser:
     replay.add_argument("results", help="results JSON written by chaos run --json")
     replay.add_argument("--scenario", action="append", default=[], metavar="ID",
                         help="only these scenario ids (default: every failing one, else all)")
+    replay.add_argument("--yes", action="store_true",
+                        help="run what a results file not provably written by you on this host says (a CI "
+                             "artifact, an older file) without asking")
+    replay.add_argument("--dry-run", action="store_true", help="print what the replay would run, run nothing")
     _add_run_options(replay)
 
     for name in EXTRA_COMMANDS:
@@ -168,20 +171,48 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _read_results(args: argparse.Namespace) -> dict[str, Any]:
-    path = Path(args.results)
+    """The results document ``chaos replay`` reads, checked against the schema (chaos.resultschema)."""
+    from chaos.resultschema import load_results
+
+    return load_results(args.results)
+
+
+def _confirm(args: argparse.Namespace, doc: dict[str, Any], commands: list[str]) -> bool:
+    """Print what a replay will run; whether to run it.
+
+    Called by ``chaos replay`` once it knows exactly what it would run, before it runs any
+    of it: a results file may come from anyone (a CI artifact), and a replay runs its job's
+    COMMAND or imports its checkpointer file. False with ``--dry-run``. A file this user
+    wrote on this host (``chaos.resultschema.not_ours``) runs at once; any other needs
+    ``--yes`` or a "y" typed at a terminal, else one ConfigError line saying why.
+    """
+    from chaos.resultschema import not_ours
+    from reports.cases import printable
+
+    for command in commands:
+        print(f"chaos replay: {printable(command)}", flush=True)
+    if args.dry_run:
+        return False
+    why = not_ours(doc)
+    if why is None or args.yes:
+        return True
     try:
-        doc = json.loads(path.read_text())
-        doc["scenarios"]
-    except FileNotFoundError:
-        raise ConfigError(f"results file not found: {path}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path} is not a chaos results JSON: {exc}") from None
-    return doc
+        interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    except (AttributeError, ValueError, OSError):
+        interactive = False
+    if interactive:
+        answer = input(f"{printable(args.results)}: {why}. Run the above? [y/N] ")
+        if answer.strip().lower() in ("y", "yes"):
+            return True
+    raise ConfigError(f"{args.results}: not replayed: {why}; read the command(s) above, then pass --yes to run "
+                      "them (--dry-run only prints them)")
 
 
 def _replay_job(args: argparse.Namespace, doc: dict[str, Any]) -> int:
     """``chaos replay`` of a job's results (``chaos run -- COMMAND``): its failing points (or
     ``--scenario`` ids) rerun exactly, in the directory the job ran in, by job mode itself."""
+    import shlex
+
     from chaos.job.cli_job import main as job_main
     from chaos.job.cli_job import replay_argv
 
@@ -195,6 +226,9 @@ def _replay_job(args: argparse.Namespace, doc: dict[str, Any]) -> int:
             extra += [flag, value]
     if args.keep:
         extra.append("--keep")
+    where = f"in {cwd}" if cwd else "here"
+    if not _confirm(args, doc, [f"{where}: {shlex.join(['chaos', 'run', *extra, *argv])}"]):
+        return 0
     return job_main([*extra, *argv], cwd=cwd)
 
 
@@ -211,7 +245,20 @@ def _load_replay(args: argparse.Namespace, doc: dict[str, Any]) -> list[Scenario
     try:
         return [Scenario.from_dict(e["scenario"]) for e in chosen]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: scenario entry is malformed: {exc}") from None
+        raise ConfigError(f"{path}: scenario entry is malformed: {type(exc).__name__}: {exc}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: a recorded scenario: {exc}") from None
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """``chaos replay RESULTS.json``: what it would run, printed; then run it where allowed (``_confirm``)."""
+    doc = _read_results(args)
+    if "job" in doc:
+        return _replay_job(args, doc)
+    scenarios = _load_replay(args, doc)
+    if not _confirm(args, doc, [s.replay_command() for s in scenarios]):
+        return 0
+    return _run(args, scenarios)
 
 
 def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
@@ -339,6 +386,14 @@ def _generated(args: argparse.Namespace, template: Scenario, options: Any, conso
     return campaign
 
 
+def _printable(exc: BaseException) -> str:
+    """An error's message for the terminal: it may quote a results file or a job's output, so its
+    control characters are shown as escapes, not acted on (one line, whatever it quotes)."""
+    from reports.cases import printable
+
+    return printable(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["run"] and "--" in argv:  # a user's own job: chaos run [options] -- COMMAND...
@@ -356,16 +411,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _run(args, build_scenarios(args))
         if args.command == "replay":
-            doc = _read_results(args)
-            if "job" in doc:
-                return _replay_job(args, doc)
-            return _run(args, _load_replay(args, doc))
+            return _replay(args)
         return int(args.handler(args))
     except ConfigError as exc:
-        print(f"chaos: error: {exc}", file=sys.stderr)
+        print(f"chaos: error: {_printable(exc)}", file=sys.stderr)
         return 2
     except ChaosError as exc:
-        print(f"chaos: harness error: {exc}", file=sys.stderr)
+        print(f"chaos: harness error: {_printable(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         from chaos import cluster
@@ -379,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.kill_all()
         kept = getattr(args, "json", None)
         where = f"; results of the finished scenarios are in {kept}" if kept else ""
-        print(f"chaos: harness error: {type(exc).__name__}: {exc}{where}", file=sys.stderr)
+        print(f"chaos: harness error: {type(exc).__name__}: {_printable(exc)}{where}", file=sys.stderr)
         if os.environ.get("CHAOS_DEBUG"):
             traceback.print_exc()
         return 2

@@ -1,4 +1,9 @@
-"""The results JSON every consumer reads (CI, reports, replay): one object per run."""
+"""The results JSON every consumer reads (CI, reports, replay): one object per run.
+
+Its shape is ``chaos.resultschema.SCHEMA``; ``origin`` (``resultschema.origin_record``)
+lets ``chaos replay`` tell a file this user wrote on this host from one that came from
+elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any
 
 from chaos import __version__
 from chaos.jsonfile import write_json_atomic
+from chaos.resultschema import origin_record
 from chaos.runner import ScenarioResult
 
 SCHEMA_VERSION = 1
@@ -28,6 +34,9 @@ def results_document(results: list[ScenarioResult], campaign: dict[str, Any] | N
     }
     if campaign is not None:
         doc["campaign"] = campaign
+    origin = origin_record(doc)
+    if origin is not None:
+        doc["origin"] = origin
     return doc
 
 

@@ -62,9 +62,31 @@ class RunInfo:
     seconds: float | None = None
 
 
+# What a terminal or a Markdown renderer would act on rather than show: C0 and C1 controls and
+# DEL (ESC]0;...BEL retitles a terminal, ESC[2J clears it, CR overprints a line), Unicode's
+# bidirectional overrides (text that reads other than it runs) and lone surrogates (which
+# cannot be encoded, so a print of them fails).
+_OTHER_CONTROLS = "\\x7f-\\x9f\\u061c\\u200e\\u200f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069\\ud800-\\udfff"
+_CONTROL = re.compile(f"[\\x00-\\x08\\x0a-\\x1f{_OTHER_CONTROLS}]")
+_CONTROL_KEEP_NEWLINES = re.compile(f"[\\x00-\\x08\\x0b-\\x1f{_OTHER_CONTROLS}]")
+
+
+def printable(text: Any, newlines: bool = False) -> str:
+    """``text`` with every control character shown as its escape (``\\u001b``, ``\\u202e``, as JUnit's
+    ``reports.junit._x`` writes them) instead of acted on.
+
+    For everything printed or written as Markdown that did not come from the harness
+    itself: ids, summaries, commands and errors read from a results file or a job's
+    output. Tabs stay; newlines stay only with ``newlines`` (multi-line evidence).
+    """
+    pattern = _CONTROL_KEEP_NEWLINES if newlines else _CONTROL
+    return pattern.sub(lambda m: f"\\u{ord(m.group()):04x}", str(text))
+
+
 def one_line(text: Any, limit: int | None = None) -> str:
-    """Whitespace (newlines included) folded to single spaces; cut at ``limit`` characters."""
-    flat = re.sub(r"\s+", " ", str(text or "")).strip()
+    """Whitespace (newlines included) folded to single spaces, control characters escaped (:func:`printable`);
+    cut at ``limit`` characters."""
+    flat = printable(re.sub(r"\s+", " ", str(text or "")).strip())
     if limit is not None and len(flat) > limit:
         flat = flat[: max(0, limit - 1)].rstrip() + "…"
     return flat

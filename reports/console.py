@@ -15,7 +15,9 @@ copy-pasteable) and never prints control characters.
 Every string that came from outside the harness — scenario ids, fault specs, oracle
 evidence, a rank's error text such as gloo's ``[/__w/pytorch/...] Timed out`` — is
 printed as plain text (``Text``, ``escape`` or ``markup=False``), never parsed as rich
-markup: one stray bracket must not take the closing table down.
+markup: one stray bracket must not take the closing table down; and with its control
+characters shown as escapes (``reports.cases.printable``), never sent to the terminal
+raw (an ``ESC]0;...BEL`` retitles it, an ``ESC[2J`` clears it).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from chaos.runner import ScenarioResult
-from reports.cases import one_line
+from reports.cases import one_line, printable
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold yellow", "skipped": "dim"}
 WORD = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "skipped": "SKIP"}
@@ -53,7 +55,7 @@ def _label(result: ScenarioResult) -> str:
 def compact_lines(result: ScenarioResult, position: str = "") -> list[str]:
     """One line for the scenario (verdict, id, seconds, the first failing oracle or the reason), and
     ``  replay: ...`` under a failure or an error."""
-    head = f"{position}{WORD.get(result.verdict, result.verdict.upper())} {_label(result)} {result.seconds:.1f}s"
+    head = f"{position}{WORD.get(result.verdict, result.verdict.upper())} {printable(_label(result))} {result.seconds:.1f}s"
     failing = result.failing()
     if result.verdict == "fail" and failing:
         first = failing[0]
@@ -65,7 +67,7 @@ def compact_lines(result: ScenarioResult, position: str = "") -> list[str]:
         head += f"  {reason[len('skipped: '):] if reason.startswith('skipped: ') else reason}"
     lines = [head]
     if result.verdict in ("fail", "error"):
-        lines.append(f"  replay: {result.replay}")
+        lines.append(f"  replay: {printable(result.replay)}")
     return lines
 
 
@@ -81,14 +83,14 @@ def scenario_line(console: Console, result: ScenarioResult, position: str = "") 
         return
     style = STYLE.get(result.verdict, "")
     golden = "golden cached" if result.golden_cached else "golden run"
-    console.print(f"{escape(position)}[{style}]{result.verdict.upper():7}[/] {escape(result.scenario.id)}  "
+    console.print(f"{escape(position)}[{style}]{result.verdict.upper():7}[/] {escape(printable(result.scenario.id))}  "
                   f"({result.seconds:.1f} s, {golden})")
     for oracle in result.failing():
-        console.print(f"        {oracle.name}: {oracle.summary}", markup=False)
+        console.print(printable(f"        {oracle.name}: {oracle.summary}", newlines=True), markup=False)
     if result.error:
-        console.print(f"        {result.error}", markup=False)
+        console.print(printable(f"        {result.error}", newlines=True), markup=False)
     if result.verdict in ("fail", "error"):
-        console.print(f"        replay: {result.replay}", markup=False, soft_wrap=True)
+        console.print(f"        replay: {printable(result.replay)}", markup=False, soft_wrap=True)
 
 
 def count_line(results: list[ScenarioResult]) -> str:
@@ -103,7 +105,7 @@ def summary_table(console: Console, results: list[ScenarioResult]) -> None:
         _plain(console, f"chaos results: {count_line(results)}")
         for r in results:
             if r.verdict in ("fail", "error"):
-                _plain(console, f"  {WORD[r.verdict]} {r.scenario.id}  replay: {r.replay}")
+                _plain(console, f"  {WORD[r.verdict]} {printable(r.scenario.id)}  replay: {printable(r.replay)}")
         return
     table = Table(title="chaos results", show_lines=False)
     for col in ("scenario", "checkpointer", "faults", "verdict", "evidence", "s"):
@@ -111,9 +113,10 @@ def summary_table(console: Console, results: list[ScenarioResult]) -> None:
     for r in results:
         evidence = "; ".join(f"{o.name}: {o.summary}" for o in r.failing()) or r.error or next(
             (o.summary for o in r.oracles.values()), "")
-        table.add_row(Text(r.scenario.id), Text(r.scenario.checkpointer),
-                      Text(" ".join(f.spec() for f in r.scenario.faults) or "-"),
-                      Text(r.verdict, style=STYLE.get(r.verdict, "")), Text(evidence), f"{r.seconds:.1f}")
+        table.add_row(Text(printable(r.scenario.id)), Text(printable(r.scenario.checkpointer)),
+                      Text(printable(" ".join(f.spec() for f in r.scenario.faults) or "-")),
+                      Text(r.verdict, style=STYLE.get(r.verdict, "")), Text(printable(evidence, newlines=True)),
+                      f"{r.seconds:.1f}")
     console.print(table)
     counts = {v: sum(1 for r in results if r.verdict == v) for v in STYLE}
     console.print("  ".join(f"[{STYLE[v]}]{v}: {n}[/]" for v, n in counts.items() if n) or "no scenarios")

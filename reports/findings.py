@@ -32,6 +32,7 @@ from typing import Any
 
 import chaos
 from chaos.errors import ConfigError
+from reports.cases import printable
 from reports.summary import cell, code
 
 DEFAULT_ANNOTATIONS = Path(chaos.__file__).resolve().parent / "examples" / "frameworks" / "findings.json"
@@ -209,8 +210,8 @@ def point_family(point_id: str, source: str) -> str:
 
     try:
         return parse_point(point_id).family
-    except ConfigError:
-        raise ConfigError(f"{source}: scenario {point_id!r} is not a point id chaos run writes") from None
+    except (ConfigError, ValueError):  # ValueError: a number of more digits than int() takes
+        raise ConfigError(f"{source}: scenario {point_id[:200]!r} is not a point id chaos run writes") from None
 
 
 def read_run(doc: Any, source: str, annotations: Annotations) -> Run:
@@ -374,8 +375,9 @@ def build(runs: list[Run], annotations: Annotations) -> Findings:
 
 
 def _human(text: str) -> str:
-    """An annotation's Markdown as one table cell: one line, ``|`` escaped (its code spans kept)."""
-    return re.sub(r"\s+", " ", text).strip().replace("|", "\\|")
+    """An annotation's Markdown as one table cell: one line, ``|`` escaped (its code spans kept), control
+    characters shown as escapes (``reports.cases.printable``)."""
+    return printable(re.sub(r"\s+", " ", text).strip().replace("|", "\\|"))
 
 
 def render(found: Findings) -> str:
@@ -388,7 +390,7 @@ def render(found: Findings) -> str:
         example = f"{code(r.example.id)}: {cell(evidence(r.example))}"
         meaning = _human(r.note.meaning) if r.note else NO_ANNOTATION
         issue = _human(r.note.issue) if r.note else NO_ANNOTATION
-        verdict = r.verdict()
+        verdict = cell(r.verdict(), None)  # a skipped row names the points' recorded outcome
         if r.key in FAILURES:
             verdict = f"**{verdict}**"
         lines.append(f"| {cell(r.framework)} | {cell(r.versions)} | {r.ranks} | {cell(FAMILY_WORDS[r.family])} | "
@@ -404,7 +406,7 @@ def render(found: Findings) -> str:
         lines.append("- (no failing point)")
     lines += ["", "Runs behind the table:", ""]
     for run in found.runs:
-        families = ", ".join(f"{n} {k}" for k, n in run.families_found.items()) or "?"
+        families = cell(", ".join(f"{n} {k}" for k, n in run.families_found.items()), None) or "?"
         tried = Counter(p.key for p in run.points)
         outcomes = ", ".join(f"{n} {k}" for k, n in sorted(tried.items(), key=lambda kv: -kv[1]))
         took = f", {run.seconds:.0f} s" if run.seconds is not None else ""
@@ -413,7 +415,7 @@ def render(found: Findings) -> str:
         lines.append(f"- {cell(Path(run.source).name)}: {cell(run.framework)}{unknown}, {run.ranks} rank(s), "
                      f"{code(run.command)}; {run.found if run.found is not None else '?'} points found "
                      f"({families}), {run.tried} tried: {outcomes or 'none'}{took}; "
-                     f"torch {run.torch or 'not recorded'}{notes}")
+                     f"torch {cell(run.torch or 'not recorded')}{notes}")
     if found.conflicts:
         lines += ["", "Points whose outcome differed between runs (counted once, as first seen):", ""]
         lines += [f"- {cell(c)}" for c in found.conflicts]
@@ -441,5 +443,5 @@ def _peer_section(found: Findings) -> list[str]:
         else:
             out.append(f"- {cell(framework)}: no point tried in such a family")
     for fam, why in ann.peer_notes.items():
-        out.append(f"- {cell(ann.peer)}, {FAMILY_WORDS.get(fam, fam)}: {_human(why)}")
+        out.append(f"- {cell(ann.peer)}, {cell(FAMILY_WORDS.get(fam, fam), None)}: {_human(why)}")
     return out

@@ -34,9 +34,7 @@ import gzip
 import html
 import json
 import math
-import os
 import statistics
-import tempfile
 from collections import Counter, defaultdict
 from functools import lru_cache
 from pathlib import Path
@@ -46,7 +44,7 @@ import jinja2
 from markupsafe import Markup
 
 from chaos.errors import ConfigError
-from chaos.jsonfile import read_json
+from chaos.jsonfile import atomic_file, read_json
 
 TEMPLATES = Path(__file__).parent / "templates"
 VERDICT_ORDER = {"fail": 0, "error": 1, "pass": 2, "skipped": 3}
@@ -273,8 +271,9 @@ def _step_at(sc: dict[str, Any], rank: int | None, t: float) -> int | None:
         if rank is not None and r != rank:
             continue
         for e in entries:
-            if (e.get("t") or 0) <= t and (best is None or e["t"] >= best[0]):
-                best = (e["t"], e["step"])
+            when = e.get("t") if isinstance(e.get("t"), int | float) else 0  # an entry without a time: at 0
+            if when <= t and (best is None or when >= best[0]):
+                best = (when, e["step"])
     return best[1] if best else None
 
 
@@ -933,7 +932,8 @@ def render_html(results_doc: dict[str, Any], extras: dict[str, Any] | None = Non
     figures_gz = ""
     if plotly_js == "gzip":  # chart data compresses ~10x: 100 scenarios' charts shrink from ~1.7 MB
         raw = json.dumps(ctx["figures"], separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-        figures_gz = base64.b64encode(gzip.compress(raw.encode("utf-8"), 9, mtime=0)).decode("ascii")
+        raw_bytes = raw.encode("utf-8", "backslashreplace")  # a lone surrogate: its \\udcxx escape, valid JSON
+        figures_gz = base64.b64encode(gzip.compress(raw_bytes, 9, mtime=0)).decode("ascii")
     return _environment().get_template("report.html.j2").render(
         **ctx, plotly_mode=plotly_js, plotly_js=Markup(plotly_bundle(plotly_js)), figures_gz=figures_gz)
 
@@ -945,15 +945,10 @@ def render_report(results_doc: dict[str, Any], out: str | Path, extras: dict[str
     """
     target = Path(out)
     page = render_html(results_doc, extras)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # its mode as the umask says, not mkstemp's 0600; a lone surrogate (a non-UTF-8 file name a rank
+    # traced) is written as its escape rather than failing the write
+    with atomic_file(target, errors="backslashreplace") as f:
+        f.write(page)
     return target
 
 

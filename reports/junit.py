@@ -21,14 +21,13 @@ call :func:`write_junit` after the results JSON is on disk.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import re
 import socket
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from chaos.jsonfile import atomic_file
 from reports.cases import Case, cases, counts, describe
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -81,13 +80,6 @@ def write_junit(doc: dict[str, Any], path: str | Path) -> Path:
     """Write ``doc`` as JUnit XML to ``path`` atomically (a reader never sees half a file)."""
     target = Path(path)
     tree = junit_tree(doc)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            tree.write(f, encoding="utf-8", xml_declaration=True)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(target, "wb") as f:  # its mode as the umask says, not mkstemp's 0600
+        tree.write(f, encoding="utf-8", xml_declaration=True)
     return target

@@ -43,7 +43,8 @@ def _listing(path: Path) -> set[str]:
 
 def _places() -> dict[str, Path]:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "chaos"
-    return {"temp directory": Path(tempfile.gettempdir()), "user cache": cache}
+    state = Path.home() / ".local" / "state" / "chaos"  # the real one: the session points XDG_STATE_HOME away
+    return {"temp directory": Path(tempfile.gettempdir()), "user cache": cache, "user state": state}
 
 
 def snapshot() -> dict:
@@ -66,6 +67,9 @@ def escaped(before: dict, after: dict) -> list[str]:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.stash[_KEY] = snapshot()
+    # Per-user state the harness keeps (chaos.resultschema's origin key) goes to the session's
+    # own folder: a test run writes nothing in the real home. suites/conftest.py does the same.
+    os.environ["XDG_STATE_HOME"] = str(session.config._tmp_path_factory.mktemp("xdg-state"))
 
 
 @pytest.hookimpl(trylast=True)

@@ -201,10 +201,10 @@ def _bad(tmp_path: Path, name: str, content: object) -> Path:
     ([1, 2], "is not a chaos results JSON: expected an object with a 'scenarios' list"),
     ({"scenarios": []}, "is not the results of a job run"),
     ("no-id", "scenarios[0] has no 'id'"),
-    ("bad-verdict", "has verdict 'maybe'"),
+    ("bad-verdict", "$.scenarios[0].verdict is 'maybe', not one of pass, fail, error, skipped"),
     ("bad-outcome", "failed with outcome 'exploded'"),
     ("bad-point", "scenario 'op9' is not a point id chaos run writes"),
-    ("bad-ranks", "job.spec.world_size must be a positive integer"),
+    ("bad-ranks", "$.job.spec.world_size must be an integer, not a string"),
 ])
 def test_bad_results_are_one_line_naming_the_file_and_exit_2(tmp_path, capsys, content, says):
     doc = _doc()

@@ -44,6 +44,31 @@ def test_bad_urls_are_one_typed_line(url, words):
     assert url in msg or not url
 
 
+@pytest.mark.parametrize("url", ["ftp://x/ckpt", "http://x/ckpt", "zip://x/ckpt", "github://x/ckpt"])
+def test_a_scheme_that_is_no_checkpoint_store_is_refused_before_any_host_is_looked_up(url, monkeypatch):
+    """``--backend ftp://x`` once looked host x up (and ended in a harness error)."""
+    import socket
+
+    from chaos.certify.target import resolve
+
+    def no_lookup(*args, **kw):
+        raise AssertionError(f"looked up {args[:2]} before refusing")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_lookup)
+    monkeypatch.setattr(socket, "gethostbyname", no_lookup)
+    for attempt in (open_storage, resolve):
+        with pytest.raises(StorageConfigError, match="not a checkpoint store") as exc:
+            attempt(url)
+        assert url in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_certify_refuses_an_ftp_backend_in_one_line_with_exit_2():
+    out = subprocess.run([sys.executable, "-m", "chaos.cli", "certify", "--backend", "ftp://x"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "not a checkpoint store: 'ftp'" in out.stderr and "harness error" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
 def test_storage_option_is_validated_at_construction():
     assert parse_options(storage="s3://bucket/p?endpoint_url=http://127.0.0.1:1").storage.startswith("s3://")
     with pytest.raises(CheckpointConfigError, match="bucket name"):

@@ -111,9 +111,5 @@ def resolve(spec: str, wrapper: str | None = None, scratch: str | None = None) -
         return Target(spec, "s3", f"s3://{u.location}/{u.prefix}".rstrip("/"), params, wrapper)
     from chaos.storage.fsspec_store import fsspec_class
 
-    try:
-        fsspec_class(u)
-    except StorageConfigError as exc:
-        raise StorageConfigError(f"{exc}; certify supports file://, plain paths, s3://, s3-local "
-                                 "and URLs of filesystems fsspec knows") from None
+    fsspec_class(u)  # an unsupported scheme is refused here, before anything is reached
     return Target(spec, "fsspec", u.location, dict(u.params), wrapper)

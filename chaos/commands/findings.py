@@ -13,8 +13,9 @@ replay command of every failing example, and the runs behind it all. This is how
 README's "Findings against the frameworks people train with" table is made: by runs,
 not by hand. The rows are built and rendered by ``reports.findings``.
 
-Bad input (a missing or unreadable file, not JSON, not a job's results, a malformed
-annotations file) is one line naming the file and exit status 2. Standard library only:
+Bad input (a missing or unreadable file, not JSON, a document the results schema
+``chaos.resultschema.SCHEMA`` refuses, not a job's results, a malformed annotations file)
+is one line naming the file and exit status 2. Standard library only:
 no torch import.
 """
 
@@ -24,7 +25,7 @@ import argparse
 import sys
 
 from chaos.errors import ConfigError
-from chaos.jsonfile import read_json
+from chaos.resultschema import load_results
 
 NAME = "findings"
 HELP = "render the findings table (Markdown) of job explorations' results JSON files"
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from reports import findings
 
     annotations = findings.load_annotations(args.annotations)
-    runs = [findings.read_run(read_json(path, "results"), path, annotations) for path in args.results]
+    runs = [findings.read_run(load_results(path), path, annotations) for path in args.results]
     text = findings.render(findings.build(runs, annotations))
     if args.out:
         try:

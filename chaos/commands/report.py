@@ -6,7 +6,8 @@
 
 The optional inputs are the JSON files other commands write (``chaos bench --json``,
 ``chaos interval --json``, a certification run's ``{"properties": [...]}``); each adds
-its section. A missing or invalid input is one clear line and exit status 2.
+its section. A missing or invalid input is one clear line and exit status 2: the results
+are checked against ``chaos.resultschema.SCHEMA`` before anything is rendered.
 """
 
 from __future__ import annotations
@@ -84,11 +85,10 @@ def build_extras(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.html import load_json, render_report
+    from chaos.resultschema import load_results
+    from reports.html import render_report
 
-    doc = load_json(args.results, "results")
-    if not isinstance(doc, dict) or not isinstance(doc.get("scenarios"), list):
-        raise ConfigError(f"{args.results} is not a chaos results JSON: expected an object with a 'scenarios' list")
+    doc = load_results(args.results)
     out = Path(args.output) if args.output else Path(args.results).with_suffix(".html")
     path = render_report(doc, out, build_extras(args))
     print(f"report written to {path} ({path.stat().st_size / 1e6:.1f} MB, {len(doc['scenarios'])} scenarios)")

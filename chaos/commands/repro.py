@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ConfigError
-from chaos.jsonfile import read_json
+from chaos.jsonfile import current_umask
+from chaos.resultschema import load_results
 
 NAME = "repro"
 HELP = "write a standalone reproduction script and an upstream issue draft for a job's failing point"
 RESERVED = ("repro.py", "issue.md")
+SUMMARY_CHARS = 1000  # of the point's summary printed (issue.md has it all)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,12 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_results(path: str) -> Any:
-    """The results document; ConfigError naming ``path`` when it is missing, unreadable or not JSON."""
-    return read_json(path, "results")
+    """The results document; ConfigError naming ``path`` when it is missing, unreadable, not JSON or not
+    a results document (``chaos.resultschema``)."""
+    return load_results(path)
 
 
 def run(args: argparse.Namespace) -> int:
     from chaos.job import repro
+    from reports.cases import one_line
 
     finding = repro.find(read_results(args.results), args.results, args.point)
     results = Path(args.results).resolve()
@@ -67,17 +71,25 @@ def run(args: argparse.Namespace) -> int:
         copied = script.path.name if script.path.name not in RESERVED else f"job_{script.path.name}"
         if script.path != (out / copied).resolve():
             shutil.copy2(script.path, out / copied)
-    (out / "repro.py").write_text(repro.repro_script(finding, sys.executable, script, copied))
-    (out / "repro.py").chmod(0o755)
+    (out / "repro.py").write_text(repro.repro_script(finding, sys.executable, script, copied), encoding="utf-8")
+    (out / "repro.py").chmod(0o777 & ~current_umask())
     scrubber = repro.Scrubber.for_finding(finding, ((str(out.resolve()), "<repro>"), (str(results.parent), "<results>")))
     found = repro.versions(finding, script)
-    (out / "issue.md").write_text(repro.issue_markdown(finding, found, scrubber, script, copied))
-    print(f"{finding.outcome.upper()} {finding.point}: {finding.summary}")
-    print(f"  reproduction script: {out / 'repro.py'} (python {out / 'repro.py'}: exit 0 when it reproduces)")
-    print(f"  issue draft: {out / 'issue.md'} (local paths replaced by placeholders)")
+    (out / "issue.md").write_text(repro.issue_markdown(finding, found, scrubber, script, copied), encoding="utf-8")
+    _say(f"{finding.outcome.upper()} {finding.point}: {one_line(finding.summary, SUMMARY_CHARS)}")
+    _say(f"  reproduction script: {out / 'repro.py'} (python {out / 'repro.py'}: exit 0 when it reproduces)")
+    _say(f"  issue draft: {out / 'issue.md'} (local paths replaced by placeholders)")
     if copied:
-        print(f"  job script copied: {out / copied} (repro.py runs it with --here, or when {finding.spec.cwd} is gone)")
+        _say(f"  job script copied: {out / copied} (repro.py runs it with --here, or when {finding.spec.cwd} is gone)")
     else:
-        print(f"  job script not copied (COMMAND runs no single local .py file): repro.py needs the job's files "
-              f"in {finding.spec.cwd}")
+        _say(f"  job script not copied (COMMAND runs no single local .py file): repro.py needs the job's files "
+             f"in {finding.spec.cwd}")
     return 0
+
+
+def _say(line: str) -> None:
+    """One line on stdout: its point id, summary and paths come from the results file, so control
+    characters are shown as escapes, never acted on by the terminal."""
+    from reports.cases import printable
+
+    print(printable(line))

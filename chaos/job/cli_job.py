@@ -131,7 +131,12 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
 
 
 def _say(text: str) -> None:
-    print(text, flush=True)
+    """A line on stdout. Every caller's text may hold the job's own output (a summary quotes its
+    traceback) or names it chose (its files, a replayed results file's ids), so control
+    characters are shown as escapes, never acted on by the terminal (``reports.cases.printable``)."""
+    from reports.cases import printable
+
+    print(printable(text), flush=True)
 
 
 def replay_argv(doc: dict[str, Any], ids: list[str], source: str) -> tuple[list[str], str | None]:
@@ -166,8 +171,8 @@ def replay_argv(doc: dict[str, Any], ids: list[str], source: str) -> tuple[list[
     if seed:  # the run's seed decides a corruption's bytes and a power-loss state
         argv += ["--seed", str(seed)]
     by_id = {e.get("id"): e for e in entries if isinstance(e, dict)}
-    for point in chosen:
-        argv += ["--point", replay_point(by_id[point])]
+    for point in chosen:  # --point=ID: an id that looks like an option stays the value it is
+        argv.append(f"--point={replay_point(by_id[point])}")
     return [*argv, "--", *command], spec.get("cwd")
 
 
@@ -186,10 +191,10 @@ def main(argv: list[str], cwd: str | None = None) -> int:
             job = dataclasses.replace(job, cwd=cwd)
         return _run(args, job)
     except ConfigError as exc:
-        print(f"chaos: error: {exc}", file=sys.stderr)
+        print(f"chaos: error: {_printable(exc)}", file=sys.stderr)
         return 2
-    except ChaosError as exc:
-        print(f"chaos: harness error: {exc}", file=sys.stderr)
+    except ChaosError as exc:  # a JobError quotes the job's output
+        print(f"chaos: harness error: {_printable(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         launch.kill_all()
@@ -197,12 +202,18 @@ def main(argv: list[str], cwd: str | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug of the harness: exit 2, never a bare traceback
         launch.kill_all()
-        print(f"chaos: harness error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"chaos: harness error: {type(exc).__name__}: {_printable(exc)}", file=sys.stderr)
         if os.environ.get("CHAOS_DEBUG"):
             import traceback
 
             traceback.print_exc()
         return 2
+
+
+def _printable(exc: BaseException) -> str:
+    from reports.cases import printable
+
+    return printable(exc)
 
 
 def _run(args: argparse.Namespace, job: JobSpec) -> int:

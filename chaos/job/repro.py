@@ -34,6 +34,7 @@ from typing import Any
 
 from chaos.errors import ConfigError
 from chaos.job.spec import JobSpec, replay_point
+from reports.cases import printable
 
 # The frameworks of chaos/examples/frameworks/ (distribution names): listed when the job's
 # imports cannot be read (no local script, ``python -m``), where they are installed.
@@ -469,7 +470,8 @@ def issue_markdown(finding: Finding, found: list[tuple[str, str]], scrubber: Scr
     lines += [_fence(f"# with the chaos harness (chaos-ckpt) installed\ncd <cwd>\n{finding.rerun_command()}", "sh"), "",
               "## Versions", ""]
     lines += [f"- {n}: {v}" for n, v in found]
-    tail = (oracles.get("liveness", {}).get("evidence") or {}).get("output_tail")
+    liveness = oracles.get("liveness", {}).get("evidence")
+    tail = liveness.get("output_tail") if isinstance(liveness, dict) else None
     lines += ["", "## Output (trimmed)", ""]
     if isinstance(tail, str) and tail.strip():
         lines += [f"The last lines of the failed attempt's output (at most {OUTPUT_LINES}):", "",
@@ -482,15 +484,19 @@ def issue_markdown(finding: Finding, found: list[tuple[str, str]], scrubber: Scr
             lines += ["", f"`{n}`:", "", _fence(_tail(json.dumps(evidence, indent=1, default=str),
                                                       EVIDENCE_LINES), "json")]
     lines += ["", "---", "Found with the chaos harness for training checkpoints (`chaos run -- COMMAND`, job mode)."]
-    return scrubber.scrub("\n".join(lines).rstrip() + "\n")
+    # The job's output and the results' texts may hold terminal controls: shown as escapes, not kept.
+    return printable(scrubber.scrub("\n".join(lines).rstrip() + "\n"), newlines=True)
 
 
+# The script's text is fixed: every value from the results file (point, outcome, summary,
+# COMMAND, cwd, file names) enters it as a Python literal made by repr(), never inside the
+# docstring or a comment, so no value can end a string and become code.
 REPRO_TEMPLATE = '''#!/usr/bin/env python3
-"""Reproduce one chaos finding: point {point} of {name}, recorded outcome {outcome}.
+"""Reproduce one chaos finding: the point POINT of the job JOB_NAME, recorded outcome EXPECTED.
 
-Written by `chaos repro` from {source}. It reruns exactly that point through the chaos
-harness (`chaos run OPTIONS --seed SEED --point POINT -- COMMAND`, in the directory the
-job ran in) and compares the outcome with the recorded one.
+Written by `chaos repro` from the results file SOURCE. It reruns exactly that point through
+the chaos harness (`chaos run OPTIONS --seed SEED --point POINT -- COMMAND`, in the
+directory CWD the job ran in) and compares the outcome with the recorded one.
 
     python repro.py [--here] [--scratch DIR] [--keep] [--json PATH]
 
@@ -513,6 +519,8 @@ import sys
 import tempfile
 
 POINT = {point!r}
+JOB_NAME = {name!r}
+SOURCE = {source!r}
 POINT_ARG = {point_arg!r}  # what --point takes: POINT and, where it has one, its anchor (fires at that event)
 SEED = {seed!r}
 EXPECTED = {outcome!r}
@@ -613,16 +621,12 @@ if __name__ == "__main__":
 '''
 
 
-def _docstring_safe(text: str) -> str:
-    return text.replace("\\", "/").replace('"', "'")
-
-
 def repro_script(finding: Finding, harness_python: str, script: JobScript | None = None,
                  copied: str | None = None) -> str:
     """The standalone reproduction script (its recorded command and cwd embedded; see REPRO_TEMPLATE)."""
     name = script.path.name if script is not None else job_name(finding, script)
-    return REPRO_TEMPLATE.format(point=finding.point, point_arg=finding.point_arg, name=_docstring_safe(name), outcome=finding.outcome,
-                                 source=_docstring_safe(Path(finding.source).name), seed=finding.seed,
+    return REPRO_TEMPLATE.format(point=finding.point, point_arg=finding.point_arg, name=name, outcome=finding.outcome,
+                                 source=Path(finding.source).name, seed=finding.seed,
                                  summary=finding.summary, options=[*finding.spec.replay_args()],
                                  command=list(finding.spec.command), cwd=finding.spec.cwd,
                                  script=(script.index, copied) if script is not None and copied else None,

@@ -5,7 +5,8 @@ verdict, ``environment``, ``scenarios``: one entry per point with ``id``, ``seed
 ``faults``, ``verdict``, ``oracles`` (name -> result / summary / evidence) and
 ``replay``; ``environment`` also names the versions of the packages the job's script
 imports, :func:`job_packages`), plus ``job``: the spec, the fault-free runs' facts,
-points found / tried and coverage. Built here rather than by ``chaos.results``
+points found / tried and coverage, and ``origin`` (``chaos.resultschema``: who wrote it
+where, for ``chaos replay``). Its shape is ``chaos.resultschema.SCHEMA``. Built here rather than by ``chaos.results``
 because that module imports the built-in workload's runner, and with it torch (~2 s),
 which a job run never needs.
 """
@@ -23,6 +24,7 @@ from chaos import __version__
 from chaos.job.explore import Exploration, PointResult
 from chaos.job.spec import JobSpec
 from chaos.jsonfile import write_json_atomic
+from chaos.resultschema import origin_record
 
 SCHEMA_VERSION = 1  # chaos.results.SCHEMA_VERSION (tests/test_job_cli.py keeps them equal)
 VERDICTS = ("pass", "fail", "error", "skipped")
@@ -60,7 +62,7 @@ def results_document(job: JobSpec, exploration: Exploration | None, results: lis
     job_doc: dict[str, Any] = {"spec": job.to_dict(), "outcomes": dict(sorted(outcomes.items()))}
     if exploration is not None:
         job_doc.update(exploration.to_dict())
-    return {
+    doc = {
         "schema_version": SCHEMA_VERSION,
         "summary": {v: counts.get(v, 0) for v in VERDICTS} | {"total": len(results)},
         "environment": {"chaos": __version__, "torch": _version("torch"), "python": platform.python_version(),
@@ -68,6 +70,10 @@ def results_document(job: JobSpec, exploration: Exploration | None, results: lis
         "job": job_doc,
         "scenarios": [r.to_dict() for r in results],
     }
+    origin = origin_record(doc)  # what lets chaos replay run it without --yes (chaos.resultschema)
+    if origin is not None:
+        doc["origin"] = origin
+    return doc
 
 
 def write_results(path: str | Path, doc: dict[str, Any]) -> None:

@@ -90,12 +90,27 @@ class FsspecShardWriter:
         self.close()
 
 
+# The fsspec protocols a checkpoint store may live on: local and in-memory trees, and the
+# object stores and distributed file systems training checkpoints are kept in. Any other
+# protocol fsspec ships (ftp, http, zip, github, the caching wrappers ...) is refused before
+# anything is imported or reached (``ftp://x`` used to look up host x first): read-only
+# sources, archives and wrappers cannot hold a checkpoint store. A protocol registered in
+# this process (``fsspec.register_implementation``, a user's own file system) is theirs to use.
+STORE_PROTOCOLS = ("memory", "local", "gs", "gcs", "az", "abfs", "abfss", "hdfs", "webhdfs")
+
+
 def fsspec_class(u: StorageURL) -> Any:
     """The fsspec filesystem class for ``u``'s protocol (registered in-process too), or a one-line error."""
     try:
         import fsspec
+        from fsspec.registry import known_implementations, registry
     except ImportError:  # pragma: no cover - fsspec is a dependency
         raise StorageConfigError(f"storage URL {u.raw!r}: needs the 'fsspec' package") from None
+    if u.scheme not in STORE_PROTOCOLS and (u.scheme in known_implementations or u.scheme not in registry):
+        kind = "fsspec knows no protocol" if u.scheme not in known_implementations else "not a checkpoint store:"
+        raise StorageConfigError(f"storage URL {u.raw!r}: {kind} {u.scheme!r} (stores: file://, s3://, "
+                                 f"{', '.join(p + '://' for p in STORE_PROTOCOLS)}, or a protocol registered "
+                                 "in-process with fsspec.register_implementation)")
     try:
         return fsspec.get_filesystem_class(u.scheme)
     except ValueError:
@@ -130,6 +145,8 @@ class FsspecStorage(CommitObjectStore):
             self.fs, path = fsspec.core.url_to_fs(u.location, **FRESH, **u.params)
         except (ImportError, ValueError, TypeError) as exc:
             raise StorageConfigError(f"storage URL {u.raw!r}: {type(exc).__name__}: {exc}") from None
+        except OSError as exc:  # a host that does not resolve, a refused connection
+            raise StorageConfigError(f"storage URL {u.raw!r}: cannot reach it: {exc}") from None
         if issubclass(cls, LocalFileSystem) and not u.location.split("://", 1)[1].startswith("/"):
             # fsspec would resolve it against the cwd (parse_url refuses local:// forms already).
             raise StorageConfigError(f"storage URL {u.raw!r}: a local filesystem URL needs an absolute path, "
