@@ -23,9 +23,14 @@ cannot be made, which makes the point *skipped*, never passed.
   the model cannot represent (``FaultError``) is a skip with the model's reason; so is
   a moment when nothing was pending (the state is what a kill leaves: the ``after``
   point of the same event covers it). The job's TMPDIR is emptied too, as a reboot
-  empties /tmp.
+  empties /tmp. A file under {out} whose bytes at the cut no traced event explains
+  (a native writer the tracer does not see) is no part of the model: it is left as it
+  was at the cut (a state a power loss can leave whether or not its writer synced it),
+  never dropped in silence, and the record (``untraced``) and the line name it.
 - :func:`pending_after` — for the enumeration: after which events of the fault-free
   run a power loss would lose anything at all.
+- :func:`untraced_changes` — for every point's record (``explore``): the files an
+  attempt changed under {out} that no traced event explains, by name and size.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import xxhash
 
 from chaos.job.spec import Point
 from faults import FaultError
@@ -61,6 +68,9 @@ class Applied:
     outcome: str = "no_effect"                  # the skipped point's outcome: no_effect | unsupported
     excluded: list[str] = field(default_factory=list)  # files (under {out}) no longer to be relied on
     cut_ts: float | None = None                 # power loss: acknowledgements after this never happened
+    # a fault that may have done nothing (a full disk no traced event hit, the job unharmed): judged
+    # as any point, and *skipped* with this reason (no_effect) only if every oracle passes
+    idle: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"what": self.what, **self.record}
@@ -173,14 +183,23 @@ def _all_lost(model: CrashModel, seed: int) -> Any:
 
 
 def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base: Snapshot, seed: int) -> Applied:
-    """Replace {out} by the all-pending-lost crash state at rank R's halt; skip if the model cannot."""
+    """Replace {out} by the all-pending-lost crash state at rank R's halt; skip if the model cannot.
+
+    A file under {out} that changed in a way no traced event explains (written by a native
+    writer the tracer does not see, moved into place from such a file: ``_untraced_at_cut``)
+    is no part of the model, whose state would silently drop it. It is left as it was at the
+    cut — a state a power loss can leave whether or not its writer synced it — and named in
+    the record (``untraced``) and in the line; where the crash state lost its directory, or
+    the traced entry that named it, it is gone with them, and the record says so."""
     cut = halt.get("ts")
     s = point_seed(seed, point)
     record: dict[str, Any] = {"seed": s, "cut": {"rank": point.rank, "event": point.op, "op": halt.get("op"),
                                                 "ts": cut}, "choice": "all-pending-lost",
                               "base_files": sorted(base.files)}
     try:
-        model = CrashModel(out, base, merged_records(scratch, 0, cut), seed=s)
+        every = merged_records(scratch, 0)
+        upto = [r for r in every if cut is None or r.get("ts", 0.0) <= cut]
+        model = CrashModel(out, base, upto, seed=s)
         last = model.n_prefixes - 1
         record["combinations_at_cut"] = model.count(last)
         record["ops_replayed"] = len(model.ops)
@@ -193,9 +212,21 @@ def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base:
         state = _all_lost(model, s) if point.state is None else _mixed(model, s, point.state)
         if isinstance(state, str):
             return Applied("power loss", record, skipped=state, outcome="no_effect", cut_ts=cut)
+        untraced, expected = _untraced_at_cut(out, base, every, upto, model, s)
+        if isinstance(untraced, str):
+            record["untraced_not_checked"] = untraced
+            untraced = []
         before = {os.path.relpath(p, out) for p in _files(out)}
+        aside = os.path.join(scratch, "untraced-at-cut")
+        for u in untraced:
+            if u["size_after"] is not None:
+                os.makedirs(os.path.dirname(os.path.join(aside, u["file"])), exist_ok=True)
+                shutil.copy2(os.path.join(out, u["file"]), os.path.join(aside, u["file"]))
         clear(out)
         model.materialize(state, out)
+        for u in untraced:
+            u["kept"] = _restore(out, aside, u, expected)
+        shutil.rmtree(aside, ignore_errors=True)
     except FaultError as exc:
         return Applied("power loss", record, skipped=f"the crash-state model cannot represent this trace: {exc}",
                        outcome="unsupported", cut_ts=cut)
@@ -205,7 +236,174 @@ def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base:
     after = {os.path.relpath(p, out) for p in _files(out)}
     record.update(state=state.id, lost=state.lost, files_before=sorted(before), files_after=sorted(after))
     lost = "; ".join(_lost_line(x) for x in state.lost[:4]) + (" ..." if len(state.lost) > 4 else "")
-    return Applied(f"power loss right after rank {point.rank}'s event {point.op}: {lost}", record, cut_ts=cut)
+    what = f"power loss right after rank {point.rank}'s event {point.op}: {lost}"
+    if untraced:
+        record["untraced"] = untraced
+        what += "; " + "; ".join(f"{_untraced_one(u)}: {u['kept']}" for u in untraced[:3]) + (
+            " ..." if len(untraced) > 3 else "")
+    return Applied(what, record, cut_ts=cut)
+
+
+def _digest_file(path: str) -> bytes:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.digest()
+
+
+def _untraced_at_cut(out: str, base: Snapshot, every: list[dict[str, Any]], upto: list[dict[str, Any]],
+                     model: CrashModel, seed: int) -> tuple[list[dict[str, Any]] | str, set[str]]:
+    """The files under {out} at the cut whose bytes differ from what every traced event of the attempt
+    (all ranks, the cut's later events too: they happened before every copy stopped) leaves there, and
+    the files those events leave. A string instead: why it could not be checked."""
+    try:
+        full = model if len(upto) == len(every) else CrashModel(out, base, every, seed=seed)
+    except FaultError as exc:
+        return f"the whole attempt's trace cannot be modelled: {exc}", set()
+    last = full.n_prefixes - 1
+    kept = full.state(last, *full.extreme_choices(last)[1])  # every traced change made: what the trace explains
+    expected = full.file_digests(kept)
+    actual = {os.path.relpath(p, out): p for p in _files(out) if os.path.isfile(p) and not os.path.islink(p)}
+    odd = sorted(rel for rel in set(actual) | set(expected)
+                 if rel not in actual or rel not in expected or _digest_file(actual[rel]) != expected[rel])
+    if not odd:
+        return [], set(expected)
+    _dirs, files = full.contents(kept)
+    found = []
+    for rel in odd:
+        now = os.path.getsize(actual[rel]) if rel in actual else None
+        traced = len(files[rel]) if rel in files else None
+        how = ("written by no traced event" if traced is None else "removed by no traced event" if now is None
+               else "changed by no traced event")
+        found.append({"file": rel, "size_before": traced, "size_after": now, "how": how})
+    return found, set(expected)
+
+
+def _restore(out: str, aside: str, u: dict[str, Any], traced: set[str]) -> str:
+    """Put an untraced file back as it was at the cut, where the crash state lets it be; what was done."""
+    path = os.path.join(out, u["file"])
+    if u["size_after"] is None:
+        if os.path.lexists(path):
+            os.unlink(path)
+        return "absent, as it was at the cut"
+    if not os.path.isdir(os.path.dirname(path)):
+        return "lost with its directory, which the crash state lost"
+    if u["file"] in traced and not os.path.lexists(path):
+        return "lost with the traced directory entry that named it, which the crash state lost"
+    shutil.copy2(os.path.join(aside, u["file"]), path)
+    return "kept as it was at the cut (its durability unknown)"
+
+
+def _size(n: Any) -> str:
+    return "absent" if n is None else f"{n} bytes"
+
+
+def _untraced_one(u: dict[str, Any]) -> str:
+    return f"{u['file']} ({_size(u.get('size_before'))} -> {_size(u.get('size_after'))}, {u.get('how')})"
+
+
+def untraced_line(untraced: list[dict[str, Any]]) -> str:
+    """One phrase naming the files no traced event explains (``untraced_changes``), for a verdict line."""
+    shown = ", ".join(_untraced_one(u) for u in untraced[:3]) + (" ..." if len(untraced) > 3 else "")
+    return f"{len(untraced)} file(s) under {{out}} changed that no traced event explains: {shown}"
+
+
+def opens_for_writing(r: dict[str, Any]) -> bool:
+    """A traced ``open`` record that can change its file (``mode`` with w/a/x/+, or O_WRONLY/O_RDWR).
+    Here for ``untraced_changes`` and the judge's ``_track``."""
+    mode = r.get("mode")
+    if isinstance(mode, str):
+        return bool(set(mode) & set("wax+"))
+    return bool({"wronly", "rdwr"} & set(r.get("flags") or ()))
+
+
+def untraced_changes(out: str, records: list[dict[str, Any]], before: dict[str, int]) -> list[dict[str, Any]]:
+    """Files under {out} whose size after an attempt no traced event explains, and how each differs.
+
+    Called by ``explore`` on the fault-free run and right after attempt 0 of every point,
+    before the harness edits {out}: the record then names a file a native writer the
+    tracer does not see changed (HDF5 through h5py, numpy's ``tofile``, a child process),
+    with its size before and after, instead of blaming a traced file in its place.
+    ``records``: every traced process's records of the attempt (any rank, any order);
+    ``before``: {out}'s files before it (relative path -> size). The traced sizes are
+    replayed (opens that create or truncate, writes, truncates, renames, unlinks) and
+    compared with {out}: a file no traced event wrote or moved in, one whose size differs
+    from the traced one, one moved into place from a file no traced event wrote, one gone
+    that the trace leaves there. Each entry: ``file``, ``size_before`` (what the trace, or
+    the tree before the attempt, leaves; None: absent), ``size_after`` (None: absent), ``how``.
+    Sizes, not bytes: a rewrite of the same length by an untraced writer goes unseen here
+    (a power loss compares bytes: ``_untraced_at_cut``).
+    """
+    root = os.path.realpath(out)
+    sizes: dict[str, int] = {os.path.join(root, k): v for k, v in before.items()}
+    unknown: dict[str, str] = {}  # path -> how it got bytes no traced event wrote
+
+    def drop(top: str) -> None:
+        for k in [k for k in sizes if k == top or k.startswith(top + os.sep)]:
+            del sizes[k]
+        for k in [k for k in unknown if k == top or k.startswith(top + os.sep)]:
+            del unknown[k]
+
+    ops = sorted((r for r in records if r.get("event") == "op" and r.get("error") is None), key=lambda r: r.get("ts", 0))
+    for r in ops:
+        kind, path = r.get("op"), r.get("path")
+        if not isinstance(path, str):
+            continue
+        if kind == "open" and not r.get("is_dir") and opens_for_writing(r):
+            if r.get("trunc") or r.get("created"):
+                sizes[path] = 0
+                unknown.pop(path, None)
+        elif kind == "write":
+            sizes[path] = max(sizes.get(path, 0), (r.get("offset") or 0) + (r.get("length") or 0))
+        elif kind == "truncate":
+            sizes[path] = r.get("length") or 0
+        elif kind in ("unlink", "rmdir"):
+            drop(path)
+        elif kind in ("rename", "link"):
+            src, dst = r.get("src"), r.get("dst") or path
+            if not isinstance(dst, str):
+                continue
+            moved = {k: v for k, v in sizes.items() if isinstance(src, str) and (k == src or k.startswith(src + os.sep))}
+            odd = {k: v for k, v in unknown.items() if isinstance(src, str) and (k == src or k.startswith(src + os.sep))}
+            drop(dst)
+            if kind == "rename" and isinstance(src, str):
+                drop(src)
+            for k, v in moved.items():
+                sizes[dst + k[len(src):]] = v  # type: ignore[arg-type]
+            for k, v in odd.items():
+                unknown[dst + k[len(src):]] = v  # type: ignore[arg-type]
+            if not moved and not odd:
+                if isinstance(r.get("src_size"), int):
+                    sizes[dst] = r["src_size"]  # moved in from outside, its bytes kept by the tracer
+                elif r.get("src_kind") != "dir":
+                    unknown[dst] = (f"moved into place from {_short(src or r.get('src_untraced'), root)}, "
+                                    "which no traced event wrote")
+    found: list[dict[str, Any]] = []
+    on_disk: set[str] = set()
+    for p in sorted(_files(root)):
+        if not os.path.isfile(p) or os.path.islink(p):
+            continue
+        on_disk.add(p)
+        rel, now = os.path.relpath(p, root), os.path.getsize(p)
+        if p in unknown:
+            found.append({"file": rel, "size_before": None, "size_after": now, "how": unknown[p]})
+        elif p not in sizes:
+            found.append({"file": rel, "size_before": before.get(rel), "size_after": now,
+                          "how": "written by no traced event"})
+        elif sizes[p] != now:
+            found.append({"file": rel, "size_before": sizes[p], "size_after": now, "how": "changed by no traced event"})
+    for p, n in sorted(sizes.items()):
+        if p.startswith(root + os.sep) and p not in on_disk and not os.path.isdir(p):
+            found.append({"file": os.path.relpath(p, root), "size_before": n, "size_after": None,
+                          "how": "removed by no traced event"})
+    return found
+
+
+def _short(path: Any, root: str) -> str:
+    if isinstance(path, str) and path.startswith(root + os.sep):
+        return os.path.relpath(path, root)
+    return str(path)
 
 
 def _mixed(model: CrashModel, seed: int, k: int) -> Any:
@@ -231,9 +429,11 @@ def _mixed(model: CrashModel, seed: int, k: int) -> Any:
     mixed = [st for st in mixed if st.lost]
     random.Random(seed).shuffle(mixed)
     if k > len(mixed):
-        how = "of its" if total <= MIXED_EXHAUSTIVE else f"in {MIXED_SAMPLES} drawn from its"
-        return (f"the cut has {len(mixed)} distinct crash state(s) besides everything lost and nothing lost "
-                f"({how} {total} combinations); this point asks for state {k}")
+        drawn = "" if total <= MIXED_EXHAUSTIVE else f" ({MIXED_SAMPLES} of them drawn)"
+        return (f"the cut's {total} combinations of pending changes{drawn} leave only {len(mixed)} distinct "
+                f"crash state(s) besides everything lost and nothing lost (the others leave the same files: "
+                f"a change kept or lost there makes no difference to what is on disk); this point asks for "
+                f"state {k}")
     return mixed[k - 1]
 
 

@@ -10,14 +10,22 @@ the system temp directory), removed at the end unless ``--keep``: per run a fold
 2. Points, from the first fault-free run's traces, of every ``--faults`` kind
    (``pointset.py``): kills at file events and steps, SIGTERM at steps, injected
    ENOSPC / EIO, at-rest corruption of the checkpoint files, power loss, a full disk.
-3. A seeded sample of them (``--max-points``, spread over the kinds), run ``--jobs``
-   at a time while ``--budget`` seconds allow; coverage = points tried / points found.
+3. A seeded sample of them (``--max-points``; ``pointset.plan``: one point of every class
+   first, every family, each save's end, ..., then draws spread over the kinds), run
+   ``--jobs`` at a time, in that order, while ``--budget`` seconds allow; coverage =
+   points tried / points found, and the classes tried are a note.
 4. Each point (``run_chain``): attempt 0 with the point armed; for a corruption or a
    power loss, {out} edited while every copy is stopped (``atrest.py``); for a full
    disk, attempt 0 on a small tmpfs that is grown before the restart (``diskfull.py``);
    for a network cut, attempt 0 in which the armed rank's link goes down for
    ``--net-hold`` seconds (``netcut.py``); then (unless torchrun restarts by itself) up
-   to ``--max-restarts`` resumes with ``--resume-cmd``; then ``judge.judge``.
+   to ``--max-restarts`` resumes with ``--resume-cmd``; then ``judge.judge``. Right
+   after attempt 0, before the harness touches {out}, the record takes what the job
+   left: the ``--checkpoint-glob`` matches (what it relied on is judged on these, not
+   on a crash state) and the files no traced event explains (``untraced_after``). A
+   full disk no traced event hit is still judged where attempt 0 failed or its output
+   says ENOSPC (a native writer hit it); otherwise it is *skipped* only if every oracle
+   passes.
 
 Where network cuts are explored (``netcut.usable``), every run chain — the fault-free
 runs included, so the job runs the same way in all of them — gets its own
@@ -36,6 +44,7 @@ import errno
 import glob
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -47,15 +56,18 @@ from typing import TYPE_CHECKING, Any
 from chaos.errors import ChaosError
 from chaos.job import atrest, diskfull, launch, losscurve, netcut, nodes, pointset, spares
 from chaos.job.compare import first_difference
-from chaos.job.judge import Golden, PointRecord, PointVerdict, judge, last_steps
-from chaos.job.pointset import Facts, sample
-from chaos.job.spec import HALT_MODES, JobSpec, Point
+from chaos.job.judge import Golden, PointRecord, PointVerdict, judge, last_steps, step_of
+from chaos.job.pointset import Facts
+from chaos.job.spec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
 from chaos.scratch import make_root
 from faults import FaultError, disk
 from faults.crashstate import Snapshot
 
 if TYPE_CHECKING:
     from faults.network import NetworkLab
+
+
+_ENOSPC = re.compile(r"No space left on device|Errno 28\b|ENOSPC")
 
 
 class JobError(ChaosError):
@@ -177,25 +189,45 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
                                  skipped=f"the tmpfs could not be mounted over {{out}}: {exc}", outcome="unsupported")
         return PointRecord(point, run.out, run.attempts, {}, None, applied)
     with stack:
+        before = _sizes(run.out)
         run.attempt(job, 0, point)
+        untraced = untraced_after(job, run, before)
         fs.grow(grown)
         after_kill = checkpoint_state(run.out, job.checkpoint_glob)
         _restarts(job, run, point)
     traces = read_traces(run.scratch, run.out)
     hit = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
                   if r.get("event") == "op" and r.get("error") == errno.ENOSPC), key=lambda r: r.get("ts", 0))
-    record = {"size_bytes": size, "mount": fs.record, "remounted_to": grown}
-    if not hit:
-        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs", record, outcome="no_effect",
-                                 skipped=f"the job never hit ENOSPC on a {size}-byte tmpfs {{out}} (no traced "
-                                         "event failed with it): the full disk did nothing")
-    else:
+    record: dict[str, Any] = {"size_bytes": size, "mount": fs.record, "remounted_to": grown}
+    if untraced:
+        record["untraced"] = untraced
+    first_try = run.attempts[0]
+    said = launch.cause(first_try.tail(12000)).strip()[:200] if not first_try.ok else ""
+    full = _ENOSPC.search(first_try.tail(12000))
+    if hit:
         first = hit[0]
         record["first_enospc"] = {k: first.get(k) for k in ("rank", "ord", "op", "rel", "seq")}
         applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs: rank {first['rank']}'s {first['op']} of "
                                  f"{first.get('rel')} (event {first.get('ord')}) got ENOSPC; remounted at "
                                  f"{grown} bytes before the restart", record)
-    return PointRecord(point, run.out, run.attempts, traces, after_kill, applied)
+    elif not first_try.ok or full:
+        # No traced event failed, yet the full disk changed the outcome: the fault-free run finished,
+        # this attempt did not (or its output says ENOSPC). Whatever hit it writes where the tracer
+        # does not see (a native writer, a child process): judged, never "did nothing".
+        how = (f"attempt 0 {first_try.describe}" + (f" ({said})" if said else "") if not first_try.ok
+               else f"attempt 0 finished, its output saying {full.group(0)!r}" if full else "")
+        record["untraced_enospc"] = {"attempt_0": first_try.describe, "cause": said or None,
+                                     "output": full.group(0) if full else None}
+        seen = f"; {atrest.untraced_line(untraced)}" if untraced else ""
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs: no traced event got ENOSPC, but {how}, where "
+                                 f"the fault-free run finished: the full disk hit a writer the tracer does not "
+                                 f"see{seen}; remounted at {grown} bytes before the restart", record)
+    else:
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs, never hit by a traced event", record,
+                                 idle=f"the job never hit ENOSPC on a {size}-byte tmpfs {{out}} (no traced event "
+                                      "failed with it, attempt 0 finished with no ENOSPC in its output, and every "
+                                      "oracle passed): the full disk did nothing")
+    return PointRecord(point, run.out, run.attempts, traces, after_kill, applied, None, untraced)
 
 
 def _net_applied(job: JobSpec, run: Run, point: Point) -> atrest.Applied:
@@ -246,11 +278,31 @@ def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab
         return PointRecord(point, run.out, run.attempts, read_traces(run.scratch, run.out), None, applied)
 
 
+def _sizes(out: str) -> dict[str, int]:
+    """{out}'s regular files (relative path -> size): the tree an attempt starts from."""
+    return {os.path.relpath(os.path.join(d, f), out): os.path.getsize(os.path.join(d, f))
+            for d, _s, files in os.walk(out) for f in files if os.path.isfile(os.path.join(d, f))
+            and not os.path.islink(os.path.join(d, f))}
+
+
+def untraced_after(job: JobSpec, run: Run, before: dict[str, int]) -> list[dict[str, Any]]:
+    """What attempt 0 changed under {out} that no traced event explains (``atrest.untraced_changes``):
+    every traced process of the attempt (a torchrun job's restarts by its agent included)."""
+    launched_once = TORCHRUN_STRIDE if job.torchrun or job.nodes is not None else 1
+    records = [r for (_rank, a), recs in read_traces(run.scratch, run.out).items() if a < launched_once for r in recs]
+    return atrest.untraced_changes(run.out, records, before)
+
+
 def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
     if point is not None and point.family == "diskfull":
         return _diskfull_chain(job, run, point)
     base = Snapshot.capture(run.out) if point is not None and point.mode == "power" else None
+    before = _sizes(run.out)
     run.attempt(job, 0, point)
+    untraced = untraced_after(job, run, before) if point is not None else []
+    # what the job left, before the harness edits it: what it relied on is judged on this
+    before_fault = (checkpoint_state(run.out, job.checkpoint_glob)
+                    if point is not None and point.mode in HALT_MODES else None)
     applied = _at_rest(run, point, base, seed) if point is not None and point.mode in HALT_MODES else None
     if point is not None and point.family == "net":
         applied = _net_applied(job, run, point)
@@ -260,7 +312,7 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
     if point is not None and not (applied is not None and applied.skipped):
         _restarts(job, run, point)
     return PointRecord(point or Point(0, "none"), run.out, run.attempts, read_traces(run.scratch, run.out),
-                       after_kill, applied)
+                       after_kill, applied, before_fault, untraced)
 
 
 @dataclass
@@ -278,6 +330,7 @@ class Reference:
     traces: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     facts: Facts = field(default_factory=Facts, repr=False)
     nodes: int | None = None  # --nodes: every run on that many simulated nodes, one agent each
+    untraced_changes: list[dict[str, Any]] = field(default_factory=list)  # atrest.untraced_changes, fault-free
 
     def lookup(self, job: JobSpec, point: Point) -> Point:
         """A replayed point with what the fault-free run did there (any kind, asked for or not).
@@ -298,6 +351,7 @@ class Reference:
                 "checkpoints": sorted(self.golden.checkpoints), "acknowledged_saves": self.golden.acks,
                 "loss_steps": {str(r): len(c) for r, c in sorted(self.golden.losses.items())},
                 "notes": self.notes, "seconds": round(self.seconds, 3), "untraced_files": self.untraced,
+                "untraced_changes": self.untraced_changes,
                 "file_events": {str(r): n for r, n in sorted(self.events.items())},
                 "peak_out_bytes": self.facts.peak or None,
                 "network": "each rank in its own network namespace (a NetworkLab per run)" if self.netlab
@@ -357,14 +411,14 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                      "points are numbered by event; those whose event (kind, path, count on it) both runs had "
                      "fire at that event (anchored), the others at their number, and one that lands on another "
                      "event is reported as drifted")
-    written = {x.get("rel") for recs_ in traces.values() for x in recs_ if x.get("event") == "op"}
-    written |= {os.path.relpath(x["dst"], os.path.realpath(runs[0].out)) for recs_ in traces.values()
-                for x in recs_ if x.get("event") == "op" and x.get("dst")}
-    untraced = sorted(os.path.relpath(os.path.join(d, f), runs[0].out) for d, _s, files in os.walk(runs[0].out)
-                      for f in files if os.path.relpath(os.path.join(d, f), runs[0].out) not in written)
-    if untraced:
-        notes.append(f"{len(untraced)} file(s) under {{out}} were written by no traced event (a C-level writer?): "
-                     f"{', '.join(untraced[:5])}")
+    changes = untraced_after(job, runs[0], {})  # a fault-free run starts from an empty {out}
+    untraced = sorted({str(u["file"]) for u in changes if u["size_after"] is not None})
+    if changes:
+        notes.append(f"{len(changes)} file(s) under {{out}} changed that no traced event explains (a native "
+                     "writer the tracer does not see, a child process?): "
+                     + "; ".join(f"{u['file']}: {u['how']} ({_size(u['size_before'])} -> {_size(u['size_after'])})"
+                                 for u in changes[:5])
+                     + ". A point's record names such files; power loss keeps them as they were at the cut")
     acks = any(x.get("name") == "chaos.probe" and x.get("info", {}).get("kind") == "saved"
                for recs_ in traces.values() for x in recs_)
     losses, losses1 = losscurve.curves(traces), losscurve.curves(recs[1].traces)
@@ -380,12 +434,29 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
     golden = Golden(out=runs[0].out, results=results, tolerance=tolerance,
                     checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses,
                     last_steps=last_steps(traces))
+    notes += durability_notes(job, golden)
     facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
     facts.stable = pointset.stable_events(recs[1].traces)
     points = pointset.enumerate_points(job, traces, facts, kinds)
     notes += left_out + pointset.notes(job, traces, facts, kinds, points)
     return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
-                     traces, facts, job.nodes), runs[0]
+                     traces, facts, job.nodes, changes), runs[0]
+
+
+def _size(n: Any) -> str:
+    return "absent" if n is None else f"{n} bytes"
+
+
+def durability_notes(job: JobSpec, golden: Golden) -> list[str]:
+    """Where lost work will not be judged at any point, and why (one line each, for the run's summary;
+    each point's line says it again). A --checkpoint-glob that matched nothing is refused before
+    this (``pointset.check_checkpoint_glob``)."""
+    named = job.checkpoint_glob is not None and any(step_of(n) is not None for n in golden.checkpoints)
+    if not golden.last_steps and not golden.acks and not named:
+        return ["lost work is not judged: no step is known (the job announced none and no --checkpoint-glob "
+                "match carries one in its name): give --step-regex or --loss-regex, or call chaos.probe.step / "
+                "chaos.probe.saved"]
+    return []
 
 
 @dataclass
@@ -429,6 +500,7 @@ class PointResult:
             "oracles": {n: o.to_dict() for n, o in v.oracles.items()}, "replay": self.replay,
             "error": v.summary if v.verdict == "error" else None, "seconds": round(self.seconds, 3),
             "attempts": [a.to_dict() for a in self.record.attempts], "drift": drift,
+            "untraced_changes": self.record.untraced,
             "scenario": {"kind": "job", "job": self.job.to_dict(), "point": self.point.replay_id},
         }
 
@@ -471,15 +543,21 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
     netlab = True if any(p.family == "net" for p in replayed) and netcut.usable(job)[0] else None
     try:
         ref, _golden_run = reference(job, root, jobs, seed, netlab)
+        # The run order, classes first (every family, each save's end, ...: pointset.plan); what it
+        # covers, and what --max-points leaves out, is a note shown with the fault-free runs'.
+        plan = (None if only is not None or not ref.points else
+                pointset.plan(ref.points, max_points, seed, pointset.point_classes(job, ref.traces, ref.points)))
+        if plan is not None:
+            ref.notes += plan.planned_notes(max_points, budget_s)
         if on_reference:
             on_reference(ref)
         if only is not None:  # a replay: exactly these points, in this order
             chosen = [ref.lookup(job, p) for p in (only if isinstance(only, list) else [only])]
+        elif plan is None:
+            raise JobError("the fault-free run showed no point to break: no file event under {out} was "
+                           "traced and no step was announced")
         else:
-            if not ref.points:
-                raise JobError("the fault-free run showed no point to break: no file event under {out} was "
-                               "traced and no step was announced")
-            chosen = sample(ref.points, max_points, seed)
+            chosen = plan.points
         results: list[PointResult] = []
         lock = threading.Lock()
         durations: list[float] = []
@@ -526,6 +604,8 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
                 raise
         order = {p.id: i for i, p in enumerate(ref.points)}
         results.sort(key=lambda r: order.get(r.point.id, len(order)))
+        if plan is not None:  # the classes tried, and those the --budget ran out before
+            ref.notes += plan.tried_notes([r.point for r in results], max_points, budget_s)
         return Exploration(ref, results, len(ref.points), len(chosen), budget_s, time.monotonic() - started,
                            job.faults)
     finally:

@@ -11,11 +11,25 @@ Five oracles, each with its evidence, named as the built-in workload's are:
   Otherwise *silent_divergence*: it finished, and what it produced is different.
 - ``durability``: the resume started at or after the newest checkpoint the job could
   rely on when it was killed — the newest ``chaos.probe.saved(n)`` in the killed
-  attempt's trace, or the newest checkpoint matching ``--checkpoint-glob`` whose files
-  and sizes equal the fault-free run's, seen between the kill and the restart.
+  attempt's trace; the newest checkpoint matching ``--checkpoint-glob`` whose files
+  and sizes equal the fault-free run's, seen between the kill and the restart; or the
+  newest checkpoint the trace shows the job *relied on* before the fault (``relied_on``,
+  no probe needed): a file it finished writing (closed, or renamed into place) and then
+  went on training past (a later step announced; where the rank announces no step at
+  all, a later file event outside that checkpoint), holding the last step announced
+  before it was written, or the number in its ``--checkpoint-glob`` match's name. With
+  ``--checkpoint-glob`` only its matches count, every file of a match relied on; without
+  it every such file but result files and files appended to (logs). A power loss is
+  judged on what the job relied on *before* the cut, whatever the crash state left.
   Where the resume started is ``chaos.probe.resumed(n)``, else the first
-  ``probe.step(n)`` (or ``--loss-regex`` line) minus one, else the first ``--step-regex``
-  match after the restart; none of them: from scratch (0). Otherwise *lost_work*.
+  ``--step-regex`` match after the restart (minus one where it matched a step line that
+  ``--loss-regex`` or ``probe.step`` announced too), else the first ``probe.step(n)`` (or
+  ``--loss-regex`` line) minus one; a restart that announced no step where the job does
+  had none left to train (the fault-free run's last step); none of them: from scratch
+  (0). Where the sources disagree, the evidence shows each. Otherwise *lost_work*. Where
+  no step can be known (the job announced none, a checkpoint's name carries none, a
+  file changed that no traced event explains), the oracle is *not judged* and says why
+  in one line ("lost work not judged: ..."), which the verdict line of a pass carries.
 - ``loss_continuity``: every step's loss, in every attempt (``probe.step(n, loss)`` or
   ``--loss-regex``), equals the fault-free run's — exactly when the two fault-free runs
   agreed, else within ``--loss-band`` — and does not spike after a resume
@@ -28,11 +42,14 @@ Five oracles, each with its evidence, named as the built-in workload's are:
 
 What the harness did besides the kill is evidence too, and bounds what the job could
 rely on. A corrupted file (``atrest.corrupt``) is no checkpoint to rely on: a
-``--checkpoint-glob`` match holding it does not count, nor does an acknowledgement the
+``--checkpoint-glob`` match holding it does not count, nor does any file its rank wrote
+for the same step (its checksum file, a pointer to it), nor an acknowledgement the
 rank made at or after the step it was saving when it stopped (a careful job that
 detects the damage and resumes from the checkpoint before passes). After a power loss
 only acknowledgements made before the cut count: the other ranks' later ones never
-happened. Every verdict of such a point starts with what was done ("ckpt.json: bit 5 of
+happened. A file under {out} that attempt 0 changed and no traced event explains (a
+native writer the tracer does not see) is named in the liveness evidence and on a
+failing verdict's line, with its sizes (``PointRecord.untraced``). Every verdict of such a point starts with what was done ("ckpt.json: bit 5 of
 byte 40 flipped ...", "SIGTERM at rank 0's step 8: exited 0 within the 5 s grace"), and
 the liveness evidence carries the full record (``fault``). A point whose fault changed
 nothing, or could not be made here, is *skipped* with the reason, never passed.
@@ -53,7 +70,9 @@ restart, did nothing to judge: *no_effect*.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import fnmatch
 import os
 import re
 from dataclasses import dataclass, field
@@ -61,7 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.job import losscurve, nodes
-from chaos.job.atrest import halt_record
+from chaos.job.atrest import halt_record, opens_for_writing, untraced_line
 from chaos.job.compare import first_difference
 from chaos.job.launch import AttemptOutcome
 from chaos.job.launch import cause as _cause
@@ -110,6 +129,14 @@ class PointRecord:
     traces: dict[tuple[int, int], list[dict[str, Any]]]
     after_kill: dict[str, dict[str, int]] | None = None  # --checkpoint-glob matches between kill and restart
     applied: Any = None  # atrest.Applied: what the harness did to {out} (corruption, power loss, full disk)
+    # --checkpoint-glob matches when attempt 0 ended, before the harness edited {out} (a halted point)
+    before_fault: dict[str, dict[str, int]] | None = None
+    # files under {out} that attempt 0 changed and no traced event explains (atrest.untraced_changes)
+    untraced: list[dict[str, Any]] = field(default_factory=list)
+
+    def at_cut(self) -> dict[str, dict[str, int]] | None:
+        """The --checkpoint-glob matches as the job left them, before any edit by the harness."""
+        return self.before_fault if self.before_fault is not None else self.after_kill
 
     def fired(self) -> list[dict[str, Any]]:
         return [{**r, "attempt": a, "rank": rk} for (rk, a), recs in sorted(self.traces.items())
@@ -173,30 +200,54 @@ def _results(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
                   {"checked": checked, "rtol": rtol})
 
 
-def _step_of(name: str) -> int | None:
+def step_of(name: str) -> int | None:
+    """The step a ``--checkpoint-glob`` match names: the last number in it (None: it has none)."""
     nums = re.findall(r"\d+", name)
     return int(nums[-1]) if nums else None
 
 
-def _resumed_at(rec: PointRecord, rank: int) -> tuple[int, str]:
-    """Where rank ``rank``'s first restart started, and how that is known."""
+def _probe(r: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``chaos.probe`` announcement's info (probe call, --step-regex or --loss-regex line), else None."""
+    if r.get("event") == "phase" and r.get("name") == "chaos.probe" and isinstance(r.get("info"), dict):
+        return r["info"]
+    return None
+
+
+def _resumed_at(rec: PointRecord, rank: int, golden: Golden | None = None) -> tuple[int | None, str, dict[str, Any]]:
+    """Where rank ``rank``'s first restart started (None: unknown), how that is known, and each source
+    seen where they disagree (evidence: ``--step-regex`` is never silently overruled by ``--loss-regex``)."""
     first = min((a for (r, a) in rec.traces if r == rank and a > 0), default=None)
     if first is None:
-        return 0, "no trace of a restart"
-
-    def only(a: int) -> bool:
-        return a == first
-
-    resumed = rec.probes(only, "resumed", rank)
-    steps = rec.probes(only, "step", rank) or rec.probes(only, "loss", rank)
-    regex = rec.probes(only, "regex", rank)
+        return 0, "no trace of a restart", {}
+    recs = rec.traces[(rank, first)]
+    infos = [(i, info) for i, r in enumerate(recs) if (info := _probe(r)) is not None]
+    resumed = [info["n"] for _i, info in infos if info.get("kind") == "resumed"]
     if resumed:
-        return min(i["n"] for i in resumed), "chaos.probe.resumed"
-    if steps:
-        return steps[0]["n"] - 1, "first chaos.probe.step after the restart, minus one"
-    if regex:
-        return regex[0]["n"], "first --step-regex match after the restart"
-    return 0, "no resume seen (no probe call, no --step-regex match): from scratch"
+        return min(resumed), "chaos.probe.resumed", {}
+    stepped = next((info for _i, info in infos if info.get("kind") in ("step", "loss")), None)
+    regex = next(((i, info) for i, info in infos if info.get("kind") == "regex"), None)
+    seen: dict[str, int] = {}
+    if stepped is not None:
+        seen["first chaos.probe.step or --loss-regex line, minus one"] = stepped["n"] - 1
+    if regex is not None:
+        i, info = regex
+        # the same output line announced as a step (a loss line, or probe.step next to it): a step ran
+        near = [_probe(recs[j]) for j in (i - 1, i + 1) if 0 <= j < len(recs)]
+        step_line = any(x is not None and x.get("kind") in ("step", "loss") and x.get("n") == info["n"] for x in near)
+        at = info["n"] - 1 if step_line else info["n"]
+        how = ("first --step-regex match after the restart, a step line: minus one" if step_line
+               else "first --step-regex match after the restart")
+        seen[how] = at
+        return at, how, {"resume_sources": seen} if len(set(seen.values())) > 1 else {}
+    if stepped is not None:
+        return stepped["n"] - 1, "first chaos.probe.step (or --loss-regex line) after the restart, minus one", {}
+    end = golden.last_steps.get(rank) if golden is not None else None
+    if end is not None and rec.attempts and rec.attempts[-1].ok:
+        return end, (f"the restart finished announcing no step, where the fault-free run announced steps up to "
+                     f"{end}: it had none left to train"), {}
+    if golden is not None and end is None:
+        return None, "unknown: the job announces no step (no probe call, no --step-regex or --loss-regex match)", {}
+    return 0, "no resume seen (no probe call, no --step-regex match): from scratch", {}
 
 
 def _saving_step(rec: PointRecord) -> int | None:
@@ -220,11 +271,207 @@ def _holds(name: str, files: list[str]) -> bool:
     return any(f == name or f.startswith(name.rstrip(os.sep) + os.sep) for f in files)
 
 
+# -- what the job relied on, from its trace alone (no probe): see ``relied_on``
+
+@dataclass
+class _Version:
+    """One version of one file as a rank wrote it (``_track``): from the event that began it to
+    the one that finished it, and what then made the job rely on it."""
+
+    rank: int
+    path: str                    # relative to {out}; absolute outside it (a temp file)
+    step: int | None             # the last step the rank announced before it began writing it
+    done: int | None = None      # the event that finished it: its close, or the rename that put it in place
+    done_ts: float = 0.0
+    since: str | None = None     # what made the job rely on it (None: nothing yet)
+    append: bool = False         # written in append mode: a log, never a checkpoint
+    failed: bool = False         # a write, a close or an fsync of it failed
+    moved_in: str | None = None  # put in place by a rename from a file no traced event wrote
+
+
+def _track(rank: int, recs: list[dict[str, Any]], root: str, cut: float | None, announces: bool,
+           unit: Any) -> list[_Version]:
+    """Every file version rank ``rank`` had left when it stopped (or at ``cut``), from its trace.
+
+    A version is begun by a truncating or creating open (or a write to a finished one) and
+    finished by its close, or by the rename that puts it in place (a version renamed is
+    finished anew there: the job relies on the name it loads). The job relies on it once it
+    went on: the rank announced a step after it was finished, or, for a rank that announces
+    no step at all, did any file event outside the checkpoint it belongs to (``unit``: its
+    ``--checkpoint-glob`` match, else the file itself; events on directories do not count).
+    The job's own truncation, rewrite, unlink or rename over it ends it."""
+    vers: dict[str, _Version] = {}
+    waiting: list[_Version] = []  # finished, not relied on yet
+    step: int | None = None
+
+    def key(p: Any) -> str | None:
+        if not isinstance(p, str) or p == root:
+            return None
+        return os.path.relpath(p, root) if p.startswith(root + os.sep) else p
+
+    def under(k: str, top: str) -> bool:
+        return k == top or k.startswith(top.rstrip(os.sep) + os.sep)
+
+    for r in recs:
+        ts = r.get("ts", 0.0)
+        if cut is not None and ts > cut:
+            break
+        info = _probe(r)
+        if info is not None:
+            if info.get("kind") in STEP_KINDS:
+                step = int(info["n"])
+                for v in waiting:
+                    v.since = f"step {step} announced after it"
+                waiting.clear()
+            continue
+        if r.get("event") != "op":
+            continue
+        op, p = r.get("op"), key(r.get("path"))
+        if r.get("error") is not None:
+            v = vers.get(p) if p is not None else None
+            if v is not None and v.done is None and op in ("write", "truncate", "fsync", "fdatasync", "close"):
+                v.failed = True
+            continue
+        if p is None or r.get("is_dir"):
+            continue
+        if not announces:
+            here = unit(p) if not os.path.isabs(p) else p
+            for v in waiting:
+                if v.path != p and (os.path.isabs(v.path) or unit(v.path) != here):
+                    v.since = f"a later file event ({op} of {p}, event {r.get('ord')})"
+            waiting[:] = [v for v in waiting if v.since is None]
+        if op == "open":
+            if opens_for_writing(r) and (r.get("trunc") or r.get("created") or p not in vers):
+                vers[p] = _Version(rank, p, step, append="a" in str(r.get("mode") or "")
+                                   or "append" in (r.get("flags") or ()))
+        elif op in ("write", "truncate"):
+            v = vers.get(p)
+            if v is None or v.done is not None:
+                vers[p] = _Version(rank, p, step, append=v.append if v is not None else False)
+        elif op == "close":
+            v = vers.get(p)
+            if v is not None and v.done is None:
+                v.done, v.done_ts = r.get("ord"), ts
+                waiting.append(v)
+        elif op in ("rename", "link"):
+            src, dst = key(r.get("src")), key(r.get("dst")) or p
+            for k in [k for k in vers if under(k, dst)]:
+                del vers[k]  # replaced
+            moved = {k: v for k, v in vers.items() if src is not None and under(k, src)}
+            for k, v in moved.items():
+                if op == "rename":
+                    del vers[k]
+                new = dataclasses.replace(v, path=dst + k[len(src):])  # type: ignore[arg-type]
+                if new.done is not None:
+                    new.done, new.done_ts, new.since = r.get("ord"), ts, None
+                    waiting.append(new)
+                vers[new.path] = new
+            if not moved and r.get("src_kind") != "dir":
+                vers[dst] = _Version(rank, dst, step, r.get("ord"), ts,
+                                     moved_in=str(r.get("src_untraced") or r.get("src")))
+                waiting.append(vers[dst])
+        elif op in ("unlink", "rmdir"):
+            for k in [k for k in vers if under(k, p)]:
+                del vers[k]
+    return list(vers.values())
+
+
+@dataclass
+class Relied:
+    """A checkpoint the job relied on when it was stopped (``relied_on``), with how each part is known."""
+
+    name: str                # the file, or its --checkpoint-glob match (relative to {out})
+    rank: int | None         # the rank that wrote it, whose resume it bounds; None: every rank's (a glob match)
+    step: int | None         # the step it holds; None: unknown
+    step_from: str           # how the step is known, or why it is not
+    since: str               # what made the job rely on it
+    files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "rank": self.rank, "step": self.step, "step_from": self.step_from,
+                "since": self.since, "files": self.files[:8]}
+
+
+def _glob_unit(pattern: str | None, rel: str) -> str | None:
+    """The ``--checkpoint-glob`` match holding ``rel`` (glob's rules, as ``explore.checkpoint_state``
+    matches: ``*`` stays within a name and skips hidden ones), or None."""
+    if pattern is None:
+        return rel
+    pat = [x for x in pattern.replace("{out}/", "").replace("{out}", "").split("/") if x]
+    parts = rel.split(os.sep)
+    if not pat or len(parts) < len(pat):
+        return None
+    for x, y in zip(pat, parts, strict=False):
+        if (y.startswith(".") and not x.startswith(".")) or not fnmatch.fnmatchcase(y, x):
+            return None
+    return os.sep.join(parts[:len(pat)])
+
+
+def relied_on(job: JobSpec, golden: Golden, rec: PointRecord) -> list[Relied]:
+    """The checkpoints the killed attempt relied on when it stopped — before the cut of a power loss,
+    not counting what the harness corrupted — inferred from its trace (``_track``).
+
+    With ``--checkpoint-glob``, each match that held files when attempt 0 ended, every one of
+    them a version the job relied on; its step is the number in its name, else the last step
+    announced before its files were written. Without, each file the job relied on that is no
+    result file and was not appended to; its step comes from the trace only."""
+    applied = rec.applied
+    cut = applied.cut_ts if applied is not None else None
+    excluded = list(applied.excluded) if applied is not None else []
+    root = os.path.realpath(rec.out)
+    pattern = job.checkpoint_glob
+
+    def unit(rel: str) -> str:
+        return _glob_unit(pattern, rel) or rel
+
+    versions: list[_Version] = []
+    for (rank, a), recs in sorted(rec.traces.items()):
+        if a == 0:
+            announces = any((i := _probe(r)) is not None and i.get("kind") in STEP_KINDS for r in recs)
+            versions += _track(rank, recs, root, cut, announces, unit)
+    # A corrupted file spoils its whole save: every file its rank wrote for the same step
+    # (ckpt-6.pt corrupted, ckpt-6.pt.sha256 beside it is no checkpoint to rely on either).
+    spoiled = {(v.rank, v.step) for v in versions if v.step is not None and _holds(v.path, excluded)}
+    usable = {v.path: v for v in versions if v.done is not None and v.since is not None and not v.append
+              and not v.failed and not os.path.isabs(v.path) and not _holds(v.path, excluded)
+              and (v.rank, v.step) not in spoiled}
+    out: list[Relied] = []
+    if pattern is None:
+        results = set(golden.results)
+        globs = job.relative_globs(job.result_globs)
+        for v in usable.values():
+            if v.path in results or any(fnmatch.fnmatchcase(v.path, g) for g in globs):
+                continue
+            how = "the last step announced before it was written" if v.step is not None else (
+                "unknown: no step was announced before it was written")
+            out.append(Relied(v.path, v.rank, v.step, how, _finished(v), [v.path]))
+        return out
+    for name, files in sorted((rec.at_cut() or {}).items()):
+        paths = [name if sub == "" else os.path.join(name, sub) for sub in files]
+        mine = [usable.get(p) for p in paths]
+        if not paths or _holds(name, excluded) or any(v is None for v in mine):
+            continue
+        vs = [v for v in mine if v is not None]
+        last = max(vs, key=lambda v: v.done_ts)
+        named = step_of(name)
+        steps = [v.step for v in vs]
+        if named is not None:
+            step, how = named, "the number in its name"
+        elif all(s is not None for s in steps):
+            step, how = max(s for s in steps if s is not None), "the last step announced before it was written"
+        else:
+            step, how = None, "unknown: its name carries no number and no step was announced before it was written"
+        out.append(Relied(name, None, step, how, _finished(last), paths))
+    return out
+
+
+def _finished(v: _Version) -> str:
+    made = f"moved into place from {v.moved_in}, written by no traced event, " if v.moved_in else ""
+    return f"{made}finished at rank {v.rank}'s event {v.done}, then {v.since}"
+
+
 def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
     """Per rank: each rank's restart must start at or after the newest checkpoint *it* could rely on."""
-    if not golden.acks and rec.after_kill is None:
-        return Oracle("durability", "not_judged", "which checkpoints the job could rely on is unknown: "
-                      "call chaos.probe.saved(n) or give --checkpoint-glob")
     applied = rec.applied
     cut = applied.cut_ts if applied is not None else None
     excluded = list(applied.excluded) if applied is not None else []
@@ -235,7 +482,13 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
     if excluded:
         evidence["not_relied_on"] = {"files": excluded, "acknowledged_from_step": saving,
                                      "why": "corrupted by the harness after the job completed them"}
+    ranks_seen = {r for (r, _a) in rec.traces}
     newest: dict[int, tuple[int, str]] = {}
+
+    def offer(rank: int, n: int, source: str) -> None:
+        if rank not in newest or n > newest[rank][0]:
+            newest[rank] = (n, source)
+
     for (rank, a), recs in rec.traces.items():
         if a != 0:
             continue
@@ -243,38 +496,86 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
                  and r.get("info", {}).get("kind") == "saved" and (cut is None or r.get("ts", 0.0) <= cut)
                  and not (saving is not None and rank == rec.point.rank and r["info"]["n"] >= saving)]
         if acked:
-            newest[rank] = (max(acked), "chaos.probe.saved")
+            offer(rank, max(acked), "chaos.probe.saved")
     if rec.after_kill is not None:
         complete = sorted(s for name, files in rec.after_kill.items()
                           if golden.checkpoints.get(name) == files and not _holds(name, excluded)
-                          and (s := _step_of(name)) is not None)
+                          and (s := step_of(name)) is not None)
         evidence["complete_checkpoints_after_kill"] = complete
         if complete:  # a checkpoint on disk is every rank's to resume from
-            for rank in {r for (r, _a) in rec.traces}:
-                if rank not in newest or complete[-1] > newest[rank][0]:
-                    newest[rank] = (complete[-1], "--checkpoint-glob")
+            for rank in ranks_seen:
+                offer(rank, complete[-1], "--checkpoint-glob")
+    relied = relied_on(job, golden, rec)
+    if relied:
+        evidence["relied_on"] = [r.to_dict() for r in relied[-20:]]
+    for r in relied:
+        if r.step is not None:
+            what = "relied on " + ("before the power loss" if cut is not None else "when it was stopped")
+            for rank in (ranks_seen if r.rank is None else {r.rank}):
+                offer(rank, r.step, f"{r.name} {what}: {r.since}; step {r.step}: {r.step_from}")
+    if rec.untraced:
+        evidence["untraced_changes"] = rec.untraced[:20]
     if not newest:
-        return Oracle("durability", "pass", "no checkpoint was complete when the job was killed: nothing to lose",
+        why = _unjudged(job, golden, rec, relied)
+        if why:
+            return Oracle("durability", "not_judged", f"lost work not judged: {why}", evidence)
+        return Oracle("durability", "pass", "no checkpoint the job relied on when it was stopped: nothing to lose",
                       evidence)
     restarted = len(rec.attempts) > 1 or any(a > 0 for (_r, a) in rec.traces)
     if not restarted:
-        return Oracle("durability", "not_judged", "the job was never restarted", evidence)
+        return Oracle("durability", "not_judged", "lost work not judged: the job was never restarted", evidence)
     ranks = {}
     worst: tuple[int, int, int, str] | None = None
+    unknown: list[int] = []
     for rank, (n, source) in sorted(newest.items()):
-        at, how = _resumed_at(rec, rank)
-        ranks[str(rank)] = {"newest_complete": n, "source": source, "resumed_at": at, "resumed_by": how}
-        if at < n and (worst is None or n - at > worst[1] - worst[2]):
+        at, how, seen = _resumed_at(rec, rank, golden)
+        ranks[str(rank)] = {"newest_complete": n, "source": source, "resumed_at": at, "resumed_by": how, **seen}
+        if at is None:
+            unknown.append(rank)
+        elif at < n and (worst is None or n - at > worst[1] - worst[2]):
             worst = (rank, n, at, source)
     evidence["ranks"] = ranks
+    unjudged = ""
+    if worst is None and unknown:
+        rank = unknown[0]
+        why = (f"rank {rank} relied on its checkpoint of step {newest[rank][0]}, but where its restart resumed is "
+               "unknown: it announces no step (give --step-regex or --loss-regex, or call chaos.probe.resumed / "
+               "chaos.probe.step)")
+        if len(unknown) == len(ranks):
+            return Oracle("durability", "not_judged", f"lost work not judged: {why}", evidence)
+        unjudged = f"; lost work not judged for rank(s) {', '.join(map(str, unknown))}: {why}"
     if worst is not None:
         rank, n, at, source = worst
         lost = "from scratch" if at == 0 else f"from step {at}"
         return Oracle("durability", "fail", f"rank {rank} resumed {lost}, but its checkpoint of step {n} was "
                       f"complete ({source}): {n - at} step(s) of work lost", evidence)
     summary = ", ".join(f"rank {r} at step {v['resumed_at']} (newest complete: {v['newest_complete']})"
-                        for r, v in ranks.items())
-    return Oracle("durability", "pass", f"resumed at or after the newest complete checkpoint: {summary}", evidence)
+                        for r, v in ranks.items() if v["resumed_at"] is not None)
+    return Oracle("durability", "pass", f"resumed at or after the newest complete checkpoint: {summary}{unjudged}",
+                  evidence)
+
+
+def _unjudged(job: JobSpec, golden: Golden, rec: PointRecord, relied: list[Relied]) -> str | None:
+    """Why lost work cannot be judged at a point where no checkpoint's step is known (None: it can:
+    the job announces steps, and nothing it finished was trained past — nothing to lose)."""
+    if job.checkpoint_glob is not None and not golden.checkpoints:
+        return (f"--checkpoint-glob {job.checkpoint_glob} matched no file the fault-free run left, so no "
+                "checkpoint of it can be judged complete")
+    unknown = [r for r in relied if r.step is None]
+    if unknown:
+        r = unknown[-1]
+        return (f"the job relied on {r.name} ({r.since}), but the step it holds is {r.step_from} (give "
+                "--step-regex or --loss-regex, or call chaos.probe.step / chaos.probe.saved)")
+    if rec.untraced:
+        names = ", ".join(str(u.get("file")) for u in rec.untraced[:3])
+        return (f"{len(rec.untraced)} file(s) under {{out}} changed that no traced event explains ({names}): "
+                "what the job relied on there cannot be seen")
+    announced = any(a == 0 and any((i := _probe(r)) is not None and i.get("kind") in STEP_KINDS for r in recs)
+                    for (_rk, a), recs in rec.traces.items())
+    if not announced and not golden.acks:
+        return ("no step is known: the job announced none (give --step-regex or --loss-regex, or call "
+                "chaos.probe.step / chaos.probe.saved)")
+    return None
 
 
 def _loss(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
@@ -407,9 +708,14 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
     oracles = {"liveness": _liveness(job, rec)}
     if fault is not None:
         oracles["liveness"].evidence["fault"] = fault
+    if rec.untraced:
+        oracles["liveness"].evidence["untraced_changes"] = rec.untraced[:20]
 
     def verdict(v: str, outcome: str, summary: str) -> PointVerdict:
-        return PointVerdict(v, outcome, f"{what}; then {summary}" if what else summary, oracles, fault)
+        line = f"{what}; then {summary}" if what else summary
+        if v == "fail" and rec.untraced and "no traced event" not in line:
+            line += f" ({untraced_line(rec.untraced)})"  # what the failure may come from, that no event shows
+        return PointVerdict(v, outcome, line, oracles, fault)
 
     if oracles["liveness"].failed:
         oracles["result_files"] = Oracle("result_files", "not_judged", "the job did not finish")
@@ -435,4 +741,10 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
                             "passed: the cut did nothing to judge", oracles, fault)
     if p.family == "node" and (idle := _node_no_effect(rec)):
         return PointVerdict("skipped", "no_effect", f"{what}: {idle}", oracles, fault)
-    return verdict("pass", "pass", "; ".join(o.summary for o in oracles.values() if o.result == "pass"))
+    if applied is not None and applied.idle:  # a fault that may have done nothing, and every oracle passed
+        return PointVerdict("skipped", "no_effect", applied.idle, oracles, fault)
+    said = [o.summary for o in oracles.values() if o.result == "pass"]
+    durable = oracles["durability"]
+    if durable.result == "not_judged":  # never a silent pass: the line says what was not judged, and why
+        said.append(durable.summary)
+    return verdict("pass", "pass", "; ".join(said))
