@@ -22,10 +22,20 @@ minute on two cores), and needs nothing beyond the runtime dependencies.
 3. the campaign reports which distinct (rank, operation, file role, phase) points its
    fired I/O faults tried, of those the trace showed (``Campaign.to_dict()``, the
    results document's ``campaign`` entry).
+
+Before the drawn schedules, the budget goes to at-rest faults over every kind of file
+the checkpointer's load reads (``read_sweep``): an at-rest fault lands in the file a
+traced fault-free load read first (``chaos.loadtrace``), and its record names every
+kind that load read (``step-*/manifest.pkl``, ``step-*/rank*.pt``, ``latest``...). The
+first sweep scenario learns the kinds; then a payload goes to each kind and a corruption
+to each kind (``file=KIND``), so a pickled manifest is attacked whatever a shard's
+checksum does, and the drawn schedules aim their at-rest faults at those kinds too.
+``ReadCoverage`` counts which kinds payloads and corruptions reached.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -59,6 +69,79 @@ def require_hypothesis() -> None:
                           "without --budget, chaos run needs no hypothesis") from None
 
 
+CORRUPTIONS = ("truncate", "bitflip", "delete", "zero")  # what the sweep does to each kind, in turn
+
+
+@dataclass
+class ReadCoverage:
+    """Which kinds of file the load reads were hit by a payload and by a corruption.
+
+    Fed every result (``add``): an at-rest fault's record says the kinds the traced
+    fault-free load read (``choice.kinds``) and the kind it hit (``choice.kind``).
+    ``kinds`` keeps the read order of the first record that had them.
+    """
+
+    kinds: list[str] = field(default_factory=list)
+    payload: set[str] = field(default_factory=set)
+    corruption: set[str] = field(default_factory=set)
+    untraced: str | None = None  # why a record had no kinds (the last such reason)
+
+    def add(self, result: ScenarioResult) -> None:
+        if result.record is None:
+            return
+        for f in result.record.fired_faults():
+            c = (f.get("detail") or {}).get("corruption") or {}
+            choice = c.get("choice") or {}
+            if not choice:
+                continue
+            if choice.get("kinds") and not self.kinds:
+                self.kinds = list(choice["kinds"])
+            elif not choice.get("kinds"):
+                self.untraced = choice.get("why")
+            if c.get("changed") and choice.get("kind"):
+                (self.payload if c.get("kind") == "payload" else self.corruption).add(choice["kind"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kinds": list(self.kinds), "payload": [k for k in self.kinds if k in self.payload],
+                "corruption": [k for k in self.kinds if k in self.corruption],
+                "payload_untried": [k for k in self.kinds if k not in self.payload],
+                "corruption_untried": [k for k in self.kinds if k not in self.corruption],
+                "untraced": self.untraced if not self.kinds else None}
+
+    def summary(self) -> str:
+        if not self.kinds:
+            return f"at-rest targets: no load traced ({self.untraced or 'no at-rest fault ran'})"
+        n = len(self.kinds)
+        return (f"at-rest targets: the load reads {n} kind(s) of file ({', '.join(self.kinds)}); "
+                f"payloads reached {len(self.payload & set(self.kinds))} of {n}, "
+                f"corruptions {len(self.corruption & set(self.kinds))} of {n}")
+
+
+def read_sweep(cfg: WorkloadConfig, reads: ReadCoverage) -> Iterator[list[str]]:
+    """At-rest schedules that reach every kind of file the load reads; ``reads`` is read as it fills.
+
+    First one corruption with no ``file=`` (it lands in the first file read, and its
+    record names every kind the load read); then a payload (pickle) in each kind and a
+    corruption of each kind not yet corrupted, ``file=KIND``. Steps and fault kinds are
+    drawn from ``cfg.seed``, so the same seed sweeps the same way. Nothing more once no
+    record names the kinds (no load could be traced).
+    """
+    saves = cfg.save_steps() or [cfg.steps]
+    low = min(cfg.steps, saves[1] + 1 if len(saves) > 1 else saves[0] + 1)
+    rng = random.Random(f"{cfg.seed}:read-sweep")
+
+    def step() -> int:
+        return rng.randint(low, cfg.steps)
+
+    yield [f"truncate:step={step()},seed={cfg.seed}"]
+    if not reads.kinds:
+        return
+    for kind in list(reads.kinds):
+        yield [f"payload:step={step()},format=pickle,seed={cfg.seed},file={kind}"]
+    for i, kind in enumerate(k for k in list(reads.kinds) if k not in reads.corruption):
+        yield [f"{CORRUPTIONS[i % len(CORRUPTIONS)]}:step={step()},seed={cfg.seed},file={kind}"]
+
+
 @dataclass
 class Campaign:
     """What the generated half of a campaign ran, and what it covered.
@@ -72,6 +155,7 @@ class Campaign:
     budget_s: float | None = None
     seed: int | None = None
     family_scenarios: int = 0
+    reads: ReadCoverage = field(default_factory=ReadCoverage)
 
     def __iter__(self) -> Iterator[ScenarioResult]:
         return iter(self.results)
@@ -90,6 +174,7 @@ class Campaign:
             "skipped": [{"id": r.scenario.id, "faults": [f.spec() for f in r.scenario.faults], "reason": r.error}
                         for r in self.skipped],
             "coverage": self.coverage.to_dict() if self.coverage is not None else None,
+            "read_kinds": self.reads.to_dict() if self.budget_s is not None else None,
         }
 
     def summary(self) -> str:
@@ -100,6 +185,8 @@ class Campaign:
                 f"schedule(s) (seed {self.seed}), {len(self.skipped)} skipped")
         if self.coverage is not None:
             text += f"\n{self.coverage.summary()}"
+        if self.reads.kinds or self.reads.untraced:
+            text += f"\n{self.reads.summary()}"
         return text
 
 
@@ -108,9 +195,11 @@ def fill_budget(cfg: WorkloadConfig, world_size: int, points: TracePoints, deadl
                 max_schedules: int = 1000, max_faults: int = 2) -> Campaign:
     """Run generated schedules while ``estimate_s()`` seconds still fit before ``deadline`` (monotonic).
 
-    Draws are seeded by ``cfg.seed`` and never shrunk (a failure is kept and reported,
-    the campaign goes on); their I/O and phase faults come from ``points``. Every
-    result is counted into the campaign's coverage.
+    First ``read_sweep`` (at-rest faults over every kind of file the load reads), then
+    draws seeded by ``cfg.seed``, never shrunk (a failure is kept and reported, the
+    campaign goes on); their I/O and phase faults come from ``points``, their at-rest
+    faults aim at the kinds the sweep learned. Every result is counted into the
+    campaign's coverage. Called by ``chaos run --budget`` (``chaos.cli._generated``).
     """
     from chaos.points import Coverage
 
@@ -125,19 +214,30 @@ def fill_budget(cfg: WorkloadConfig, world_size: int, points: TracePoints, deadl
 
     ran: set[tuple[str, ...]] = set()
 
-    @hypothesis_seed(cfg.seed)
-    @settings(max_examples=max_schedules, phases=[Phase.generate], database=None, deadline=None,
-              derandomize=False, suppress_health_check=list(HealthCheck), print_blob=False)
-    @given(schedule=fault_schedules(cfg, world_size, points, max_faults=max_faults))
-    def explore(schedule: list[str]) -> None:
-        if tuple(schedule) in ran:
-            return  # hypothesis may draw one schedule from two different choice sequences
+    def run(schedule: list[str]) -> None:
         if deadline - time.monotonic() < estimate_s():
             raise _BudgetSpent
         ran.add(tuple(schedule))
         result = run_one(schedule)
         campaign.results.append(result)
         campaign.coverage.add(result)
+        campaign.reads.add(result)
+
+    try:
+        for schedule in read_sweep(cfg, campaign.reads):
+            run(schedule)
+    except _BudgetSpent:
+        return campaign
+
+    @hypothesis_seed(cfg.seed)
+    @settings(max_examples=max_schedules, phases=[Phase.generate], database=None, deadline=None,
+              derandomize=False, suppress_health_check=list(HealthCheck), print_blob=False)
+    @given(schedule=fault_schedules(cfg, world_size, points, max_faults=max_faults,
+                                    read_kinds=tuple(campaign.reads.kinds)))
+    def explore(schedule: list[str]) -> None:
+        if tuple(schedule) in ran:
+            return  # hypothesis may draw one schedule from two different choice sequences
+        run(schedule)
 
     try:
         explore()

@@ -450,6 +450,8 @@ def run(plan: LaunchPlan, env: Environment | None = None) -> ClusterResult:
     """
     Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
     env = env or Environment([], plan.world_size, plan.ckpt_root, plan.log_dir, 0)
+    if hasattr(env, "bind"):
+        env.bind(plan)  # an at-rest fault traces a fault-free load of this very plan (chaos.loadtrace)
     attempts: list[AttemptResult] = []
     world = plan
     try:

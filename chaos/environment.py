@@ -7,6 +7,12 @@ payloads and check their markers, freeze the tree for power-loss exploration). T
 runs whatever happened; a fault that cannot be had on this machine raises
 ``faults.Unsupported`` up front, which the runner reports as a skipped scenario with
 the reason.
+
+An at-rest fault lands in a file the loader really reads: before the first one, the
+environment traces one fault-free load of the checkpoint it is about to attack, with
+the launch plan ``chaos.cluster.run`` hands it (``bind``), and picks from what that
+load opened, the first file read first (``chaos.loadtrace``). The fault's record says
+how the target was chosen (``choice``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import glob
 import json
 import math
 import os
-import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +47,14 @@ class Environment:
         self.snapshots: dict[int, Any] = {}  # fault index -> Snapshot taken at the barrier
         self.trace_marks: dict[int, dict[int, int]] = {}  # fault index -> rank -> trace records so far
         self.log: list[dict[str, Any]] = []
+        self.plan: Any = None  # the chaos.cluster.LaunchPlan being run, once bound
+        self._load_trace: Any = None  # chaos.loadtrace.LoadTrace of this scenario, once traced
+
+    def bind(self, plan: Any) -> None:
+        """Called by ``chaos.cluster.run`` with the plan it runs: what a traced fault-free load
+        of the same configuration needs (checkpointer, options, workload, world size). An
+        environment never bound (another driver) picks at-rest targets as before, and says so."""
+        self.plan = plan
 
     # -- set-up and teardown -------------------------------------------------------
     def __enter__(self) -> Environment:
@@ -213,7 +226,17 @@ class Environment:
         root = self._local_root()
         if not root or not os.path.isdir(root):
             return _idle("no target", f"no checkpoint root {root!r} exists (the job never saved?)")
-        return self._corrupt_tree(fault, root, self._newest_files(fault, root, log_paths))
+        return self._corrupt_tree(fault, root, self._newest_files(fault, root, log_paths), traced=True)
+
+    def _traced_load(self, root: str) -> tuple[Any, str | None]:
+        """The fault-free load's reads of the tree at ``root`` (traced once per scenario), or why there are none."""
+        from chaos.loadtrace import trace_load
+
+        if self.plan is None:
+            return None, "the launch plan was not handed to the environment (a driver that runs its own attempts)"
+        if self._load_trace is None:
+            self._load_trace = trace_load(self.plan, root, self.scratch, self._storage_scheme())
+        return self._load_trace, None
 
     def _storage_scheme(self) -> str | None:
         if not self.storage:
@@ -251,8 +274,14 @@ class Environment:
         return newest
 
     def _corrupt_tree(self, fault: Fault, root: str, files: list[str] | str,
-                      older_of: Any = None) -> dict[str, Any]:
-        """Carry out ``fault`` on one of ``files`` (all under ``root``), chosen with its seed."""
+                      older_of: Any = None, traced: bool = False) -> dict[str, Any]:
+        """Carry out ``fault`` on one of ``files`` (all under ``root``).
+
+        ``traced``: choose among the files a traced fault-free load of ``root`` read, the
+        first one read first (``chaos.loadtrace.choose``); otherwise (an object store's
+        mirror) seeded among ``files`` as before. The record's ``choice`` says which and why.
+        """
+        from chaos.loadtrace import choose
         from faults import FaultError
         from faults.corrupt import apply, plan_corruption, why_unchanged
 
@@ -268,16 +297,29 @@ class Environment:
                 return _idle("no target", f"no file of the newest checkpoint has a non-empty "
                                           f"{fault.param('region', 'any')} region")
             files = able
-        target = random.Random(f"{seed}:{fault.kind}:target").choice(files)
+        if fault.kind == "stale":  # nor one without an older copy (a `latest` pointer in the root): first read
+            older_copy = older_of or self._older_sibling  # would otherwise always be the pointer, and idle
+
+            def has_older(f: str) -> bool:
+                older = older_copy(f, root)
+                return older is not None and os.path.isfile(os.path.join(older, os.path.basename(f)))
+
+            files = [f for f in files if has_older(f)] or files
+        if traced:
+            trace, why = self._traced_load(root)
+        else:
+            trace, why = None, "the checkpoint lives in an object store, whose reads no trace sees"
+        target, choice = choose(fault, root, files, trace, why)
         rel = os.path.relpath(target, root)
         if fault.kind == "payload":
-            return self._plant(fault, root, target, seed)
+            return self._plant(fault, root, target, seed, choice)
         ckpt_dir = os.path.dirname(target)
         older = None
         if fault.kind == "stale":
             older = (older_of or self._older_sibling)(target, root)
             if older is None:
-                return _idle("no target", "no older checkpoint directory to take a stale copy from", target=rel)
+                return _idle("no target", "no older checkpoint directory to take a stale copy from", target=rel,
+                             choice=choice)
         try:
             plan = plan_corruption(
                 ckpt_dir, fault.kind, seed, scratch_root=root,
@@ -287,9 +329,9 @@ class Environment:
                 offset=fault.param("offset"), at=fault.param("at"))
             rec = apply(plan)
         except FaultError as exc:
-            return _idle("no target", str(exc), target=rel)
+            return _idle("no target", str(exc), target=rel, choice=choice)
         record = rec.to_dict()
-        record.update(target=rel, offsets=[c["start"] for c in rec.changes])
+        record.update(target=rel, offsets=[c["start"] for c in rec.changes], choice=choice)
         if not rec.changed:
             record.update(idle="same bytes", reason=f"{rel}: {why_unchanged(rec)}")
         return record
@@ -303,7 +345,8 @@ class Environment:
         return None if ckpt_dir == root or not siblings else siblings[-1]
 
     # -- payloads: loading must never execute code from the checkpoint -------------------
-    def _plant(self, fault: Fault, root: str, target: str, seed: int) -> dict[str, Any]:
+    def _plant(self, fault: Fault, root: str, target: str, seed: int,
+               choice: dict[str, Any] | None = None) -> dict[str, Any]:
         """Plant the payload; its marker is checked after every later attempt (``check_markers``)."""
         import uuid
 
@@ -318,9 +361,9 @@ class Environment:
             rec = plant(target, str(fault.param("format", "pickle")), marker, seed=seed,
                         scratch_root=root, marker_root=self.scratch, variant=fault.param("variant"))
         except FaultError as exc:
-            return _idle("no target", str(exc), target=rel)
+            return _idle("no target", str(exc), target=rel, choice=choice)
         record = rec.to_dict()
-        record.update(target=rel, offsets=[c["start"] for c in rec.changes],
+        record.update(target=rel, offsets=[c["start"] for c in rec.changes], choice=choice,
                       marker={"path": marker, "exists": False, "checks": [], "first_seen": None})
         if not rec.changed:
             record.update(idle="same bytes", reason=f"{rel}: the payload is byte for byte what was there")

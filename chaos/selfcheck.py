@@ -6,8 +6,10 @@ by the general oracles — the ``powerloss`` probe too, whose crash states the r
 explores and judges as ``atomic_commit``), chosen so that together they expose what a
 checkpointer can get wrong — lost or mixed state after a crash, a torn in-place write,
 an error that is swallowed and acknowledged, corruption loaded silently, no fallback,
-writes that a power loss takes back. A correct checkpointer must pass (or be skipped
-by) every probe.
+writes that a power loss takes back, code planted in a file the load unpickles. A
+correct checkpointer must pass (or be skipped by) every probe. At-rest probes land in
+files a traced fault-free load really reads (``chaos.loadtrace``): without ``file=``
+the first one read, with ``file=*`` one of them drawn with the seed.
 
 A planted defect says which check is meant to catch it: its module declares
 ``EXPECTED_CATCH``, a literal mapping of probe name to the oracle names any one of
@@ -97,6 +99,9 @@ BATTERY: tuple[Probe, ...] = (
           "the same with a third seed"),
     Probe("truncate-newest", ("truncate:step=10,fraction=0.5,seed=0,file=*",),
           "a file of the newest checkpoint cut in half: detect and fall back"),
+    Probe("payload-newest", ("payload:step=10,format=pickle,seed=0",),
+          "a pickle whose loading runs code, planted in the first file the load reads that is a pickle or a "
+          "torch zip (a manifest, an index, a shard): loading must refuse it, never run it"),
     Probe("disk-full", ("diskfull:step=6,free=4096",),
           "the checkpoint file system fills up before the save at step 8"),
 )

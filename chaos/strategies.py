@@ -15,7 +15,7 @@ skipped fails instead of passing on nothing.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 # Faults after which the job restarts for certain (the rank dies, or every rank is stopped
 # for an at-rest corruption): only these are followed by a fault in the next attempt. An
 # EIO or ENOSPC may be handled by the checkpointer without any restart.
-RESTARTING_KINDS = frozenset({"kill", "term", "crash", "shortwrite", "bitflip", "truncate", "delete"})
+RESTARTING_KINDS = frozenset({"kill", "term", "crash", "shortwrite", "bitflip", "truncate", "delete", "payload"})
+REST_KINDS = ("bitflip", "truncate", "delete", "payload")
 IO_KINDS = ("crash", "eio", "enospc")
 
 
@@ -55,14 +56,17 @@ def _uniform_over_keys(points: list[IOPoint]) -> st.SearchStrategy[IOPoint]:
 
 
 def fault_schedules(cfg: WorkloadConfig, world_size: int, points: TracePoints, *,
-                    max_faults: int = 2) -> st.SearchStrategy[list[str]]:
+                    max_faults: int = 2, read_kinds: Sequence[str] = ()) -> st.SearchStrategy[list[str]]:
     """Schedules of one to ``max_faults`` faults, each in the attempt after the one before.
 
     ``points`` (``chaos.points.reference_points``) gives the I/O operations and phase
     announcements each rank performed in a fault-free run of ``cfg``; I/O faults and
     phase kills come from those only. A process kill or an at-rest corruption lands at
-    any step. A fault in attempt ``i > 0`` lies at a step past the fault of attempt
-    ``i - 1`` (the restarted job resumes at or before it, so it passes that step again).
+    any step; an at-rest fault's ``file=`` is one of ``read_kinds`` (the kinds of file a
+    traced fault-free load read, as ``chaos.loadtrace.kind_of`` names them) or absent
+    (the first file the load reads). A fault in attempt ``i > 0`` lies at a step past
+    the fault of attempt ``i - 1`` (the restarted job resumes at or before it, so it
+    passes that step again).
     """
     saves = cfg.save_steps() or [cfg.steps]
     ranks = st.integers(0, world_size - 1)
@@ -103,9 +107,10 @@ def fault_schedules(cfg: WorkloadConfig, world_size: int, points: TracePoints, *
         low = max(first_rest, after + 1)
         if low > cfg.steps:
             return None
-        return st.builds(lambda kind, step, seed: Drawn(f"{kind}:step={step},seed={seed}", step, True),
-                         st.sampled_from(["bitflip", "truncate", "delete"]), st.integers(low, cfg.steps),
-                         st.integers(0, 2**16))
+        where = st.sampled_from([None, *read_kinds])
+        return st.builds(lambda kind, step, seed, file: Drawn(
+            f"{kind}:step={step},seed={seed}" + (f",file={file}" if file else ""), step, True),
+            st.sampled_from(REST_KINDS), st.integers(low, cfg.steps), st.integers(0, 2**16), where)
 
     cache: dict[int, st.SearchStrategy[Drawn] | None] = {}
 

@@ -196,6 +196,41 @@ def is_dcp_data(path: str) -> bool:
     return path.endswith(".distcp") and os.path.isfile(os.path.join(os.path.dirname(path), DCP_METADATA))
 
 
+def speaks(path: str | os.PathLike[str], fmt: str) -> bool:
+    """Whether the file at ``path`` is already in a format a ``fmt`` payload is written in.
+
+    ``pickle`` and ``torchzip``: a pickle (protocol 2 or later), a zip (``torch.save``'s
+    format, whose ``data.pkl`` is a pickle) or a DCP data file with byte items (which DCP
+    reads with ``torch.load``); ``safetensors-header``: a safetensors file. The harness
+    (``chaos.loadtrace.choose``) plants a payload in the first file the load reads that
+    speaks its format: a pickle in a text ``latest`` pointer tests nothing.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown payload format {fmt!r}; expected one of {FORMATS}")
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8)
+            if fmt == "safetensors-header":
+                if len(head) < 8:
+                    return False
+                (n,) = struct.unpack("<Q", head)
+                if not 0 < n <= min(os.fstat(f.fileno()).st_size - 8, 1 << 26):
+                    return False
+                _split_safetensors(head + f.read(n))
+                return True
+    except (OSError, FaultError):
+        return False
+    if (head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5) or head[:4] == b"PK\x03\x04":
+        return True  # a pickle of protocol 2+, or a zip
+    if is_dcp_data(p):
+        try:
+            return bool(dcp_byte_items(p))
+        except FaultError:
+            return False
+    return False
+
+
 # ---------------------------------------------------------------------- planting
 def plant(path: str | os.PathLike[str], fmt: str, marker: str | os.PathLike[str], *, seed: int = 0,
           scratch_root: str | os.PathLike[str], marker_root: str | os.PathLike[str] | None = None,
@@ -241,5 +276,5 @@ def plant(path: str | os.PathLike[str], fmt: str, marker: str | os.PathLike[str]
 
 __all__ = [
     "FORMATS", "HEADER_VARIANTS", "dcp_byte_items", "is_dcp_data", "padded_pickle", "pickle_payload", "plant",
-    "safetensors_header_payload", "torchzip_payload",
+    "safetensors_header_payload", "speaks", "torchzip_payload",
 ]

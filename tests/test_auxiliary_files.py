@@ -22,10 +22,13 @@ def test_an_eio_on_the_metrics_rename_after_the_commit_is_set_aside(tmp_path):
 
 def test_an_undirected_corruption_never_targets_an_auxiliary_file_or_the_pointer(tmp_path):
     """Default campaign seed 6: a seeded bitflip (no file=) drew `latest`, then metrics.prom;
-    it must land on a file a load reads: a shard of the newest checkpoint."""
+    it must land on a file a load reads: the first one a traced fault-free load of the newest
+    checkpoint read that a flip in its data region can change (its manifest; chaos.loadtrace)."""
     scenario = Scenario(checkpointer="reference", world_size=2, workload=WorkloadConfig(seed=6),
                         faults=[parse_fault("bitflip:step=23,bits=16,region=data,seed=6")])
     result = run_scenario(scenario, RunOptions(cache_dir=tmp_path / "cache", scratch_base=str(tmp_path)))
     case = result.oracles["checksum_detection"].evidence["cases"][0]
     assert result.verdict == "pass" and case["changed"], (result.error, case)
-    assert case["target"].endswith(".safetensors"), case
+    assert case["target"] != "latest" and "metrics" not in case["target"], case
+    choice = result.record.fired_faults()[0]["detail"]["corruption"]["choice"]
+    assert choice["by"] == "first read" and case["target"] in choice["trace"]["read"], choice

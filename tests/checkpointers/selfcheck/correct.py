@@ -190,7 +190,7 @@ class CorrectCheckpointer:
             with open(os.path.join(self.root, "latest")) as f:
                 text = f.read().strip()
             named = int(text[5:]) if text.startswith("step-") and text[5:].isdigit() else None
-        except OSError:
+        except (OSError, ValueError):  # missing, or not text at all (UnicodeDecodeError): no pointer
             named = None
         if named in order:
             order.remove(named)
