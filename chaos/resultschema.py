@@ -139,6 +139,9 @@ _JOB = _object({
     "points_tried": _INT, "coverage": _NUM, "budget_s": _maybe("number"), "seconds": _NUM,
     "faults": _object({"found": _object(values=_INT), "tried": _object(values=_INT)}),
     "reference": _object({"notes": _array(_STR), "tolerance_mode": _BOOL, "untraced_files": _array(_STR)}),
+    # a run stopped by SIGINT / SIGTERM (chaos.job.explore.interrupt_record): its points cut short are
+    # scenarios with verdict skipped and outcome "interrupted", so readers older than this key still read them
+    "interrupted": _object({"signal": _STR, "during": _STR, "after": _INT, "of": _INT, "points": _array(_STR)}),
 }, required=("spec",))
 ORIGIN = _object({"host": _STR, "uid": _INT, "mac": _STR}, required=("host", "uid", "mac"))
 

@@ -27,6 +27,13 @@ the system temp directory), removed at the end unless ``--keep``: per run a fold
    says ENOSPC (a native writer hit it); otherwise it is *skipped* only if every oracle
    passes.
 
+An interrupt (Ctrl-C; a SIGTERM, which ``cli_job`` turns into one) is no fault of the
+job: every attempt stops at once (``launch.cancel``), a point whose chain it cut short
+is recorded with outcome *interrupted* (verdict ``skipped``), never judged, and
+``explore`` raises :class:`Interrupted` with what was done, once nothing of the run is
+left. A ``--result-file`` that matched nothing in the fault-free run is a usage error
+(``check_result_globs``) before any point runs.
+
 Where network cuts are explored (``netcut.usable``), every run chain — the fault-free
 runs included, so the job runs the same way in all of them — gets its own
 ``NetworkLab``: each copy in its rank's network namespace, torn down with the chain
@@ -46,6 +53,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaos.errors import ChaosError
+from chaos.errors import ChaosError, ConfigError
 from chaos.job import atrest, diskfull, launch, losscurve, netcut, nodes, pointset, spares
 from chaos.job.compare import first_difference
 from chaos.job.judge import Golden, PointRecord, PointVerdict, judge, last_steps, step_of
@@ -119,6 +127,25 @@ def result_files(job: JobSpec, out: str) -> list[str]:
         rels |= {os.path.relpath(p, out) for p in glob.glob(os.path.join(out, g), recursive=True)
                  if os.path.isfile(p)}
     return sorted(rels)
+
+
+def check_result_globs(job: JobSpec, out: str) -> None:
+    """ConfigError (exit 2, before any point runs) where a ``--result-file`` matches no file the fault-free
+    run left under {out}.
+
+    Called by :func:`reference` on the first fault-free run's {out}. Such a glob (``final.pth``
+    for a job that writes ``final.pt``) is a typo, never a fact about the job: nothing would be
+    compared after any point, and every point would pass with silent divergence not judged.
+    """
+    left: list[str] | None = None
+    for given, rel in zip(job.result_globs, job.relative_globs(job.result_globs), strict=True):
+        if any(os.path.isfile(p) for p in glob.glob(os.path.join(out, rel), recursive=True)):
+            continue
+        if left is None:
+            left = sorted(os.path.relpath(os.path.join(d, f), out) for d, _s, files in os.walk(out) for f in files)
+        shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "") if left else "nothing"
+        raise ConfigError(f"--result-file {given!r} matched no file the fault-free run left under {{out}} (it left "
+                          f"{shown}): give a file the job writes, relative to {{out}}")
 
 
 @dataclass
@@ -393,6 +420,7 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
     if not any(a == 0 for (_r, a) in traces):
         raise JobError("the fault-free run left no trace: the boot path did not run in the job's Python "
                        "(is COMMAND a Python program, or a launcher that drops PYTHONPATH?)")
+    check_result_globs(job, runs[0].out)
     results = result_files(job, runs[0].out)
     tolerance = False
     for rel in results:
@@ -514,19 +542,28 @@ class Exploration:
     budget_s: float | None
     seconds: float
     job_faults: tuple[str, ...] | None = None  # --faults as given (None: the default)
+    interrupted: dict[str, Any] | None = None  # an interrupted run: ``interrupt_record`` (None: it ran to its end)
+
+    @property
+    def judged(self) -> list[PointResult]:
+        """The points run to their end and judged: every result but those an interrupt cut short."""
+        return [r for r in self.results if r.verdict.outcome != INTERRUPTED]
 
     @property
     def coverage(self) -> float:
-        return len(self.results) / self.found if self.found else 0.0
+        return len(self.judged) / self.found if self.found else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         ref = self.reference
-        return {"points_found": self.found, "points_chosen": self.chosen, "points_tried": len(self.results),
-                "coverage": round(self.coverage, 4), "budget_s": self.budget_s, "seconds": round(self.seconds, 3),
-                "faults": {"asked": list(self.job_faults) if self.job_faults is not None else "all that apply",
-                           "explored": list(ref.kinds), "found": pointset.by_kind(ref.points),
-                           "tried": pointset.by_kind(r.point for r in self.results)},
-                "reference": ref.to_dict()}
+        doc = {"points_found": self.found, "points_chosen": self.chosen, "points_tried": len(self.judged),
+               "coverage": round(self.coverage, 4), "budget_s": self.budget_s, "seconds": round(self.seconds, 3),
+               "faults": {"asked": list(self.job_faults) if self.job_faults is not None else "all that apply",
+                          "explored": list(ref.kinds), "found": pointset.by_kind(ref.points),
+                          "tried": pointset.by_kind(r.point for r in self.judged)},
+               "reference": ref.to_dict()}
+        if self.interrupted is not None:
+            doc["interrupted"] = self.interrupted
+        return doc
 
 
 def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budget_s: float | None = None,
@@ -536,82 +573,186 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
     """The whole exploration in one scratch root (removed afterwards unless ``keep``).
 
     ``only``: run exactly these points (``--point``, ``chaos replay``) instead of a sample.
+
+    An interrupt (KeyboardInterrupt: Ctrl-C, or ``launch.Interrupt`` for the SIGTERM that
+    ``cli_job`` turns into one) stops every running attempt (``launch.cancel``) and
+    starts no other; a point whose chain it cut short is recorded as *interrupted*
+    (:func:`interrupted_result`), never judged: a resume SIGKILLed by the harness says
+    nothing about the job. Once every copy is gone, every lab torn down and the scratch
+    root removed (this function's ``finally``), :class:`Interrupted` carries what was
+    done to the caller.
     """
     root = make_root("chaos-job-", scratch_base, keep=keep)
     started = time.monotonic()
     replayed = [] if only is None else only if isinstance(only, list) else [only]
     netlab = True if any(p.family == "net" for p in replayed) and netcut.usable(job)[0] else None
+    ref: Reference | None = None
+    plan: pointset.Plan | None = None
+    chosen: list[Point] = []
+    results: list[PointResult] = []
     try:
-        ref, _golden_run = reference(job, root, jobs, seed, netlab)
-        # The run order, classes first (every family, each save's end, ...: pointset.plan); what it
-        # covers, and what --max-points leaves out, is a note shown with the fault-free runs'.
-        plan = (None if only is not None or not ref.points else
-                pointset.plan(ref.points, max_points, seed, pointset.point_classes(job, ref.traces, ref.points)))
-        if plan is not None:
-            ref.notes += plan.planned_notes(max_points, budget_s)
-        if on_reference:
-            on_reference(ref)
-        if only is not None:  # a replay: exactly these points, in this order
-            chosen = [ref.lookup(job, p) for p in (only if isinstance(only, list) else [only])]
-        elif plan is None:
-            raise JobError("the fault-free run showed no point to break: no file event under {out} was "
-                           "traced and no step was announced")
-        else:
-            chosen = plan.points
-        results: list[PointResult] = []
-        lock = threading.Lock()
-        durations: list[float] = []
-
-        def estimate() -> float:
-            return sum(durations) / len(durations) if durations else ref.seconds
-
-        # Points one at a time leave a core idle: the next attempt's interpreter starts there
-        # (launch.prestart, spares.py) while this one runs. Not where every run has a lab of its own.
-        warm = jobs < (os.cpu_count() or 1) and not ref.netlab and launch.can_prestart(job)
-
-        def one(i: int, point: Point) -> PointResult | None:
-            if budget_s is not None and time.monotonic() - started + estimate() > budget_s:
-                return None
-            t0 = time.monotonic()
-            run = _new_run(root, f"point-{i:05d}")
-            run.prestart = warm
-            if warm and jobs == 1 and i + 1 < len(chosen):
-                nxt = _new_run(root, f"point-{i + 1:05d}")
-                launch.prestart(job, nxt.out, nxt.scratch, 0, chosen[i + 1], nxt.mark)
-            try:
-                rec = run_chain(job, run, point, seed, ref.netlab)
-            finally:
-                spares.drop(run.scratch)
-            res = PointResult(job, point, judge(job, ref.golden, rec), rec, seed, time.monotonic() - t0)
-            with lock:
-                durations.append(res.seconds)
-                results.append(res)
-                if on_result:
-                    on_result(res)
-            if not keep:
-                shutil.rmtree(os.path.join(root, f"point-{i:05d}"), ignore_errors=True)
-            return res
-
-        with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = [pool.submit(one, i, p) for i, p in enumerate(chosen)]
-            try:
-                for f in futures:
-                    f.result()
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                launch.cancel()  # the running chains stop at their next attempt
-                raise
-        order = {p.id: i for i, p in enumerate(ref.points)}
-        results.sort(key=lambda r: order.get(r.point.id, len(order)))
-        if plan is not None:  # the classes tried, and those the --budget ran out before
-            ref.notes += plan.tried_notes([r.point for r in results], max_points, budget_s)
-        return Exploration(ref, results, len(ref.points), len(chosen), budget_s, time.monotonic() - started,
-                           job.faults)
+        try:
+            ref, _golden_run = reference(job, root, jobs, seed, netlab)
+            # The run order, classes first (every family, each save's end, ...: pointset.plan); what it
+            # covers, and what --max-points leaves out, is a note shown with the fault-free runs'.
+            plan = (None if only is not None or not ref.points else
+                    pointset.plan(ref.points, max_points, seed, pointset.point_classes(job, ref.traces, ref.points)))
+            if plan is not None:
+                ref.notes += plan.planned_notes(max_points, budget_s)
+            if on_reference:
+                on_reference(ref)
+            if only is not None:  # a replay: exactly these points, in this order
+                chosen = [ref.lookup(job, p) for p in (only if isinstance(only, list) else [only])]
+            elif plan is None:
+                raise JobError("the fault-free run showed no point to break: no file event under {out} was "
+                               "traced and no step was announced")
+            else:
+                chosen = plan.points
+            _run_points(job, ref, chosen, root, seed, budget_s, jobs, keep, started, results, on_result)
+            exploration = _exploration(job, ref, chosen, results, budget_s, started)
+            if plan is not None:  # the classes tried, and those the --budget ran out before
+                ref.notes += plan.tried_notes([r.point for r in exploration.results], max_points, budget_s)
+            return exploration
+        except KeyboardInterrupt as exc:
+            launch.cancel()  # idempotent: whatever still runs stops now
+            signum = launch.signal_of(exc)
+            partial = None
+            if ref is not None:
+                partial = _exploration(job, ref, chosen, results, budget_s, started)
+                partial.interrupted = interrupt_record(signum, partial)
+                ref.notes.insert(0, interrupted_line(partial.interrupted))
+            raise Interrupted(signum, partial) from None
     finally:
-        launch.kill_all()
-        launch.uncancel()
-        netcut.teardown_all()  # a run chain's namespaces, if an interrupt cut its own teardown short
-        disk.unmount_all(root)  # a full-disk point's tmpfs, if an interrupt cut its own unmount short
+        with launch.shield():  # a signal now would leave what this removes: cli_job's handler waits
+            launch.kill_all()
+            launch.uncancel()
+            netcut.teardown_all()  # a run chain's namespaces, if an interrupt cut its own teardown short
+            disk.unmount_all(root)  # a full-disk point's tmpfs, if an interrupt cut its own unmount short
+            if not keep:
+                shutil.rmtree(root, ignore_errors=True)
+
+
+def _exploration(job: JobSpec, ref: Reference, chosen: list[Point], results: list[PointResult],
+                 budget_s: float | None, started: float) -> Exploration:
+    """What ``explore`` returns (or an interrupt carries): the results in the order of the points found."""
+    order = {p.id: i for i, p in enumerate(ref.points)}
+    done = sorted(results, key=lambda r: order.get(r.point.id, len(order)))
+    return Exploration(ref, done, len(ref.points), len(chosen), budget_s, time.monotonic() - started, job.faults)
+
+
+def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, seed: int, budget_s: float | None,
+                jobs: int, keep: bool, started: float, results: list[PointResult],
+                on_result: Callable[[PointResult], None] | None) -> None:
+    """Run and judge ``chosen``, ``jobs`` at a time, into ``results`` (``on_result`` for each).
+
+    On an interrupt the points not started are cancelled, the running ones stopped
+    (``launch.cancel``), and this returns only once their threads are done, each such
+    point in ``results`` as interrupted; then the interrupt goes on to ``explore``.
+    """
+    lock = threading.Lock()
+    durations: list[float] = []
+
+    def estimate() -> float:
+        return sum(durations) / len(durations) if durations else ref.seconds
+
+    # Points one at a time leave a core idle: the next attempt's interpreter starts there
+    # (launch.prestart, spares.py) while this one runs. Not where every run has a lab of its own.
+    warm = jobs < (os.cpu_count() or 1) and not ref.netlab and launch.can_prestart(job)
+
+    def one(i: int, point: Point) -> PointResult | None:
+        if budget_s is not None and time.monotonic() - started + estimate() > budget_s:
+            return None
+        if launch.cancelled():
+            return None
+        t0 = time.monotonic()
+        run = _new_run(root, f"point-{i:05d}")
+        run.prestart = warm
+        if warm and jobs == 1 and i + 1 < len(chosen):
+            nxt = _new_run(root, f"point-{i + 1:05d}")
+            launch.prestart(job, nxt.out, nxt.scratch, 0, chosen[i + 1], nxt.mark)
+        rec: PointRecord | None = None
+        try:
+            rec = run_chain(job, run, point, seed, ref.netlab)
+        except BaseException:
+            if not launch.cancelled():
+                raise
+            # the interrupt cut the chain short (an attempt not started, a lab torn down under it)
+        finally:
+            spares.drop(run.scratch)
+        if launch.cancelled():  # never judged: what the harness stopped says nothing about the job
+            res = interrupted_result(job, point, run, rec, seed, time.monotonic() - t0)
+            with lock:
+                results.append(res)
+            return res
+        assert rec is not None
+        res = PointResult(job, point, judge(job, ref.golden, rec), rec, seed, time.monotonic() - t0)
+        with lock:
+            durations.append(res.seconds)
+            results.append(res)
+            if on_result:
+                on_result(res)
         if not keep:
-            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(os.path.join(root, f"point-{i:05d}"), ignore_errors=True)
+        return res
+
+    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures: list[cf.Future[PointResult | None]] = []
+        try:
+            futures += [pool.submit(one, i, p) for i, p in enumerate(chosen)]
+            for f in futures:
+                f.result()
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            launch.cancel()  # the running chains stop at their next attempt
+            raise  # once the pool's threads are done (its __exit__ waits for them)
+
+
+INTERRUPTED = "interrupted"  # the outcome of a point an interrupt cut short (verdict "skipped": old readers take it)
+
+
+class Interrupted(KeyboardInterrupt):
+    """``explore`` was interrupted and has cleaned up: no copy of the job runs, the scratch root is gone.
+
+    ``exploration``: what was done (its ``interrupted`` record says after how many of how
+    many points, and which were cut short), None when the fault-free runs had not ended.
+    A KeyboardInterrupt, so a caller that knows nothing of it (the pytest plugin) stops as
+    on Ctrl-C. ``cli_job`` writes the results of it and exits 128 + ``signum``.
+    """
+
+    def __init__(self, signum: int, exploration: Exploration | None) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exploration = exploration
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def interrupted_result(job: JobSpec, point: Point, run: Run, rec: PointRecord | None, seed: int,
+                       seconds: float) -> PointResult:
+    """A point an interrupt cut short, recorded as such: verdict ``skipped`` (what every reader of
+    the results schema knows), outcome ``interrupted``, no oracle; its attempts as far as they got."""
+    if rec is None:
+        rec = PointRecord(point, run.out, run.attempts, {}, None, None)
+    ran = "; ".join(f"attempt {a.attempt} {a.describe}" for a in rec.attempts) or "no attempt had started"
+    verdict = PointVerdict("skipped", INTERRUPTED, f"interrupted while this point ran ({ran}): not judged; "
+                           f"rerun it with --point {point.replay_id}", {})
+    return PointResult(job, point, verdict, rec, seed, seconds)
+
+
+def interrupt_record(signum: int, exploration: Exploration) -> dict[str, Any]:
+    """The results JSON's ``job.interrupted``: which signal, after how many judged points of how many chosen,
+    and the points it cut short (recorded as interrupted, not judged)."""
+    cut = [r.point.id for r in exploration.results if r.verdict.outcome == INTERRUPTED]
+    return {"signal": signal.Signals(signum).name, "after": len(exploration.results) - len(cut),
+            "of": exploration.chosen, "points": cut}
+
+
+def interrupted_line(record: dict[str, Any]) -> str:
+    """``interrupted after N of M points`` and why: for the console, the notes and every report."""
+    line = f"interrupted after {record['after']} of {record['of']} points ({record['signal']})"
+    if record.get("points"):
+        line += f"; {', '.join(record['points'])} cut short: recorded as interrupted, not judged"
+    return line

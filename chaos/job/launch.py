@@ -19,6 +19,11 @@ back up before the attempt returns; once one copy has failed in the cut, the oth
 get ``NET_SETTLE_S`` to fail by themselves — they wait in the same collective — before
 they are stopped as above).
 
+An interrupt (``cancel``) ends every running attempt at its next poll, marks it
+``interrupted`` and starts no other (``Cancelled``); ``Interrupt`` is the
+KeyboardInterrupt ``cli_job``'s handler raises for SIGINT and SIGTERM alike, and
+``shield`` keeps a second signal from cutting the last clean-up short.
+
 With a ``lab`` (``faults.network.NetworkLab``, made by ``explore.py`` per run chain)
 each copy of ``--ranks N`` runs inside its rank's network namespace, with
 ``MASTER_ADDR`` = rank 0's lab address (``netcut.in_netns``).
@@ -26,6 +31,7 @@ each copy of ``--ranks N`` runs inside its rank's network namespace, with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,6 +40,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +58,7 @@ BOOT_DIR = str(Path(__file__).resolve().parent / "boot")
 _live: dict[int, str] = {}  # pgid -> mark, of every copy running now (for interrupt clean-up)
 _live_lock = threading.Lock()
 _cancelled = threading.Event()  # set by cancel(): no attempt starts, running ones end (an interrupt)
+_shielded = threading.Event()  # set by shield(): a clean-up runs that a signal must not cut short
 NET_SETTLE_S = 1.0  # in a network cut, after one copy failed, how long the others get to fail by themselves
 ARMED_POLL_S = 0.002  # an armed point's rank leaves a request file and waits: look often (10 ms after 1 s)
 IDLE_POLL_S = 0.05    # otherwise the loop wakes when a copy exits; this bounds the deadline / cancel checks
@@ -73,13 +81,17 @@ class AttemptOutcome:
     net: dict[str, Any] | None = None     # a net request answered: the cut, the hold, how each copy ended
     node: dict[str, Any] | None = None    # a node point answered (--nodes, nodes.py): the loss or cut, each agent's end
     prestarted: bool = False  # its copies were spares started ahead, held at the gate until it began
+    interrupted: bool = False  # its copies were stopped because the exploration was interrupted (``cancel``)
 
     @property
     def ok(self) -> bool:
-        return not self.timed_out and self.halted is None and all(rc == 0 for rc in self.returncodes)
+        return (not self.timed_out and self.halted is None and not self.interrupted
+                and all(rc == 0 for rc in self.returncodes))
 
     @property
     def describe(self) -> str:
+        if self.interrupted:
+            return "stopped by the harness: the run was interrupted"
         if self.timed_out:
             return "timed out"
         if self.halted is not None:
@@ -131,6 +143,8 @@ class AttemptOutcome:
             d["node"] = self.node
         if self.prestarted:
             d["prestarted"] = True
+        if self.interrupted:
+            d["interrupted"] = True
         return d
 
 
@@ -392,6 +406,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                 outcome.timed_out = True
                 break
             if _cancelled.is_set():
+                outcome.interrupted = True
                 break  # interrupted: every copy is killed below
             exits.wait(procs, IDLE_POLL_S if not armed else ARMED_POLL_S if time.monotonic() - started < 1.0
                        else 0.01)
@@ -418,6 +433,8 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                 _live.pop(p.pid, None)
         outcome.seconds = time.monotonic() - started
     outcome.returncodes = [p.returncode for p in procs]
+    if _cancelled.is_set() and not all(rc == 0 for rc in outcome.returncodes):
+        outcome.interrupted = True  # cancel() may have killed the copies before the loop saw it
     if outcome.net is not None:
         causes = {i: netcut.clean_cause(_log_cause(outcome.logs[i])) for i, rc in enumerate(outcome.returncodes)
                   if rc is not None and rc > 0 and i not in outcome.stopped}
@@ -427,6 +444,48 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
 
 class Cancelled(ChaosError):
     """An attempt was to start after the exploration was interrupted (``cancel``)."""
+
+
+class Interrupt(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised in the main thread by the handler ``cli_job.main`` installs.
+
+    A KeyboardInterrupt, so that every clean-up written for Ctrl-C (``explore``'s
+    ``finally``, ``reference``'s ``cancel``) runs for a SIGTERM too; ``signum`` says which
+    signal it was, for the record (``explore.Interrupted``) and the exit status, 128 + it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def signal_of(exc: BaseException) -> int:
+    """The signal behind an interrupt: ``Interrupt.signum``, else SIGINT (Python's own KeyboardInterrupt)."""
+    return int(getattr(exc, "signum", signal.SIGINT))
+
+
+@contextlib.contextmanager
+def shield() -> Iterator[None]:
+    """A clean-up no signal may cut short: ``explore``'s last steps (every copy killed, labs torn
+    down, the scratch root removed). ``cli_job``'s signal handler asks :func:`shielded` and, while
+    this is held, only notes the signal: the exploration ends as it was ending, and the exit
+    status says a signal came."""
+    _shielded.set()
+    try:
+        yield
+    finally:
+        _shielded.clear()
+
+
+def shielded() -> bool:
+    """Whether a :func:`shield` clean-up runs now (a signal handler defers to it)."""
+    return _shielded.is_set()
+
+
+def cancelled() -> bool:
+    """Whether the exploration is being interrupted (``cancel`` called, ``uncancel`` not yet):
+    ``explore`` records a point whose chain ran into it as interrupted instead of judging it."""
+    return _cancelled.is_set()
 
 
 def cancel() -> None:

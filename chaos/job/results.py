@@ -3,7 +3,8 @@
 The same shape as ``chaos.results`` (``schema_version``, ``summary`` counts by
 verdict, ``environment``, ``scenarios``: one entry per point with ``id``, ``seed``,
 ``faults``, ``verdict``, ``oracles`` (name -> result / summary / evidence) and
-``replay``; ``environment`` also names the versions of the packages the job's script
+``replay``; an interrupted point is ``skipped`` with outcome ``interrupted``, counted apart in
+``summary.interrupted``; ``environment`` also names the versions of the packages the job's script
 imports, :func:`job_packages`), plus ``job``: the spec, the fault-free runs' facts,
 points found / tried and coverage, and ``origin`` (``chaos.resultschema``: who wrote it
 where, for ``chaos replay``). Its shape is ``chaos.resultschema.SCHEMA``. Built here rather than by ``chaos.results``
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import __version__
-from chaos.job.explore import Exploration, PointResult
+from chaos.job.explore import INTERRUPTED, Exploration, PointResult
 from chaos.job.spec import JobSpec
 from chaos.jsonfile import write_json_atomic
 from chaos.resultschema import origin_record
@@ -56,15 +57,30 @@ def job_packages(job: JobSpec) -> dict[str, str]:
     return {re.sub(r"[-_.]+", "-", d).lower(): v for d, v in repro.script_packages(str(script.path)).items()}
 
 
-def results_document(job: JobSpec, exploration: Exploration | None, results: list[PointResult]) -> dict[str, Any]:
+def results_document(job: JobSpec, exploration: Exploration | None, results: list[PointResult],
+                     progress: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The results document. ``exploration``: None while points still run (``cli_job`` rewrites the
+    file after each one, so a harness killed outright leaves what it had); ``progress`` then gives
+    the ``job`` entry's ``points_found`` / ``points_chosen`` / ``points_tried`` so far (a report of
+    such a file says how far it got), or ``interrupted`` where a run stopped before its points.
+
+    An interrupted point (``explore.INTERRUPTED``) is verdict ``skipped`` for every reader of
+    the schema, and counted apart: ``summary.interrupted`` (of the skipped) and
+    ``job.outcomes.interrupted``.
+    """
     counts = Counter(r.verdict.verdict for r in results)
     outcomes = Counter(r.verdict.outcome for r in results)
     job_doc: dict[str, Any] = {"spec": job.to_dict(), "outcomes": dict(sorted(outcomes.items()))}
+    if progress:
+        job_doc.update(progress)
     if exploration is not None:
         job_doc.update(exploration.to_dict())
+    summary = {v: counts.get(v, 0) for v in VERDICTS} | {"total": len(results)}
+    if outcomes.get(INTERRUPTED):
+        summary[INTERRUPTED] = outcomes[INTERRUPTED]
     doc = {
         "schema_version": SCHEMA_VERSION,
-        "summary": {v: counts.get(v, 0) for v in VERDICTS} | {"total": len(results)},
+        "summary": summary,
         "environment": {"chaos": __version__, "torch": _version("torch"), "python": platform.python_version(),
                         "platform": platform.platform(), "packages": job_packages(job)},
         "job": job_doc,
@@ -82,7 +98,8 @@ def write_results(path: str | Path, doc: dict[str, Any]) -> None:
 
 
 def exit_status(results: list[PointResult]) -> int:
-    """0 all pass (or skipped), 1 any fail, 2 any harness error."""
+    """0 all pass (or skipped), 1 any fail, 2 any harness error (an interrupted run: 128 + the signal,
+    ``cli_job``)."""
     verdicts = {r.verdict.verdict for r in results}
     if "error" in verdicts:
         return 2
