@@ -216,12 +216,10 @@ def _replay_job(args: argparse.Namespace, doc: dict[str, Any]) -> int:
     from chaos.job.cli_job import main as job_main
     from chaos.job.cli_job import replay_argv
 
-    if args.html:
-        raise ConfigError("chaos replay of a job run writes --json/--junit/--summary; render HTML with chaos report")
     argv, cwd = replay_argv(doc, args.scenario, args.results)
     extra: list[str] = []
     for flag, value in (("--json", args.json), ("--junit", args.junit), ("--summary", args.summary),
-                        ("--scratch", args.scratch)):
+                        ("--html", args.html), ("--scratch", args.scratch)):
         if value:
             extra += [flag, value]
     if args.keep:
