@@ -49,6 +49,8 @@ class Case:
     details: list[str] = field(default_factory=list)
     replay: str | None = None
     seconds: float = 0.0
+    # (name, value) pairs of the case's own JUnit <properties>: a cause's point ids and their replays
+    properties: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -83,13 +85,25 @@ def printable(text: Any, newlines: bool = False) -> str:
     return pattern.sub(lambda m: f"\\u{ord(m.group()):04x}", str(text))
 
 
+def cut_words(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, ending in "…" when cut: at a word boundary where the
+    last word starts in the last 40 % of the limit (a torch message ends "... If you are…", not
+    "... If you are s…"), else mid-word (one long token). For table cells and one-line summaries;
+    reports.causes keeps an exception's line whole."""
+    if len(text) <= limit:
+        return text
+    cut = text[: max(0, limit - 1)]
+    space = cut.rfind(" ")
+    if not text[len(cut)].isspace() and space >= 0.6 * len(cut):
+        cut = cut[:space]
+    return cut.rstrip() + "…"
+
+
 def one_line(text: Any, limit: int | None = None) -> str:
     """Whitespace (newlines included) folded to single spaces, control characters escaped (:func:`printable`);
-    cut at ``limit`` characters."""
+    cut at ``limit`` characters, between words where it can be (:func:`cut_words`)."""
     flat = printable(re.sub(r"\s+", " ", str(text or "")).strip())
-    if limit is not None and len(flat) > limit:
-        flat = flat[: max(0, limit - 1)].rstrip() + "…"
-    return flat
+    return cut_words(flat, limit) if limit is not None else flat
 
 
 def _strip_skipped(text: str) -> str:
@@ -244,6 +258,10 @@ def cases(doc: dict[str, Any]) -> list[Case]:
 
 def _job_notes(job: dict[str, Any]) -> list[str]:
     notes = []
+    cut = job.get("interrupted")
+    if isinstance(cut, dict):  # chaos.job.explore.interrupt_record
+        notes.append(one_line(f"interrupted after {cut.get('after', '?')} of {cut.get('of', '?')} points "
+                              f"({cut.get('signal', '?')}): the points it cut short are not judged"))
     if "points_found" in job:
         notes.append(f"coverage: {job.get('points_tried', 0)} of {job['points_found']} point(s) tried "
                      f"({_seconds(job.get('coverage')):.0%})" + (

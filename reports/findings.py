@@ -32,7 +32,7 @@ from typing import Any
 
 import chaos
 from chaos.errors import ConfigError
-from reports.cases import printable
+from reports.cases import cut_words, printable
 from reports.summary import cell, code
 
 DEFAULT_ANNOTATIONS = Path(chaos.__file__).resolve().parent / "examples" / "frameworks" / "findings.json"
@@ -271,14 +271,15 @@ def scrub(text: str) -> str:
 
 def evidence(point: PointOutcome, limit: int = EVIDENCE_LIMIT) -> str:
     """The short line a row shows for its example: for a failure what came back ("resume: ValueError:
-    ..."), for a pass or a skip what the fault did, scrubbed of scratch paths and cut at ``limit``."""
+    ..."), for a pass or a skip what the fault did, scrubbed of scratch paths and cut at ``limit``
+    (between words where it can be: ``reports.cases.cut_words``)."""
     text = scrub(point.summary)
     if point.key in FAILURES and "; then " in text:
         text = text.split("; then ", 1)[1]
     elif point.key in ("pass", "skipped") and "; then " in text:
         text = text.split("; then ", 1)[0]
     text = _RESUME.sub("resume: ", text)
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return cut_words(text, limit)
 
 
 @dataclass

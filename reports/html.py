@@ -21,6 +21,11 @@ Design choices, and why:
   that went NaN) become gaps rather than invalid JSON. The first divergence is computed
   on the full-precision data before any of that.
 
+A job run's failing points come first as "Failures by cause" (``reports.causes``): one
+block per cause with its fix, where the faults landed, how the resume failed, a
+representative point (its replay command, a link to its scenario) and every point,
+folded; of the failing scenarios below only each cause's representative is open.
+
 Optional sections come from ``extras`` (see :func:`normalize_extras`): the scheme
 comparison of ``chaos bench --json``, the Young/Daly interval chart, the certification
 property matrix and alert thresholds for the save/load metrics.
@@ -840,6 +845,25 @@ def scenario_view(sc: dict[str, Any], idx: int, ex: dict[str, Any], figures: dic
             "golden_cached": sc.get("golden_cached")}
 
 
+def causes_view(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The "Failures by cause" blocks of a job document (``reports.causes.group``); none for another
+    document. Scenario anchors are ``s<index in scenarios>``, as :func:`scenario_view` names them."""
+    from reports.causes import group, natural
+
+    views = []
+    for i, c in enumerate(group(doc)):
+        rep = c.representative
+        views.append({
+            "anchor": f"cause-{i}", "idx": i, "id": c.id, "outcome": c.outcome, "title": c.title, "count": c.count,
+            "fix": c.fix, "fix_text": c.fix_text, "families": c.families_text(), "where": c.where(),
+            "signatures": c.signatures() if c.outcome == "hard_failure" else [],
+            "rep": {"id": rep.id, "anchor": f"s{rep.index}", "index": rep.index, "landed": rep.landed,
+                    "summary": rep.summary(), "replay": rep.replay},
+            "points": [{"id": p.id, "anchor": f"s{p.index}", "landed": p.landed}
+                       for p in sorted(c.points, key=lambda p: natural(p.id))]})
+    return views
+
+
 def build_context(doc: dict[str, Any], extras: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything the template needs, as plain data (figures under ``figures``)."""
     ex = normalize_extras(extras)
@@ -848,6 +872,12 @@ def build_context(doc: dict[str, Any], extras: dict[str, Any] | None = None) -> 
     order = sorted(range(len(scenarios)), key=lambda i: (VERDICT_ORDER.get(scenarios[i].get("verdict"), 1), i))
     figures: dict[str, Any] = {}
     views = [scenario_view(scenarios[i], i, ex, figures) for i in order]
+    causes = causes_view(doc)
+    if causes:  # one open failing scenario per cause: the rest are a click away in its block
+        shown = {c["rep"]["index"] for c in causes}
+        for v in views:
+            if v["verdict"] == "fail":
+                v["open"] = v["idx"] in shown
     counts = Counter(v["verdict"] for v in views)
     by_ckpt: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for v in views:
@@ -865,7 +895,8 @@ def build_context(doc: dict[str, Any], extras: dict[str, Any] | None = None) -> 
         "seeds": _ranges(seeds), "scenarios": views, "thresholds": ex["thresholds"],
         "alerting": sum(1 for v in views if v["alerts"]),
         "bench": None, "young_daly": None, "certification": None, "run_notes": _run_notes(doc),
-        "job": _job_view(doc.get("job")),
+        "job": _job_view(doc.get("job")), "causes": causes,
+        "causes_failing": sum(c["count"] for c in causes),
     }
     if "bench" in ex:
         step_s, source = ex.get("step_seconds"), "given"

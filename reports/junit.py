@@ -12,6 +12,14 @@ or the backend; ``name`` the scenario id), with
 and suite-level counts and times, in the shape the common JUnit schema (Jenkins'
 ``junit-10.xsd``, which GitHub, GitLab and Jenkins readers accept) describes:
 ``<testsuites>`` > ``<testsuite>`` > ``<properties>``, ``<testcase>``…, ``<system-out>``.
+
+A job run's failing points are grouped by cause (``reports.causes``): one ``<testcase>``
+per cause (``name`` its stable id, such as ``hard_failure:in_place:ckpt.json:parse_error``;
+the failure message its headline and fix), whose own ``<properties>`` (first, as pytest
+writes them) name the cause's kind and size and every point id with its replay command;
+so a CI dashboard counts defects, not the dozens of points one defect fails. Passing,
+skipped and erroring points stay a testcase each.
+
 Written with the standard library's ElementTree; characters XML 1.0 cannot carry (a
 rank's stray control bytes) are written as ``\\uXXXX`` text rather than making the file
 unreadable. ``chaos.cli._run``, ``chaos.job.cli_job._run`` and ``chaos.commands.certify``
@@ -28,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from chaos.jsonfile import atomic_file
-from reports.cases import Case, cases, counts, describe
+from reports.cases import Case, counts, describe
+from reports.causes import group, grouped_cases, tally
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -43,6 +52,10 @@ def _secs(value: float) -> str:
 
 def _testcase(parent: ET.Element, case: Case) -> None:
     tc = ET.SubElement(parent, "testcase", classname=_x(case.classname), name=_x(case.name), time=_secs(case.seconds))
+    if case.properties:
+        props = ET.SubElement(tc, "properties")
+        for key, value in case.properties:
+            ET.SubElement(props, "property", name=_x(key), value=_x(value))
     if case.outcome == "pass":
         return
     tag = {"fail": "failure", "error": "error", "skipped": "skipped"}[case.outcome]
@@ -55,8 +68,11 @@ def _testcase(parent: ET.Element, case: Case) -> None:
 
 def junit_tree(doc: dict[str, Any]) -> ET.ElementTree:
     """The JUnit XML of ``doc`` (ConfigError if it is not a results document)."""
-    rows = cases(doc)
+    rows = grouped_cases(doc)
     info = describe(doc)
+    causes = group(doc)
+    if causes:
+        info.notes.append(f"grouped by cause: {tally(causes)} (one testcase per cause; its properties list the points)")
     n = counts(rows)
     seconds = info.seconds if info.seconds is not None else sum(c.seconds for c in rows)
     totals = {"tests": str(len(rows)), "failures": str(n["fail"]), "errors": str(n["error"]),

@@ -9,20 +9,29 @@ command in backticks), and the passing cases folded into a ``<details>`` block. 
 are escaped for GitHub-flavoured tables: ``|`` as ``\\|``, newlines folded, HTML
 special characters as entities outside code spans.
 
+A job run's failing points are grouped by cause (``reports.causes``): a "Failures by
+cause" table (cause, outcome, points, families, fix), then one folded block per cause
+with where the faults landed, how the resume failed, a representative point with its
+whole verdict line and replay command, and every point id; the per-point table then
+lists only the skipped and erroring points.
+
 Called by ``chaos.cli._run``, ``chaos.job.cli_job._run`` and ``chaos.commands.certify``
 after the results JSON is on disk.
 """
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 from typing import Any
 
-from reports.cases import Case, cases, counts, describe, one_line
+from reports.cases import Case, cases, counts, describe, one_line, printable
+from reports.causes import Cause, group, tally
 
 SUMMARY_LIMIT = 300  # characters of an oracle summary in a cell (the JSON keeps all of it)
 PASSING_ROWS = 200  # rows of the folded table of passing cases
+CAUSE_POINTS = 100  # point ids listed in a cause's block (the JUnit properties and the JSON keep all)
 
 
 def cell(text: Any, limit: int | None = SUMMARY_LIMIT) -> str:
@@ -58,6 +67,33 @@ def _row(c: Case, passing: bool = False) -> str:
     return "| " + " | ".join(cols) + " |"
 
 
+def _cause_lines(causes: list[Cause]) -> list[str]:
+    """The "Failures by cause" section: a table, then a folded block of details per cause."""
+    lines = ["### Failures by cause", "", f"{tally(causes)}", "",
+             "| cause | outcome | points | families | fix |", "|---|---|---:|---|---|"]
+    for c in causes:
+        lines.append(f"| {cell(c.title, None)} | {cell(c.outcome)} | {c.count} | {cell(c.families_text(), None)} "
+                     f"| {cell(c.fix_text, None)} |")
+    lines.append("")
+    for c in causes:
+        rep = c.representative
+        head = html.escape(printable(f"{c.outcome}: {c.title} ({c.count} point(s))"))
+        where = "; ".join(f"{w} ({n})" if n > 1 else w for w, n in c.where())
+        lines += [f"<details><summary>❌ {head}</summary>", "",
+                  f"- **fix:** {cell(c.fix_text, None)}", f"- **covers:** {cell(c.families_text(), None)}",
+                  f"- **at:** {cell(where, None)}"]
+        if c.outcome == "hard_failure" and c.signatures():
+            lines.append("- **fails with:** " + "; ".join(f"{code(s)} ({n})" for s, n in c.signatures()))
+        lines.append(f"- **representative:** {code(rep.id)} ({cell(rep.landed, None)}): {cell(rep.summary(), None)}")
+        if rep.replay:
+            lines.append(f"- **replay:** {code(rep.replay)}")
+        ids = c.ids()
+        shown = ", ".join(code(i) for i in ids[:CAUSE_POINTS])
+        more = f" and {len(ids) - CAUSE_POINTS} more (see the results JSON)" if len(ids) > CAUSE_POINTS else ""
+        lines += [f"- **points ({len(ids)}):** {shown}{more}", "", "</details>", ""]
+    return lines
+
+
 def markdown_summary(doc: dict[str, Any]) -> str:
     """The Markdown text (ConfigError if ``doc`` is not a results document)."""
     rows = cases(doc)
@@ -76,6 +112,11 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         lines.append(f"- {cell(note, None)}")
     if info.notes:
         lines.append("")
+    causes = group(doc)
+    if causes:
+        lines += _cause_lines(causes)
+        grouped = {str(p.scenario.get("id")) for c in causes for p in c.points}
+        rows = [c for c in rows if not (c.outcome == "fail" and c.name in grouped)]
     bad = [c for c in rows if c.outcome != "pass"]
     if bad:
         lines += ["| id | target | outcome | summary | replay |", "|---|---|---|---|---|"]

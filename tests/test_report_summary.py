@@ -17,6 +17,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from reports.causes import group
 from reports.summary import append_summary, cell, code, markdown_summary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,7 +106,8 @@ def test_campaign_coverage_and_certification_verdict():
 
 
 def test_a_job_run_writes_json_junit_summary_and_its_html_report_shows_the_points(tmp_path):
-    """The careless example (about 2 s): 6 points, at least one hard failure; every report agrees."""
+    """The careless example (about 2 s): 6 points, at least one hard failure; every report agrees, each
+    grouping the failing points by cause (one JUnit testcase, one summary row per cause)."""
     results, junit, summary, page = (tmp_path / n for n in ("r.json", "j.xml", "s.md", "r.html"))
     summary.write_text("kept\n")
     proc = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--scratch", str(tmp_path), "--result-file",
@@ -117,16 +119,23 @@ def test_a_job_run_writes_json_junit_summary_and_its_html_report_shows_the_point
     failed = [s for s in doc["scenarios"] if s["verdict"] == "fail"]
     assert failed and doc["summary"]["total"] == 6
 
+    # failing points are grouped by cause (reports.causes): a testcase per cause, its points as properties
+    causes = group(doc)
     root = ET.parse(junit).getroot()
     suite = root.find("testsuite")
-    assert (int(suite.get("tests")), int(suite.get("failures"))) == (6, len(failed))
+    assert (int(suite.get("tests")), int(suite.get("failures"))) == (6 - len(failed) + len(causes), len(causes))
     cases = {c.get("name"): c for c in suite.iter("testcase")}
-    assert set(cases) == {s["id"] for s in doc["scenarios"]} and {c.get("classname") for c in cases.values()} == {"job"}
-    first = failed[0]
-    failure = cases[first["id"]].find("failure")
-    assert failure.get("type") == first["outcome"] == "hard_failure"
-    assert first["oracles"]["liveness"]["summary"] in failure.get("message")
-    assert f"replay: {first['replay']}" in failure.text
+    assert set(cases) == {c.id for c in causes} | {s["id"] for s in doc["scenarios"] if s["verdict"] != "fail"}
+    assert {c.get("classname") for c in cases.values()} == {"job"}
+    first = next(c for c in causes if c.outcome == "hard_failure")
+    rep = first.representative.scenario
+    failure = cases[first.id].find("failure")
+    assert failure.get("type") == rep["outcome"] == "hard_failure"
+    assert failure.get("message") == f"{first.headline()}: {first.fix_text}"
+    assert rep["oracles"]["liveness"]["summary"] in failure.text
+    assert f"replay: {rep['replay']}" in failure.text
+    points = {p.get("name"): p.get("value") for p in cases[first.id].iter("property")}
+    assert {p.id: p.replay for p in first.points}.items() <= points.items()
     found = doc["job"]["points_found"]  # what the trace showed (depends on the interposer, not on reports)
     assert f"coverage: 6 of {found} point(s) tried" in suite.find("system-out").text
 
@@ -134,8 +143,8 @@ def test_a_job_run_writes_json_junit_summary_and_its_html_report_shows_the_point
     assert text.startswith("kept\n\n## ❌ chaos run -- ")
     assert f"**6 point(s): pass {6 - len(failed)}, fail {len(failed)}**" in text
     assert f"- coverage: 6 of {found} point(s) tried ({6 / found:.0%})" in text
-    assert f"| `{first['id']}` | job | ❌ fail (hard\\_failure) |" in text
-    assert code(first["replay"]) in text
+    assert f"| {cell(first.title, None)} | hard\\_failure | {first.count} |" in text
+    assert code(rep["replay"]) in text
 
     proc = subprocess.run([sys.executable, "-m", "chaos.cli", "report", str(results), "-o", str(page)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -143,6 +152,6 @@ def test_a_job_run_writes_json_junit_summary_and_its_html_report_shows_the_point
     body = html.unescape(page.read_text())
     for s in doc["scenarios"]:
         assert 'id="replay-' in body and s["id"] in body
-    assert first["replay"] in body and "hard_failure" in body
+    assert rep["replay"] in body and "hard_failure" in body and "Failures by cause" in body
     assert f"6 tried of {found} found" in body and f"coverage: 6 of {found} point(s) tried" in body
     assert "result_files: not_judged" not in body  # a check that did not run is no failure callout

@@ -361,10 +361,9 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
         if args.json:
             write_results(args.json, results_document(job, None, results, _so_far(progress, len(results))))
         v = res.verdict
-        if v.verdict in ("fail", "error"):
+        if v.verdict in ("fail", "error"):  # one line as it comes; the end groups the failures by cause
             where = f" ({res.point.kind} {res.point.path})" if res.point.kind else ""
             _say(f"{v.outcome.upper()} {res.point.id}{where}: {v.summary}")
-            _say(f"  replay: {res.replay}")
         _progress(args, progress, len(results), started)
 
     try:
@@ -449,9 +448,12 @@ def _report(args: argparse.Namespace, job: JobSpec, doc: dict[str, Any], line: s
     """The end of a run, finished or interrupted: the results JSON, the counts line, every report
     asked for, then one line saying where each was written; the exit status of ``final``'s verdicts."""
     from chaos.job.results import exit_status, write_results
+    from reports.causes import console_lines
 
     if args.json:
         write_results(args.json, doc)
+    for text in console_lines(doc):  # one block per cause: its count, fix, representative and replay
+        _say(text)
     _say(line)
     if tolerance:
         _say("tolerance mode: the fault-free runs differed, results were compared within "

@@ -229,7 +229,7 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
     if untraced:
         record["untraced"] = untraced
     first_try = run.attempts[0]
-    said = launch.cause(first_try.tail(12000)).strip()[:200] if not first_try.ok else ""
+    said = launch.clip(launch.cause(first_try.tail(12000))) if not first_try.ok else ""
     full = _ENOSPC.search(first_try.tail(12000))
     if hit:
         first = hit[0]

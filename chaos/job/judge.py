@@ -82,7 +82,7 @@ from typing import Any
 from chaos.job import losscurve, nodes
 from chaos.job.atrest import halt_record, opens_for_writing, untraced_line
 from chaos.job.compare import first_difference
-from chaos.job.launch import AttemptOutcome
+from chaos.job.launch import AttemptOutcome, clip
 from chaos.job.launch import cause as _cause
 from chaos.job.spec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec, Point
 
@@ -173,7 +173,7 @@ def _liveness(job: JobSpec, rec: PointRecord) -> Oracle:
         why = f"the resume {last.describe} ({len(rec.attempts) - 1} restart(s) of {job.max_restarts} allowed)"
     last_line = _cause(last.tail(12000))
     if last_line:
-        why += f": {last_line.strip()[:200]}"
+        why += f": {clip(last_line)}"
     return Oracle("liveness", "fail", why, evidence)
 
 

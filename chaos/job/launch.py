@@ -161,6 +161,19 @@ def cause(tail: str) -> str:
     return next((ln for ln in reversed(lines) if set(ln) - set("=-")), "")
 
 
+CAUSE_CHARS = 400  # a cause line longer than this is cut, between words, with " ..."
+
+
+def clip(line: str, limit: int = CAUSE_CHARS) -> str:
+    """``line`` whole when short, else cut at the last space before ``limit`` (never mid-word:
+    torch's messages run long, and half a word reads as a different error)."""
+    line = line.strip()
+    if len(line) <= limit:
+        return line
+    head = line[:limit]
+    return (head.rsplit(" ", 1)[0] if " " in head else head) + " ..."
+
+
 def _log_cause(log: str) -> str:
     try:
         with open(log, "rb") as f:

@@ -198,8 +198,10 @@ def finish(net: dict[str, Any], returncodes: list[int | None], stopped: list[int
 
 
 def clean_cause(line: str) -> str:
-    """An exception line without torch's ``[rankN]:`` prefix, at most 200 characters."""
-    return _RANK_PREFIX.sub("", line.strip())[:200]
+    """An exception line without torch's ``[rankN]:`` prefix, cut between words when long."""
+    from chaos.job.launch import clip
+
+    return clip(_RANK_PREFIX.sub("", line))
 
 
 def _phrase(c: dict[str, Any]) -> str:
