@@ -316,7 +316,9 @@ def test_a_cut_longer_than_the_collective_timeout_makes_both_copies_raise_and_th
     assert net["down"]["action"] == "link_down" and net["up"]["action"] == "link_up"
     assert network.leftovers(net["lab"]["suffix"]) == []
     assert net["killed_after_hold"] == [] and net["failed_by_itself"]  # the job failed by itself
-    assert {c["ended"] for c in net["copies"]} <= {"raised", "stopped"}
+    # a copy raises gloo's timeout; under load its peer may instead die of gloo's abort (a signal)
+    ended = [c["ended"] for c in net["copies"]]
+    assert set(ended) <= {"raised", "stopped", "signal"} and "raised" in ended, ended
     assert all("Timed out" in c["cause"] for c in net["copies"] if c["ended"] == "raised")
     assert v.summary.startswith("rank 1's link down at its step 3 for a hold of 20 s: ")
     assert "raised (RuntimeError: " in v.summary
