@@ -120,3 +120,33 @@ def test_a_run_decides_what_its_snapshot_says(name: str, tmp_path: Path) -> None
 def test_masking_keeps_decisions_and_drops_what_varies() -> None:
     line = "rank 1 resumed at step 20 after 3.25 s (pid 4242) in /tmp/chaos-abc/x; sha 0123456789abcdef0"
     assert mask(line) == "rank 1 resumed at step 20 after <f> s (pid <n>) in <path>; sha <hex>"
+
+
+BEFORE = SNAPSHOTS / "before-28"  # results files written before the restructuring (issue #28)
+
+
+def _replay(tmp_path: Path, doc: dict[str, Any], *args: str) -> dict[str, Any]:
+    src, out = tmp_path / "old.json", tmp_path / "new.json"
+    src.write_text(json.dumps(doc))
+    env = dict(os.environ, CHAOS_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "replay", str(src), "--yes", "--json", str(out),
+                           "--scratch", str(tmp_path), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_a_job_results_file_written_before_the_restructuring_still_replays(tmp_path: Path) -> None:
+    old = json.loads((BEFORE / "job.json").read_text())
+    old["job"]["spec"]["cwd"] = str(REPO)  # where this checkout is: its relative COMMAND runs from there
+    again = _replay(tmp_path, old)
+    failing = sorted((s["id"], s["outcome"]) for s in old["scenarios"] if s["verdict"] == "fail")
+    assert failing and sorted((s["id"], s["outcome"]) for s in again["scenarios"]) == failing
+
+
+def test_a_builtin_results_file_written_before_the_restructuring_still_replays(tmp_path: Path) -> None:
+    old = json.loads((BEFORE / "builtin.json").read_text())
+    [scenario] = old["scenarios"]
+    again = _replay(tmp_path, old, "--scenario", scenario["id"])
+    assert [(s["id"], s["verdict"]) for s in again["scenarios"]] == [(scenario["id"], scenario["verdict"])]
+    assert again["scenarios"][0]["faults"] == scenario["faults"]
