@@ -10,32 +10,14 @@ the oracles and ``chaos replay`` all read the same description of a fault.
     disk         real ENOSPC: private tmpfs mounts and pre-filled file systems
     network      per-rank network namespaces on a veth bridge, link down/up, TCP proxy
     process      signals to process groups, and reaping that leaves nothing behind
+    errors       the error types of every layer (``chaos.errors`` re-exports them)
+    phases       the bus on which a save's named phases are announced (``chaos.phases``)
 
 Importing this package imports none of them: a rank process pays only for what it uses.
 """
 
 from __future__ import annotations
 
-from chaos.errors import ChaosError, ConfigError
-
-
-class FaultError(ChaosError):
-    """A fault could not be set up, carried out or torn down as asked."""
-
-
-class OutsideScratchRoot(FaultError, ConfigError):
-    """A fault was aimed at a path outside the scenario's scratch root; refused.
-
-    Corruption and disk fillers edit real files, so every entry point checks the
-    realpath of its target against the scratch root before touching anything.
-    """
-
-
-class Unsupported(FaultError):
-    """This machine cannot provide the mechanism (not root, no namespaces, ...).
-
-    Carries a one-line reason that the harness turns into a *skipped* verdict.
-    """
-
+from faults.errors import FaultError, OutsideScratchRoot, Unsupported
 
 __all__ = ["FaultError", "OutsideScratchRoot", "Unsupported"]

@@ -39,8 +39,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chaos.errors import ConfigError
 from faults import FaultError, OutsideScratchRoot
+from faults.errors import ConfigError
 
 KINDS = ("truncate", "bitflip", "zero", "delete", "stale", "swap")
 REGIONS = ("header", "data", "any")

@@ -95,8 +95,8 @@ import sys
 import threading
 import time
 
-from chaos import phases
-from chaos.errors import ConfigError
+from faults import phases
+from faults.errors import ConfigError
 
 # This module is imported as every traced rank process starts (``chaos run -- COMMAND``'s
 # boot path), so it keeps off the imports a pure-Python job would not pay for itself:

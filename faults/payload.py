@@ -38,9 +38,9 @@ import struct
 import zipfile
 from typing import Any
 
-from chaos.errors import ConfigError
 from faults import FaultError
 from faults.corrupt import CorruptionRecord, _change, _check, _read, _record, _write
+from faults.errors import ConfigError
 
 FORMATS = ("pickle", "torchzip", "safetensors-header")
 HEADER_VARIANTS = ("length-beyond-file", "length-overflow", "offsets-beyond-file", "offsets-overflow",
