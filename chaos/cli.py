@@ -267,10 +267,10 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     command in ``--json``; ``main`` turns such a crash into exit 2.
     """
     from chaos.campaign import run_pipelined
+    from chaos.console import LiveProgress, make_console, scenario_line, summary_table
     from chaos.results import exit_status, write_results
     from chaos.runner import RunOptions
     from reports.cases import check_output
-    from reports.console import LiveProgress, make_console, scenario_line, summary_table
 
     for flag, path in (("--junit", args.junit), ("--summary", args.summary)):
         check_output(path, flag)  # before the run, not after it
@@ -339,8 +339,8 @@ def _generated(args: argparse.Namespace, template: Scenario, options: Any, conso
     the closing lines. Without ``--budget`` it runs nothing and needs no hypothesis.
     """
     from chaos.campaign import Campaign, fill_budget
+    from chaos.console import LiveProgress, scenario_line
     from chaos.runner import run_scenario
-    from reports.console import LiveProgress, scenario_line
 
     budget = args.budget if args.budget is not None else DEFAULT_BUDGET_S
     if not budget:

@@ -27,11 +27,11 @@ from typing import Any
 
 from chaos import cluster, statehash
 from chaos.errors import HarnessError
-from chaos.jsonfile import write_json_atomic
 from chaos.record import RunRecord
 from chaos.scenario import parse_fault
 from chaos.workload import device
 from chaos.workload.config import WorkloadConfig
+from reports.jsonfile import write_json_atomic
 
 WORKLOAD_DIR = Path(__file__).parent / "workload"
 

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaos.jsonfile import write_json_atomic
 from chaos.scratch import make_root
+from reports.jsonfile import write_json_atomic
 
 if TYPE_CHECKING:
     from chaos.record import RunRecord

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from chaos import __version__
-from chaos.jsonfile import write_json_atomic
 from chaos.resultschema import origin_record
 from chaos.runner import ScenarioResult
+from reports.jsonfile import write_json_atomic
 
 SCHEMA_VERSION = 1
 VERDICTS = ("pass", "fail", "error", "skipped")

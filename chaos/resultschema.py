@@ -5,7 +5,7 @@ A results file is written by ``chaos run`` (``chaos.results`` for the built-in w
 ``chaos replay``, ``chaos findings`` and ``chaos repro`` — often from a CI artifact, that
 is, from someone else. Each of them calls :func:`load_results`, which
 
-1. reads the file through ``chaos.jsonfile.read_json`` (regular files only, at most
+1. reads the file through ``reports.jsonfile.read_json`` (regular files only, at most
    ``MAX_JSON_BYTES``, nesting at most ``MAX_JSON_DEPTH``), then
 2. validates the document against :data:`SCHEMA` (JSON Schema 2020-12, checked by the
    ``jsonschema`` library), which types every field a reader uses: a document that
@@ -232,7 +232,7 @@ def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check a results file: every problem is one ConfigError naming it. Called by ``chaos
     report``, ``chaos replay``, ``chaos findings`` and ``chaos repro``; whether it must be a job's results
     (findings, repro) is theirs to say."""
-    from chaos.jsonfile import read_json
+    from reports.jsonfile import read_json
 
     return check_results(read_json(path, "results"), str(path))
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.errors import ConfigError
+from faults.errors import ConfigError
 
 OUTCOMES = ("pass", "fail", "error", "skipped")
 

@@ -48,8 +48,8 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from chaos.errors import ConfigError
-from chaos.jsonfile import atomic_file, read_json
+from faults.errors import ConfigError
+from reports.jsonfile import atomic_file, read_json
 
 TEMPLATES = Path(__file__).parent / "templates"
 VERDICT_ORDER = {"fail": 0, "error": 1, "pass": 2, "skipped": 3}

@@ -35,9 +35,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from chaos.jsonfile import atomic_file
 from reports.cases import Case, counts, describe
 from reports.causes import group, grouped_cases, tally
+from reports.jsonfile import atomic_file
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 

@@ -7,10 +7,10 @@ import json
 from rich.console import Console
 
 from chaos import cli
+from chaos.console import scenario_line, summary_table
 from chaos.oracles import OracleResult
 from chaos.runner import ScenarioResult
 from chaos.scenario import Scenario, parse_fault
-from reports.console import scenario_line, summary_table
 
 GLOO = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
         "Timed out waiting 5000ms for recv operation to complete [bold]x[/]")

@@ -4,9 +4,9 @@ import io
 
 from rich.console import Console
 
+from chaos.console import LiveProgress
 from chaos.scenario import Scenario
 from chaos.workload.config import WorkloadConfig
-from reports.console import LiveProgress
 
 
 def _render(events):

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from chaos.console import LiveProgress, compact_lines, scenario_line, summary_table
 from chaos.oracles import OracleResult
 from chaos.runner import ScenarioResult
 from chaos.scenario import Scenario, parse_fault
-from reports.console import LiveProgress, compact_lines, scenario_line, summary_table
 
 REPO = Path(__file__).resolve().parent.parent
 BOX = set("┏┓┗┛┃━│─┡┩╇┳┻┼╭╮╰╯")

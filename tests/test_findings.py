@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos import cli
+from chaos import cli, findings
 from chaos.errors import ConfigError
 from chaos.job import results as job_results
 from chaos.job.spec import JobSpec
-from reports import findings
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

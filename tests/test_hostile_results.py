@@ -484,8 +484,8 @@ def test_a_jobs_own_output_reaches_the_terminal_escaped(tmp_path):
 
 
 def test_results_and_reports_are_written_with_the_umasks_mode(tmp_path):
-    from chaos.jsonfile import write_json_atomic
     from reports.html import render_report
+    from reports.jsonfile import write_json_atomic
     from reports.junit import write_junit
 
     doc = json.loads(BUILTIN.read_text())

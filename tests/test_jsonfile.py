@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from chaos.jsonfile import write_json_atomic
+from reports.jsonfile import write_json_atomic
 
 
 def test_a_document_replaces_the_old_one_whole(tmp_path):

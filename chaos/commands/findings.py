@@ -11,7 +11,7 @@ columns (what it means for a user, the public issue) from the annotations file (
 the table: per framework, its findings in the families the peer tool cannot test, the
 replay command of every failing example, and the runs behind it all. This is how
 README's "Findings against the frameworks people train with" table is made: by runs,
-not by hand. The rows are built and rendered by ``reports.findings``.
+not by hand. The rows are built and rendered by ``chaos.findings``.
 
 Bad input (a missing or unreadable file, not JSON, a document the results schema
 ``chaos.resultschema.SCHEMA`` refuses, not a job's results, a malformed annotations file)
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports import findings
+    from chaos import findings
 
     annotations = findings.load_annotations(args.annotations)
     runs = [findings.read_run(load_results(path), path, annotations) for path in args.results]

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ConfigError
-from chaos.jsonfile import current_umask
 from chaos.resultschema import load_results
+from reports.jsonfile import current_umask
 
 NAME = "repro"
 HELP = "write a standalone reproduction script and an upstream issue draft for a job's failing point"

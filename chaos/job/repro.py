@@ -338,7 +338,7 @@ def versions(finding: Finding, script: JobScript | None) -> list[tuple[str, str]
     return out
 
 
-# A point's scratch folders (``.../chaos-job-*/point-N/out``): also read by reports.findings.scrub.
+# A point's scratch folders (``.../chaos-job-*/point-N/out``): also read by chaos.findings.scrub.
 SCRATCH_RUN = re.compile(r"(?:/[^\s'\"`/<>]+)*/chaos-job-\w+/(?:point|golden)-\d+/(out|tmp|trace|logs)\b")
 _SCRATCH = re.compile(r"(?:/[^\s'\"`/<>]+)*/chaos-(?:job|repro)-\w+")
 # A leftover absolute path of two components or more (not part of a URL or of a placeholder).

@@ -24,8 +24,8 @@ from typing import Any
 from chaos import __version__
 from chaos.job.explore import INTERRUPTED, Exploration, PointResult
 from chaos.job.spec import JobSpec
-from chaos.jsonfile import write_json_atomic
 from chaos.resultschema import origin_record
+from reports.jsonfile import write_json_atomic
 
 SCHEMA_VERSION = 1  # chaos.results.SCHEMA_VERSION (tests/test_job_cli.py keeps them equal)
 VERDICTS = ("pass", "fail", "error", "skipped")

@@ -158,7 +158,7 @@ def parse_annotations(doc: Any, source: str) -> Annotations:
 
 def load_annotations(path: str | Path | None = None) -> Annotations:
     """The annotations file at ``path`` (default :data:`DEFAULT_ANNOTATIONS`); ConfigError when unreadable or bad."""
-    from chaos.jsonfile import read_json
+    from reports.jsonfile import read_json
 
     p = Path(path) if path is not None else DEFAULT_ANNOTATIONS
     return parse_annotations(read_json(p, "annotations"), str(p))

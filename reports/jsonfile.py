@@ -95,7 +95,7 @@ def read_regular(path: str | os.PathLike[str], what: str = "results", max_bytes:
     open descriptor (a symlink is followed, to a regular file only), then read to at most
     ``max_bytes`` + 1 bytes whatever its size claims (a ``/proc`` file says 0).
     """
-    from chaos.errors import ConfigError
+    from faults.errors import ConfigError
 
     p = Path(path)
     try:
@@ -151,8 +151,8 @@ def _too_deep(doc: Any, limit: int) -> str | None:
 
 def read_json(path: str | os.PathLike[str], what: str = "results", max_bytes: int = MAX_JSON_BYTES) -> Any:
     """A JSON input (results, a report's data, annotations): any problem is one ConfigError naming the file.
-    Called by ``chaos.resultschema.load_results``, ``reports.html.load_json`` and ``reports.findings``."""
-    from chaos.errors import ConfigError
+    Called by ``chaos.resultschema.load_results``, ``reports.html.load_json`` and ``chaos.findings``."""
+    from faults.errors import ConfigError
 
     p = Path(path)
     raw = read_regular(p, what, max_bytes)
