@@ -14,6 +14,7 @@ on timeout, not on Ctrl-C.
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing as mp
 import os
 import signal
@@ -450,8 +451,10 @@ def run(plan: LaunchPlan, env: Environment | None = None) -> ClusterResult:
     """
     Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
     env = env or Environment([], plan.world_size, plan.ckpt_root, plan.log_dir, 0)
-    if hasattr(env, "bind"):
-        env.bind(plan)  # an at-rest fault traces a fault-free load of this very plan (chaos.loadtrace)
+    if hasattr(env, "bind"):  # an at-rest fault traces a fault-free load of this very plan (chaos.loadtrace)
+        from chaos.loadtrace import trace_load
+
+        env.bind(functools.partial(trace_load, plan, verify=verify, trace_path=trace_path, verify_kind=VERIFY))
     attempts: list[AttemptResult] = []
     world = plan
     try:

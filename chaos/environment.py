@@ -22,7 +22,7 @@ import glob
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +47,17 @@ class Environment:
         self.snapshots: dict[int, Any] = {}  # fault index -> Snapshot taken at the barrier
         self.trace_marks: dict[int, dict[int, int]] = {}  # fault index -> rank -> trace records so far
         self.log: list[dict[str, Any]] = []
-        self.plan: Any = None  # the chaos.cluster.LaunchPlan being run, once bound
+        # (root, scratch, storage scheme) -> chaos.loadtrace.LoadTrace: a fault-free load of
+        # the plan being run, traced; handed over by the launcher once bound
+        self.load_tracer: Callable[[str, str, str | None], Any] | None = None
         self._load_trace: Any = None  # chaos.loadtrace.LoadTrace of this scenario, once traced
 
-    def bind(self, plan: Any) -> None:
-        """Called by ``chaos.cluster.run`` with the plan it runs: what a traced fault-free load
-        of the same configuration needs (checkpointer, options, workload, world size). An
-        environment never bound (another driver) picks at-rest targets as before, and says so."""
-        self.plan = plan
+    def bind(self, load_tracer: Callable[[str, str, str | None], Any]) -> None:
+        """Called by ``chaos.cluster.run`` with a tracer of a fault-free load by the plan it runs
+        (its checkpointer, options, workload, world size: ``chaos.loadtrace.trace_load``
+        bound to that plan and the launcher's own ``verify``). An environment never bound
+        (another driver) picks at-rest targets as before, and says so."""
+        self.load_tracer = load_tracer
 
     # -- set-up and teardown -------------------------------------------------------
     def __enter__(self) -> Environment:
@@ -230,12 +233,10 @@ class Environment:
 
     def _traced_load(self, root: str) -> tuple[Any, str | None]:
         """The fault-free load's reads of the tree at ``root`` (traced once per scenario), or why there are none."""
-        from chaos.loadtrace import trace_load
-
-        if self.plan is None:
+        if self.load_tracer is None:
             return None, "the launch plan was not handed to the environment (a driver that runs its own attempts)"
         if self._load_trace is None:
-            self._load_trace = trace_load(self.plan, root, self.scratch, self._storage_scheme())
+            self._load_trace = self.load_tracer(root, self.scratch, self._storage_scheme())
         return self._load_trace, None
 
     def _storage_scheme(self) -> str | None:

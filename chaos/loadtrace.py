@@ -11,7 +11,7 @@ that load opened:
 
 1. the tree under the checkpoint root is copied into the scenario's scratch root (the
    load must not change what is attacked: a loader may tidy up as it reads);
-2. one ``verify`` launch (``chaos.cluster.verify``: every rank constructs the
+2. one ``verify`` launch (the launcher's ``verify``, ``chaos.cluster.verify``: every rank constructs the
    checkpointer and calls ``load_latest`` once) runs the real checkpointer on the
    copy, wrapped by :class:`LoadTracer`, which records every ``open`` of a file
    under the root before it happens: a Python audit hook (``sys.addaudithook``) sees
@@ -56,13 +56,12 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from chaos.cluster import LaunchPlan
     from chaos.scenario import Fault
 
 TRACER_SPEC = "chaos.loadtrace:LoadTracer"
@@ -260,13 +259,17 @@ class LoadTrace:
 
 
 # ---------------------------------------------------------------------- tracing a load
-def trace_load(plan: LaunchPlan, root: str, scratch: str, storage_scheme: str | None = None) -> LoadTrace:
+def trace_load(plan: Any, root: str, scratch: str, storage_scheme: str | None = None, *,
+               verify: Callable[[Any], Any], trace_path: Callable[[str, int, str], str],
+               verify_kind: str = "verify") -> LoadTrace:
     """The reads of one fault-free load of the checkpoint tree at ``root`` by ``plan``'s checkpointer.
 
     Runs on a copy of the tree in a fresh directory under ``scratch`` (removed after),
-    one ``verify`` launch of ``plan.world_size`` ranks. Called by
-    ``chaos.environment.Environment`` before its first at-rest fault, with every rank of
-    the job down. Never raises for the harness's sake: a launch that does not finish, or
+    one ``verify`` launch of ``plan.world_size`` ranks (``plan``: a ``chaos.cluster.LaunchPlan``;
+    ``verify``, ``trace_path`` and ``verify_kind``: the launcher's own, handed down so that
+    this module never imports the launcher). Bound to its plan by ``chaos.cluster.run`` and
+    called by ``chaos.environment.Environment`` before its first at-rest fault, with every
+    rank of the job down. Never raises for the harness's sake: a launch that does not finish, or
     a tree that cannot be copied, gives a trace with ``error`` set (the choice then falls
     back and says why); an interrupt is raised.
     """
@@ -280,7 +283,7 @@ def trace_load(plan: LaunchPlan, root: str, scratch: str, storage_scheme: str | 
     os.makedirs(scratch, exist_ok=True)
     work = tempfile.mkdtemp(prefix="load-trace-", dir=scratch)
     try:
-        return _trace_copy(plan, root, work, storage_scheme, t0)
+        return _trace_copy(plan, root, work, storage_scheme, t0, verify, trace_path, verify_kind)
     except Exception as exc:  # noqa: BLE001 - no trace is a recorded fallback, never a harness error
         return LoadTrace(error=f"the fault-free load could not be traced: {type(exc).__name__}: {exc}"[:400],
                          seconds=time.monotonic() - t0)
@@ -288,11 +291,12 @@ def trace_load(plan: LaunchPlan, root: str, scratch: str, storage_scheme: str | 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _trace_copy(plan: LaunchPlan, root: str, work: str, storage_scheme: str | None, t0: float) -> LoadTrace:
+def _trace_copy(plan: Any, root: str, work: str, storage_scheme: str | None, t0: float,
+                verify: Callable[[Any], Any], trace_path: Callable[[str, int, str], str],
+                verify_kind: str) -> LoadTrace:
     """``trace_load``'s work inside its directory ``work``."""
     import dataclasses
 
-    from chaos import cluster
     from faults.interposer import read_trace
 
     copy = os.path.join(work, "ckpt")
@@ -306,7 +310,7 @@ def _trace_copy(plan: LaunchPlan, root: str, work: str, storage_scheme: str | No
         plan, checkpointer=TRACER_SPEC, faults=[], max_restarts=0, trace_io=True, log_dir=logs, progress=None,
         ckpt_root=copy, attempt_timeout_s=min(plan.attempt_timeout_s, TRACE_TIMEOUT_S),
         ckpt_options={"inner": plan.checkpointer, "inner_options": options, "read_dir": logs})
-    result = cluster.verify(traced)
+    result = verify(traced)
     trace = LoadTrace(seconds=time.monotonic() - t0)
     if result.outcome != "ok":
         trace.error = (f"the traced fault-free load did not finish ({result.outcome}"
@@ -314,7 +318,7 @@ def _trace_copy(plan: LaunchPlan, root: str, work: str, storage_scheme: str | No
         return trace
     for rank in range(plan.world_size):
         audit = _read_jsonl(os.path.join(logs, READ_LOG.format(rank=rank)))
-        interposed = read_trace(cluster.trace_path(logs, rank, cluster.VERIFY))
+        interposed = read_trace(trace_path(logs, rank, verify_kind))
         trace.per_rank[rank] = reads_of(audit, interposed, copy)
     if not trace.order:
         trace.error = ("the fault-free load opened no file under the checkpoint root through Python "

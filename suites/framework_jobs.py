@@ -81,6 +81,7 @@ def _events(chaos: Any, command: list[str], ranks: int | None) -> list[tuple[int
     if key not in _EVENTS:
         from chaos.job import explore
         from chaos.job.cli_job import build
+        from chaos.job.history import read_traces
 
         _args, job = build([*(["--ranks", str(ranks)] if ranks else []), "--", *command])
         scratch = chaos.session.options.scratch_base
@@ -88,7 +89,7 @@ def _events(chaos: Any, command: list[str], ranks: int | None) -> list[tuple[int
         root = tempfile.mkdtemp(prefix="events-", dir=scratch)
         try:
             _ref, run = explore.reference(job, root, 2)
-            traces = explore.read_traces(run.scratch, run.out)
+            traces = read_traces(run.scratch, run.out)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         root_ = os.path.realpath(run.out)

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from chaos.job import spec as S
-from chaos.job.explore import read_traces
+from chaos.job.history import read_traces
 from chaos.job.launch import BOOT_DIR
 
 JOB = textwrap.dedent("""

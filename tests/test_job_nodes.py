@@ -16,7 +16,7 @@ import yaml
 from chaos.errors import ConfigError
 from chaos.job import cli_job, nodes, pointset
 from chaos.job.atrest import Applied
-from chaos.job.judge import PointRecord
+from chaos.job.history import PointRecord
 from chaos.job.launch import AttemptOutcome
 from chaos.job.spec import JobSpec, Point, parse_point
 

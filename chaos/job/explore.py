@@ -49,7 +49,6 @@ import concurrent.futures as cf
 import contextlib
 import errno
 import glob
-import json
 import os
 import re
 import shutil
@@ -64,7 +63,9 @@ from typing import TYPE_CHECKING, Any
 from chaos.errors import ChaosError, ConfigError
 from chaos.job import atrest, diskfull, launch, losscurve, netcut, nodes, pointset, spares
 from chaos.job.compare import first_difference
-from chaos.job.judge import Golden, PointRecord, PointVerdict, judge, last_steps, step_of
+from chaos.job.history import PointRecord, read_traces
+from chaos.job.judge import Golden, PointVerdict, judge, last_steps, step_of
+from chaos.job.output import cause, clip
 from chaos.job.pointset import Facts
 from chaos.job.spec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
 from chaos.scratch import make_root
@@ -80,29 +81,6 @@ _ENOSPC = re.compile(r"No space left on device|Errno 28\b|ENOSPC")
 
 class JobError(ChaosError):
     """The job cannot be explored (its fault-free run failed, nothing was traced): exit 2."""
-
-
-def read_traces(scratch: str, out: str) -> dict[tuple[int, int], list[dict[str, Any]]]:
-    """Each (rank, attempt)'s trace records, paths made relative to {out} (``rel``)."""
-    found: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    root = os.path.realpath(out)
-    for path in sorted(glob.glob(os.path.join(scratch, "trace", "trace-r*-a*-p*.jsonl"))):
-        name = os.path.basename(path)
-        rank, attempt = (int(x[1:]) for x in name.split("-")[1:3])
-        recs = found.setdefault((rank, attempt), [])
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    break  # torn by the kill
-                p = rec.get("path")
-                if isinstance(p, str) and (p == root or p.startswith(root + os.sep)):
-                    rec["rel"] = os.path.relpath(p, root)
-                recs.append(rec)
-    for recs in found.values():
-        recs.sort(key=lambda r: r.get("ts", 0))
-    return found
 
 
 def checkpoint_state(out: str, pattern: str | None) -> dict[str, dict[str, int]] | None:
@@ -229,7 +207,7 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
     if untraced:
         record["untraced"] = untraced
     first_try = run.attempts[0]
-    said = launch.clip(launch.cause(first_try.tail(12000))) if not first_try.ok else ""
+    said = clip(cause(first_try.tail(12000))) if not first_try.ok else ""
     full = _ENOSPC.search(first_try.tail(12000))
     if hit:
         first = hit[0]

@@ -158,7 +158,7 @@ class JobInterposer(Interposer):
         """Count this event under its (kind, path key) and aim the point at it if it is the anchor's.
 
         The key is the path its trace record carries (a rename's destination, else its one
-        path), relative to {out} as ``explore.read_traces`` makes it: the same key and count
+        path), relative to {out} as ``history.read_traces`` makes it: the same key and count
         ``pointset.enumerate_points`` gave the anchor in the fault-free run.
         """
         path = paths[-1] if len(paths) > 1 else paths[0] if paths else None

@@ -82,9 +82,10 @@ from typing import Any
 from chaos.job import losscurve, nodes
 from chaos.job.atrest import halt_record, opens_for_writing, untraced_line
 from chaos.job.compare import first_difference
-from chaos.job.launch import AttemptOutcome, clip
-from chaos.job.launch import cause as _cause
-from chaos.job.spec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec, Point
+from chaos.job.history import PointRecord
+from chaos.job.output import cause as _cause
+from chaos.job.output import clip
+from chaos.job.spec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec
 
 OUTCOMES = ("pass", "hard_failure", "silent_divergence", "lost_work")
 
@@ -117,40 +118,6 @@ class Golden:
     acks: bool                              # the fault-free run called chaos.probe.saved
     losses: dict[int, dict[int, float]] = field(default_factory=dict)  # rank -> step -> loss, fault-free run
     last_steps: dict[int, int] = field(default_factory=dict)  # rank -> the last step it announced, fault-free
-
-
-@dataclass
-class PointRecord:
-    """Everything one point's run left: attempts, traces by (rank, attempt), checkpoints seen after the kill."""
-
-    point: Point
-    out: str
-    attempts: list[AttemptOutcome]
-    traces: dict[tuple[int, int], list[dict[str, Any]]]
-    after_kill: dict[str, dict[str, int]] | None = None  # --checkpoint-glob matches between kill and restart
-    applied: Any = None  # atrest.Applied: what the harness did to {out} (corruption, power loss, full disk)
-    # --checkpoint-glob matches when attempt 0 ended, before the harness edited {out} (a halted point)
-    before_fault: dict[str, dict[str, int]] | None = None
-    # files under {out} that attempt 0 changed and no traced event explains (atrest.untraced_changes)
-    untraced: list[dict[str, Any]] = field(default_factory=list)
-
-    def at_cut(self) -> dict[str, dict[str, int]] | None:
-        """The --checkpoint-glob matches as the job left them, before any edit by the harness."""
-        return self.before_fault if self.before_fault is not None else self.after_kill
-
-    def fired(self) -> list[dict[str, Any]]:
-        return [{**r, "attempt": a, "rank": rk} for (rk, a), recs in sorted(self.traces.items())
-                for r in recs if r.get("event") == "fired"]
-
-    def probes(self, attempt_filter: Any, kind: str, rank: int | None = None) -> list[dict[str, Any]]:
-        """``chaos.probe`` announcements of one kind (step, saved, resumed, regex), in trace order."""
-        out = []
-        for (rk, a), recs in sorted(self.traces.items()):
-            if not attempt_filter(a) or (rank is not None and rk != rank):
-                continue
-            out += [r["info"] for r in recs if r.get("event") == "phase" and r.get("name") == "chaos.probe"
-                    and r.get("info", {}).get("kind") == kind]
-        return out
 
 
 def _liveness(job: JobSpec, rec: PointRecord) -> Oracle:

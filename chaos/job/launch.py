@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import select
 import signal
 import subprocess
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from chaos.errors import ChaosError, ConfigError
 from chaos.job import netcut, spares
 from chaos.job import spec as S
+from chaos.job.output import log_cause
 from chaos.ports import free_port
 from faults.process import alive, marked_with
 
@@ -146,41 +146,6 @@ class AttemptOutcome:
         if self.interrupted:
             d["interrupted"] = True
         return d
-
-
-_EXC = re.compile(r"\b[A-Za-z_.]*(Error|Exception|Interrupt)\b:")
-
-
-def cause(tail: str) -> str:
-    """The line of a failed run's output that says why: the job's last exception, not the
-    launcher's ``ChildFailedError`` banner; else the last line that is not a rule of ``=`` or ``-``."""
-    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if _EXC.search(ln) and "ChildFailedError" not in ln:
-            return ln
-    return next((ln for ln in reversed(lines) if set(ln) - set("=-")), "")
-
-
-CAUSE_CHARS = 400  # a cause line longer than this is cut, between words, with " ..."
-
-
-def clip(line: str, limit: int = CAUSE_CHARS) -> str:
-    """``line`` whole when short, else cut at the last space before ``limit`` (never mid-word:
-    torch's messages run long, and half a word reads as a different error)."""
-    line = line.strip()
-    if len(line) <= limit:
-        return line
-    head = line[:limit]
-    return (head.rsplit(" ", 1)[0] if " " in head else head) + " ..."
-
-
-def _log_cause(log: str) -> str:
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(0, os.path.getsize(log) - 12000))
-            return cause(f.read().decode(errors="replace"))
-    except OSError:
-        return ""
 
 
 class _Exits:
@@ -449,7 +414,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     if _cancelled.is_set() and not all(rc == 0 for rc in outcome.returncodes):
         outcome.interrupted = True  # cancel() may have killed the copies before the loop saw it
     if outcome.net is not None:
-        causes = {i: netcut.clean_cause(_log_cause(outcome.logs[i])) for i, rc in enumerate(outcome.returncodes)
+        causes = {i: netcut.clean_cause(log_cause(outcome.logs[i])) for i, rc in enumerate(outcome.returncodes)
                   if rc is not None and rc > 0 and i not in outcome.stopped}
         netcut.finish(outcome.net, outcome.returncodes, outcome.stopped, causes, held_out, outcome.timed_out)
     return outcome

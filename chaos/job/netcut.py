@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from chaos.job import spec as S
+from chaos.job.output import clip
 from chaos.scratch import claim_netns
 from faults import FaultError
 from faults.network import NetworkLab, can_use_netns
@@ -199,8 +200,6 @@ def finish(net: dict[str, Any], returncodes: list[int | None], stopped: list[int
 
 def clean_cause(line: str) -> str:
     """An exception line without torch's ``[rankN]:`` prefix, cut between words when long."""
-    from chaos.job.launch import clip
-
     return clip(_RANK_PREFIX.sub("", line))
 
 

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from chaos.errors import ChaosError, ConfigError
 from chaos.job import launch, netcut
 from chaos.job import spec as S
+from chaos.job.output import log_cause
 from chaos.ports import free_port
 from faults import FaultError
 from faults.process import alive, group_members, marked_with
@@ -68,7 +69,7 @@ from faults.process import alive, group_members, marked_with
 if TYPE_CHECKING:
     from chaos.job.atrest import Applied
     from chaos.job.explore import Run
-    from chaos.job.judge import PointRecord
+    from chaos.job.history import PointRecord
     from faults.network import NetworkLab
 
 NODE, ADDR = "{node}", "{addr}"
@@ -319,7 +320,7 @@ def _ended(agent: _Agent, stopped: bool, timed_out: bool) -> dict[str, Any]:
         entry["ended"] = "exited_0"
     else:
         entry["ended"] = "exited"
-        entry["cause"] = netcut.clean_cause(launch._log_cause(agent.log))
+        entry["cause"] = netcut.clean_cause(log_cause(agent.log))
     return entry
 
 
@@ -329,7 +330,7 @@ def run_chain(job: S.JobSpec, run: Run, point: S.Point | None, seed: int,
               chain: Callable[..., PointRecord]) -> PointRecord:
     """``chain`` (``explore._chain``) with every attempt on the nodes of one lab, torn down after."""
     from chaos.job.atrest import Applied
-    from chaos.job.judge import PointRecord
+    from chaos.job.history import PointRecord
 
     ok, why = netcut.available()
     if not ok:
@@ -418,7 +419,7 @@ def _stall(record: dict[str, Any], traces: dict[tuple[int, int], list[dict[str, 
 def applied(job: S.JobSpec, run: Run, point: S.Point) -> Applied:
     """What attempt 0 of a node point did (``atrest.Applied``), or why it did nothing."""
     from chaos.job.atrest import Applied
-    from chaos.job.explore import read_traces
+    from chaos.job.history import read_traces
 
     record = run.attempts[0].node if run.attempts else None
     if record is None:
