@@ -169,7 +169,7 @@ def test_the_cli_says_why_a_plain_command_cannot_run_on_nodes(capsys: pytest.Cap
 def _link_record(traces: dict[tuple[int, int], list[dict[str, object]]], ok: bool = True) -> PointRecord:
     point = nodes.for_job(job(), parse_point("node1:step2:link"))
     record = {"node": 1, "mode": "link", "step": 2, "hold_s": 3.0, "down": {"mono": 10.0}, "up": {"mono": 13.0}}
-    record["stall"] = nodes._stall(record, traces)  # type: ignore[arg-type]
+    record["stall"] = nodes.stall(record, traces)  # type: ignore[arg-type]
     first = AttemptOutcome(0, ["torchrun"], returncodes=[0, 0] if ok else [0, 1])
     return PointRecord(point, "/nowhere", [first], traces, None, Applied(nodes.describe(record), record))
 

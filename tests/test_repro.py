@@ -18,6 +18,7 @@ import pytest
 
 from chaos.errors import ConfigError
 from chaos.job import repro
+from chaos.job.script import FRAMEWORKS, job_imports, job_script
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "chaos" / "examples" / "careless_job.py"
@@ -96,7 +97,7 @@ def _local_roots(job_run) -> list[str]:
 
 def test_the_issue_draft_says_what_was_done_expected_observed_versions_and_output(job_run):
     found = repro.find(job_run["doc"], str(job_run["results"]))
-    script = repro.job_script(found.spec)
+    script = job_script(found.spec)
     assert script is not None and script.path == job_run["work"] / "careless_job.py"
     text = repro.issue_markdown(found, repro.versions(found, script), repro.Scrubber.for_finding(found), script,
                                 "careless_job.py")
@@ -135,15 +136,15 @@ def test_versions_are_the_packages_the_job_imports(tmp_path):
     job = tmp_path / "train.py"
     job.write_text("import json, os\nimport torch.nn as nn\nfrom rich.console import Console\nfrom . import sib\n"
                    "from chaos import probe\n")
-    assert repro.job_imports(job) == ["json", "os", "torch", "rich", "chaos"]
+    assert job_imports(job) == ["json", "os", "torch", "rich", "chaos"]
     found = repro.Finding("R.json", "p", 0, "hard_failure", "", repro.JobSpec(command=("python", "train.py", "{out}"),
                           cwd=str(tmp_path)), {}, {"python": "3.11.7", "torch": "2.13.0+cpu", "chaos": "0.1.0",
                                                    "platform": "Linux-x"})
-    got = repro.versions(found, repro.job_script(found.spec))
+    got = repro.versions(found, job_script(found.spec))
     assert got == [("python", "3.11.7"), ("torch", "2.13.0+cpu"), ("rich", metadata.version("rich")),
                    ("chaos-ckpt (the harness)", "0.1.0"), ("platform", "Linux-x")]
     installed = []
-    for dist in repro.FRAMEWORKS:
+    for dist in FRAMEWORKS:
         try:
             installed.append((dist, metadata.version(dist)))
         except metadata.PackageNotFoundError:
@@ -153,7 +154,7 @@ def test_versions_are_the_packages_the_job_imports(tmp_path):
 
 def test_the_repro_script_is_python_with_the_point_command_and_cwd_embedded(job_run):
     found = repro.find(job_run["doc"], "R.json")
-    text = repro.repro_script(found, sys.executable, repro.job_script(found.spec), "careless_job.py")
+    text = repro.repro_script(found, sys.executable, job_script(found.spec), "careless_job.py")
     compile(text, "repro.py", "exec")
     assert f"POINT = {found.point!r}" in text and f"CWD = {str(job_run['work'])!r}" in text
     assert f"POINT_ARG = {found.point_arg!r}" in text and found.point_arg.startswith(found.point + "@")
@@ -293,7 +294,7 @@ def test_a_net_point_is_worded_as_a_network_cut_of_a_rank(tmp_path):
                      "that rank dropped, as with a pulled cable: each rank runs in a network namespace of its own): "
                      "every rank was still running, blocked, when the hold ended and was killed (SIGKILL); the link "
                      "was back up before the restart; then the harness restarted the job (at most 1 restart(s))")
-    script = repro.job_script(found.spec)
+    script = job_script(found.spec)
     text = repro.issue_markdown(found, repro.versions(found, script), repro.Scrubber.for_finding(found), script)
     assert text.startswith("# train.py: resume fails after a network cut right after rename of "
                            "checkpoints/checkpoint_1\n")
@@ -310,7 +311,7 @@ def test_a_net_point_is_worded_as_a_network_cut_of_a_rank(tmp_path):
         "rank 0's network link was cut at training step 6 and kept down for 3 s")
     assert (": rank 0 raised `RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer`; rank 1 "
             "was stopped by the harness once another rank had failed; the link was back up") in repro.describe_fault(mixed)
-    assert repro.title(mixed, repro.job_script(mixed.spec), []) == "train.py: resume fails after a network cut at step 6"
+    assert repro.title(mixed, job_script(mixed.spec), []) == "train.py: resume fails after a network cut at step 6"
 
 
 def test_a_kill_point_draft_does_not_mention_the_network(job_run):

@@ -54,6 +54,7 @@ def read_results(path: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from chaos.job import repro
+    from chaos.job.script import job_script
     from reports.cases import one_line
 
     finding = repro.find(read_results(args.results), args.results, args.point)
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot create it: {exc}") from None
-    script = repro.job_script(finding.spec)
+    script = job_script(finding.spec)
     copied = None
     if script is not None:
         copied = script.path.name if script.path.name not in RESERVED else f"job_{script.path.name}"

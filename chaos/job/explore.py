@@ -257,7 +257,7 @@ def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab
     runs in one: a namespace per node (``nodes.run_chain``).
     """
     if job.nodes is not None:
-        return nodes.run_chain(job, run, point, seed, _chain)
+        return _node_chain(job, run, point, seed)
     if point is not None and point.family == "net" and not netlab:
         ok, why = netcut.usable(job)
         applied = atrest.Applied(f"no network cut at {point.id}", {"hold_s": job.net_hold_s}, outcome="unsupported",
@@ -298,6 +298,46 @@ def untraced_after(job: JobSpec, run: Run, before: dict[str, int]) -> list[dict[
     return atrest.untraced_changes(run.out, records, before)
 
 
+def _node_chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
+    """A ``--nodes`` job's chain (:func:`_chain`) with every attempt on the nodes of one lab, torn down after."""
+    ok, why = netcut.available()
+    if not ok:
+        if point is None:
+            raise ConfigError(f"--nodes needs network namespaces (one per node): {why}")
+        return PointRecord(point, run.out, run.attempts, {}, None,
+                           atrest.Applied(f"no nodes for {point.id}", {}, outcome="unsupported",
+                                   skipped=f"simulated nodes cannot be made here: {why}"))
+    if point is not None:
+        point = nodes.for_job(job, point)
+    try:
+        with netcut.lab_for(int(job.nodes or 0)) as lab:
+            run.lab = lab
+            try:
+                return _chain(job, run, point, seed)
+            finally:
+                run.lab = None
+    except FaultError as exc:
+        if point is None:
+            raise ChaosError(f"the network namespaces of the nodes could not be made: {exc}") from None
+        return PointRecord(point, run.out, run.attempts, {}, None,
+                           atrest.Applied(f"no nodes for {point.id}", {}, outcome="unsupported",
+                                   skipped=f"the network namespaces of the nodes could not be made: {exc}"))
+
+
+def _node_applied(job: JobSpec, run: Run, point: Point) -> atrest.Applied:
+    """What attempt 0 of a node point did (``atrest.Applied``), or why it did nothing."""
+    record = run.attempts[0].node if run.attempts else None
+    if record is None:
+        return atrest.Applied(f"no node fault at {point.id}", {}, outcome="not_reached",
+                       skipped=f"rank {point.rank} (node {point.node}) asked for the node fault at step {point.step}, "
+                               "but the attempt ended before the launcher answered")
+    if record.get("error"):
+        return atrest.Applied(nodes.describe(record), record, outcome="unsupported", skipped=record["error"])
+    if point.mode == "link" and "down" in record:
+        record["stall"] = nodes.stall(record, read_traces(run.scratch, run.out))
+    return atrest.Applied(nodes.describe(record), record)
+
+
 def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
     if point is not None and point.family == "diskfull":
         return _diskfull_chain(job, run, point)
@@ -312,7 +352,7 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
     if point is not None and point.family == "net":
         applied = _net_applied(job, run, point)
     if point is not None and point.family == "node":
-        applied = nodes.applied(job, run, point)
+        applied = _node_applied(job, run, point)
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
     if point is not None and not (applied is not None and applied.skipped):
         _restarts(job, run, point)

@@ -54,7 +54,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,8 +67,6 @@ from faults import FaultError
 from faults.process import alive, group_members, marked_with
 
 if TYPE_CHECKING:
-    from chaos.job.atrest import Applied
-    from chaos.job.explore import Run
     from chaos.job.history import PointRecord
     from faults.network import NetworkLab
 
@@ -326,36 +324,6 @@ def _ended(agent: _Agent, stopped: bool, timed_out: bool) -> dict[str, Any]:
 
 # -- the chain and its evidence -------------------------------------------------------------
 
-def run_chain(job: S.JobSpec, run: Run, point: S.Point | None, seed: int,
-              chain: Callable[..., PointRecord]) -> PointRecord:
-    """``chain`` (``explore._chain``) with every attempt on the nodes of one lab, torn down after."""
-    from chaos.job.atrest import Applied
-    from chaos.job.history import PointRecord
-
-    ok, why = netcut.available()
-    if not ok:
-        if point is None:
-            raise ConfigError(f"--nodes needs network namespaces (one per node): {why}")
-        return PointRecord(point, run.out, run.attempts, {}, None,
-                           Applied(f"no nodes for {point.id}", {}, outcome="unsupported",
-                                   skipped=f"simulated nodes cannot be made here: {why}"))
-    if point is not None:
-        point = for_job(job, point)
-    try:
-        with netcut.lab_for(int(job.nodes or 0)) as lab:
-            run.lab = lab
-            try:
-                return chain(job, run, point, seed)
-            finally:
-                run.lab = None
-    except FaultError as exc:
-        if point is None:
-            raise ChaosError(f"the network namespaces of the nodes could not be made: {exc}") from None
-        return PointRecord(point, run.out, run.attempts, {}, None,
-                           Applied(f"no nodes for {point.id}", {}, outcome="unsupported",
-                                   skipped=f"the network namespaces of the nodes could not be made: {exc}"))
-
-
 def _agents_phrase(agents: list[dict[str, Any]]) -> str:
     parts = []
     for a in agents:
@@ -396,7 +364,7 @@ def describe(record: dict[str, Any]) -> str:
     return f"{head}: {_agents_phrase(agents)}" if agents else head
 
 
-def _stall(record: dict[str, Any], traces: dict[tuple[int, int], list[dict[str, Any]]]) -> dict[str, Any]:
+def stall(record: dict[str, Any], traces: dict[tuple[int, int], list[dict[str, Any]]]) -> dict[str, Any]:
     """Which ranks announced a step while node ``record['node']``'s link was down (monotonic clock)."""
     down, up = record["down"]["mono"], record.get("up", {}).get("mono", float("inf"))
     during, after = set(), set()
@@ -414,23 +382,6 @@ def _stall(record: dict[str, Any], traces: dict[tuple[int, int], list[dict[str, 
     ranks = sorted({r for (r, a) in traces if a == 0})
     return {"progressed_during_cut": sorted(during), "stalled": [r for r in ranks if r not in during],
             "announced_after_cut": sorted(after)}
-
-
-def applied(job: S.JobSpec, run: Run, point: S.Point) -> Applied:
-    """What attempt 0 of a node point did (``atrest.Applied``), or why it did nothing."""
-    from chaos.job.atrest import Applied
-    from chaos.job.history import read_traces
-
-    record = run.attempts[0].node if run.attempts else None
-    if record is None:
-        return Applied(f"no node fault at {point.id}", {}, outcome="not_reached",
-                       skipped=f"rank {point.rank} (node {point.node}) asked for the node fault at step {point.step}, "
-                               "but the attempt ended before the launcher answered")
-    if record.get("error"):
-        return Applied(describe(record), record, outcome="unsupported", skipped=record["error"])
-    if point.mode == "link" and "down" in record:
-        record["stall"] = _stall(record, read_traces(run.scratch, run.out))
-    return Applied(describe(record), record)
 
 
 def no_effect(rec: PointRecord) -> str | None:

@@ -19,8 +19,6 @@ the job's script exists), so the tests build both texts from a real run's result
 
 from __future__ import annotations
 
-import ast
-import functools
 import json
 import os
 import re
@@ -28,17 +26,16 @@ import shlex
 import sys
 import tempfile
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from chaos.errors import ConfigError
+from chaos.job.script import FRAMEWORKS, JobScript, installed, script_packages
 from chaos.job.spec import JobSpec, replay_point
 from reports.cases import printable
 
 # The frameworks of chaos/examples/frameworks/ (distribution names): listed when the job's
 # imports cannot be read (no local script, ``python -m``), where they are installed.
-FRAMEWORKS = ("transformers", "lightning", "pytorch-lightning", "accelerate", "torchdata")
 OUTPUT_LINES = 40      # the trimmed output: the last lines of the failed attempt's output
 EVIDENCE_LINES = 60    # each failed oracle's evidence, as JSON, at most this many lines
 OUTCOME_WORDS = {"hard_failure": "hard failure", "silent_divergence": "silent divergence", "lost_work": "lost work"}
@@ -125,26 +122,6 @@ def _count(entries: list[dict[str, Any]]) -> dict[str, int]:
     for e in entries:
         out[str(e.get("verdict"))] = out.get(str(e.get("verdict")), 0) + 1
     return out
-
-
-@dataclass(frozen=True)
-class JobScript:
-    """The job's one local ``.py`` file: where in COMMAND it is, and where it is on disk."""
-
-    index: int
-    path: Path
-
-
-def job_script(spec: JobSpec) -> JobScript | None:
-    """The single ``.py`` argument of COMMAND that exists (relative to the recorded cwd), else None
-    (no script, several, or gone). ``chaos repro`` copies it beside the repro script."""
-    found = []
-    for i, arg in enumerate(spec.command):
-        if arg.endswith(".py") and "{out}" not in arg:
-            p = Path(spec.cwd, arg)
-            if p.is_file():
-                found.append(JobScript(i, p.resolve()))
-    return found[0] if len(found) == 1 else None
 
 
 def _ordinal(n: int) -> str:
@@ -266,73 +243,19 @@ def _short_fault(finding: Finding) -> str:
             "diskfull": "a full disk"}.get(kind, finding.point)
 
 
-def job_imports(path: Path) -> list[str]:
-    """Top-level modules a Python file imports (absolute imports only), in order of first appearance."""
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError):
-        return []
-    names: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            mods = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            mods = [node.module]
-        else:
-            continue
-        for m in mods:
-            top = m.split(".")[0]
-            if top not in names:
-                names.append(top)
-    return names
-
-
-def _installed(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-@functools.cache
-def _distributions() -> dict[str, list[str]]:
-    """Top-level module -> the distributions that provide it (a scan of every installed one: once a process)."""
-    return dict(metadata.packages_distributions())
-
-
-@functools.lru_cache(maxsize=16)
-def script_packages(path: str) -> dict[str, str]:
-    """Installed distribution -> version for the third-party modules the script at ``path`` imports,
-    in import order; the standard library and the harness left out.
-
-    Read by :func:`versions` (the issue draft) and by ``chaos.job.results.job_packages`` (the
-    results' ``environment.packages``). Most distributions are named as their module (torch,
-    transformers, lightning): the scan of every installed one (~75 ms) only for the others.
-    """
-    stdlib = getattr(sys, "stdlib_module_names", frozenset())
-    out: dict[str, str] = {}
-    for mod in job_imports(Path(path)):
-        if mod in stdlib or mod == "chaos":
-            continue
-        for dist in [mod] if _installed(mod) else _distributions().get(mod, []):
-            if dist not in out and (v := _installed(dist)):
-                out[dist] = v
-    return out
-
-
 def versions(finding: Finding, script: JobScript | None) -> list[tuple[str, str]]:
     """(name, version) lines of the draft: python, torch and chaos-ckpt as recorded by the run, the
     platform, then the third-party packages the job's script imports (installed versions), or, when
     its imports cannot be read, the frameworks of ``FRAMEWORKS`` that are installed."""
     env = finding.environment
     out = [("python", str(env.get("python") or sys.version.split()[0])),
-           ("torch", str(env.get("torch") or _installed("torch") or "not installed"))]
+           ("torch", str(env.get("torch") or installed("torch") or "not installed"))]
     if script is not None:
         extra = [(d, v) for d, v in script_packages(str(script.path)).items() if d != "torch"]
     else:
-        extra = [(d, v) for d in FRAMEWORKS if (v := _installed(d))]
+        extra = [(d, v) for d in FRAMEWORKS if (v := installed(d))]
     out += extra
-    out.append(("chaos-ckpt (the harness)", str(env.get("chaos") or _installed("chaos-ckpt") or "unknown")))
+    out.append(("chaos-ckpt (the harness)", str(env.get("chaos") or installed("chaos-ckpt") or "unknown")))
     if env.get("platform"):
         out.append(("platform", str(env["platform"])))
     return out

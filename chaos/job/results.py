@@ -44,17 +44,17 @@ def job_packages(job: JobSpec) -> dict[str, str]:
     Recorded as the results' ``environment.packages`` so that whoever reads the results
     later (``chaos findings``'s version column, an upstream report) knows which framework
     versions the points ran against, on any machine. The script is COMMAND's one local
-    ``.py`` file (``chaos.job.repro.job_script``, read by ``repro.script_packages``); with
-    none (``python -m``, a binary) the frameworks of ``chaos.job.repro.FRAMEWORKS`` that
+    ``.py`` file (``chaos.job.script.job_script``, read by ``script.script_packages``); with
+    none (``python -m``, a binary) the frameworks of ``chaos.job.script.FRAMEWORKS`` that
     are installed stand in. The harness itself and the standard library are left out.
     """
-    from chaos.job import repro
+    from chaos.job.script import FRAMEWORKS, job_script, script_packages
 
-    script = repro.job_script(job)
+    script = job_script(job)
     if script is None:
-        return {d: v for d in repro.FRAMEWORKS if (v := _version(d))}
+        return {d: v for d in FRAMEWORKS if (v := _version(d))}
     # the canonical name (PEP 503): Jinja2 -> jinja2
-    return {re.sub(r"[-_.]+", "-", d).lower(): v for d, v in repro.script_packages(str(script.path)).items()}
+    return {re.sub(r"[-_.]+", "-", d).lower(): v for d, v in script_packages(str(script.path)).items()}
 
 
 def results_document(job: JobSpec, exploration: Exploration | None, results: list[PointResult],
