@@ -1,7 +1,26 @@
 """Chaos harness for training-checkpoint recovery.
 
-The pipeline is Scenario -> FaultPlan -> Cluster -> RunRecord -> Oracles -> Verdict;
-each stage is a plain dataclass handed to the next (see ARCHITECTURE.md).
+The pipeline, one folder a stage (each stage's types are plain dataclasses handed to the
+next; nothing reaches back up, which ``lint-imports`` checks against pyproject's contracts)::
+
+    plan ─► launch (target) ─► nemesis ─► record ─► judge ─► run ─► cli
+    (what to break,   (processes    (faults     (what the  (verdicts  (one point   (commands,
+     where)            started)      applied)    run left)  with       or many)      reports,
+                                                            evidence)                plugin)
+
+model/      plain types and documents every stage reads (job spec and points, results schema)
+target/     what is attacked: the built-in workload, a user's job, the checkpointer protocol
+plan/       scenarios, fault schedules, a job's points, at-rest targets
+launch/     fork server, containers, a job's attempts, spare interpreters
+nemesis/    fault families carried out around the processes (at rest, disk, network, nodes)
+record/     run records, fault-free reference runs (cached), fault points from traces
+judge/      oracles and verdicts, power-loss exploration
+run/        one scenario or job point end to end, campaigns, explorations, results JSON
+cli/        ``chaos`` and its subcommands, the pytest plugin
+bench/, certify/   on top of the pipeline
+reference/  the reference checkpointer, independent of the harness
+errors.py, phases.py, probe.py, scratch.py, trustedpath.py   shared by all (public names:
+            ``chaos.phases`` for checkpointers, ``chaos.probe`` for jobs)
 """
 
 __version__ = "0.1.0"

@@ -17,7 +17,7 @@ is not when ``/tmp/alice`` belongs to alice (she could swap ``chaos-ab12`` for a
 
 Who calls what: ``chaos.scratch`` walks its claims directory and every claimed root with
 :func:`open_dir` and removes a root with :func:`remove_tree` under the parent's descriptor;
-``chaos.drivers.engine`` checks its private engine's root with :func:`private_dir`.
+``chaos.launch.drivers.engine`` checks its private engine's root with :func:`private_dir`.
 """
 
 from __future__ import annotations

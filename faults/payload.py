@@ -202,7 +202,7 @@ def speaks(path: str | os.PathLike[str], fmt: str) -> bool:
     ``pickle`` and ``torchzip``: a pickle (protocol 2 or later), a zip (``torch.save``'s
     format, whose ``data.pkl`` is a pickle) or a DCP data file with byte items (which DCP
     reads with ``torch.load``); ``safetensors-header``: a safetensors file. The harness
-    (``chaos.loadtrace.choose``) plants a payload in the first file the load reads that
+    (``chaos.plan.loadtrace.choose``) plants a payload in the first file the load reads that
     speaks its format: a pickle in a text ``latest`` pointer tests nothing.
     """
     if fmt not in FORMATS:

@@ -2,10 +2,10 @@
 
 Three documents reach the CI renderers (``reports.junit``, ``reports.summary``):
 
-* ``chaos run`` over the built-in workload (``chaos.results``): ``scenarios[]`` with
+* ``chaos run`` over the built-in workload (``chaos.run.results``): ``scenarios[]`` with
   ``id, checkpointer, verdict, oracles{name: {result, summary}}, replay, error, seconds``
   and, after a ``--budget``, a ``campaign`` entry with fault-point coverage;
-* ``chaos run -- COMMAND`` (``chaos.job.results``): the same ``scenarios[]`` (one per
+* ``chaos run -- COMMAND`` (``chaos.run.jobresults``): the same ``scenarios[]`` (one per
   point, ``checkpointer: "job"``, plus ``outcome`` and ``summary``) and a ``job`` entry
   with points found / tried;
 * ``chaos certify`` (``chaos.certify.certify``, ``kind: "certification"``): ``properties[]``
@@ -259,7 +259,7 @@ def cases(doc: dict[str, Any]) -> list[Case]:
 def _job_notes(job: dict[str, Any]) -> list[str]:
     notes = []
     cut = job.get("interrupted")
-    if isinstance(cut, dict):  # chaos.job.explore.interrupt_record
+    if isinstance(cut, dict):  # chaos.run.explore.interrupt_record
         notes.append(one_line(f"interrupted after {cut.get('after', '?')} of {cut.get('of', '?')} points "
                               f"({cut.get('signal', '?')}): the points it cut short are not judged"))
     if "points_found" in job:

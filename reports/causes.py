@@ -3,7 +3,7 @@
 A careless job fails dozens of points for one defect: every kill, ENOSPC and power cut
 that lands while ``ckpt.pt`` is being rewritten in place fails the resume the same way.
 Listing each point buries that one defect under near-identical blocks, so the reports
-group them here, from what the results document (``chaos.job.results``) already records
+group them here, from what the results document (``chaos.run.jobresults``) already records
 for each point — nothing is rerun and no new field is needed:
 
 * **where the fault landed**: the fault record (``faults[0]``: family, mode, the event and
@@ -52,13 +52,13 @@ from reports.cases import Case, check_document, dotted_classname, printable, sce
 from reports.cases import cases as point_cases
 
 OUTCOME_ORDER = ("hard_failure", "silent_divergence", "lost_work")
-# chaos.job.spec.Point.to_fault's ``kind`` -> the family a user names with --faults
+# chaos.model.jobspec.Point.to_fault's ``kind`` -> the family a user names with --faults
 FAMILY = {"crash": "kill", "kill": "kill", "corrupt": "corrupt", "powerloss": "power", "ioerror": "errno",
           "term": "term", "diskfull": "diskfull", "netcut": "net", "node_loss": "node",
           "rendezvous_host_loss": "node", "node_link_cut": "node"}
 # Which family's point best shows a cause: a plain kill replays with nothing else going on.
 REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "corrupt", "net", "node")
-FAMILY_ORDER = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node")  # as chaos.job.spec lists them
+FAMILY_ORDER = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node")  # as chaos.model.jobspec lists them
 POINTS_SHOWN = 8  # point ids a console block lists before "and N more"
 NO_FIX = "no fix known for this kind: see the representative's evidence"
 
@@ -184,7 +184,7 @@ def file_key(path: str) -> str:
 
 def exception_line(sc: dict[str, Any]) -> str:
     """The whole line that says why the resume failed: the last exception in the liveness evidence's
-    output tail (the line ``chaos.job.launch.cause`` picks, uncut), else what the verdict quoted."""
+    output tail (the line ``chaos.launch.job.cause`` picks, uncut), else what the verdict quoted."""
     live = _d(_d(sc.get("oracles")).get("liveness"))
     tail = _s(_d(live.get("evidence")).get("output_tail"))
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
@@ -390,7 +390,7 @@ def _power(sc: dict[str, Any], outcome: str, files: _Files, line: str) -> tuple[
     return "data_not_fsynced", key, "", landed
 
 
-# A point id's mode (chaos.job.spec.parse_point's grammar) -> the fault record's kind and when,
+# A point id's mode (chaos.model.jobspec.parse_point's grammar) -> the fault record's kind and when,
 # for a document whose points carry no fault record.
 _MODE_KIND = {"before": "crash", "after": "crash", "torn": "crash", "bitflip": "corrupt", "truncate": "corrupt",
               "zero": "corrupt", "delete": "corrupt", "power": "powerloss", "enospc": "ioerror", "eio": "ioerror",

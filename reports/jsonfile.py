@@ -1,9 +1,9 @@
 """Write a JSON document so that no reader ever sees half of it; read one that may come from anyone.
 
 Called by everything that leaves JSON for another process or a later run to read: the
-results file (``chaos.results``, ``chaos.job.results``: rewritten after every scenario,
+results file (``chaos.run.results``, ``chaos.run.jobresults``: rewritten after every scenario,
 so a CI step reading it mid-run must see a whole document), the golden-run cache
-(``chaos.golden``) and the fault-point cache (``chaos.points``), which concurrent
+(``chaos.record.golden``) and the fault-point cache (``chaos.record.points``), which concurrent
 sessions may share. The document goes to a temporary file beside the target, then
 ``os.replace`` swaps it in; the temporary file is removed if writing it fails (a value
 JSON cannot encode), so a failed write leaves the old file and nothing else. The
@@ -151,7 +151,7 @@ def _too_deep(doc: Any, limit: int) -> str | None:
 
 def read_json(path: str | os.PathLike[str], what: str = "results", max_bytes: int = MAX_JSON_BYTES) -> Any:
     """A JSON input (results, a report's data, annotations): any problem is one ConfigError naming the file.
-    Called by ``chaos.resultschema.load_results``, ``reports.html.load_json`` and ``chaos.findings``."""
+    Called by ``chaos.model.resultschema.load_results``, ``reports.html.load_json`` and ``chaos.cli.findings``."""
     from faults.errors import ConfigError
 
     p = Path(path)

@@ -22,7 +22,7 @@ skipped and erroring points stay a testcase each.
 
 Written with the standard library's ElementTree; characters XML 1.0 cannot carry (a
 rank's stray control bytes) are written as ``\\uXXXX`` text rather than making the file
-unreadable. ``chaos.cli._run``, ``chaos.job.cli_job._run`` and ``chaos.commands.certify``
+unreadable. ``chaos.cli.main._run``, ``chaos.cli.job._run`` and ``chaos.cli.commands.certify``
 call :func:`write_junit` after the results JSON is on disk.
 """
 

@@ -15,7 +15,7 @@ with where the faults landed, how the resume failed, a representative point with
 whole verdict line and replay command, and every point id; the per-point table then
 lists only the skipped and erroring points.
 
-Called by ``chaos.cli._run``, ``chaos.job.cli_job._run`` and ``chaos.commands.certify``
+Called by ``chaos.cli.main._run``, ``chaos.cli.job._run`` and ``chaos.cli.commands.certify``
 after the results JSON is on disk.
 """
 

@@ -79,9 +79,9 @@ def _events(chaos: Any, command: list[str], ranks: int | None) -> list[tuple[int
     """(rank, ordinal, op, the paths it names under {out}) of every traced event of a fault-free run."""
     key = (tuple(command), ranks)
     if key not in _EVENTS:
-        from chaos.job import explore
-        from chaos.job.cli_job import build
-        from chaos.job.history import read_traces
+        from chaos.cli.job import build
+        from chaos.record.jobhistory import read_traces
+        from chaos.run import explore
 
         _args, job = build([*(["--ranks", str(ranks)] if ranks else []), "--", *command])
         scratch = chaos.session.options.scratch_base
@@ -165,7 +165,7 @@ class NotCut(AssertionError):
 
 def need_netns() -> None:
     """Skip unless network namespaces, veths and a bridge can be made here (root, iproute2)."""
-    from chaos.job import netcut
+    from chaos.nemesis import netcut
 
     ok, why = netcut.available()
     if not ok:

@@ -90,7 +90,7 @@ def test_corruption_that_did_nothing_is_skipped(chaos, fault):
 def test_corruption_acts_on_the_objects_of_an_s3_store(chaos):
     """storage=s3://...: the newest committed checkpoint's objects are corrupted in the store itself."""
     pytest.importorskip("moto")
-    from chaos.storage.local_s3 import LocalS3
+    from chaos.certify.local_s3 import LocalS3
 
     with LocalS3() as s3:
         sc = chaos.scenario("reference", ["bitflip:step=19,bits=16,region=data,seed=3,file=*.safetensors"],

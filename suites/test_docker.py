@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from chaos.scenario import parse_fault
+from chaos.plan.scenario import parse_fault
 
 pytestmark = [pytest.mark.chaos, pytest.mark.docker]
 
@@ -33,7 +33,7 @@ DOCKER_WORKLOAD = {"steps": 24, "save_every": 4, "collective_timeout_s": 5.0}
 
 
 def _ours(engine, label_value: str | None = None) -> dict[str, list[str]]:
-    from chaos.drivers.engine import LABEL
+    from chaos.launch.drivers.engine import LABEL
 
     flt = {"label": f"{LABEL}={label_value}" if label_value else LABEL}
     client = engine.client()
@@ -83,7 +83,7 @@ def test_container_fault_mid_save_restarts_and_resumes_bit_exact(chaos, run_dock
 
 def test_interrupt_removes_containers_and_network(docker_engine, tmp_path):
     """Ctrl-C while a rank container runs: the driver's context removes everything it made."""
-    from chaos.drivers.docker import DockerCluster
+    from chaos.launch.drivers.docker import DockerCluster
     from faults.process import alive, marked_under
 
     scratch = tempfile.mkdtemp(prefix="chaos-int-")
@@ -111,7 +111,7 @@ def test_interrupt_removes_containers_and_network(docker_engine, tmp_path):
 def test_engine_stop_leaves_nothing():
     """A private engine with a running container and a network, stopped: no dockerd, no
     containerd or shim, no container process, no root directory left."""
-    from chaos.drivers.engine import LABEL, PrivateEngine, can_start_engine, ensure_image
+    from chaos.launch.drivers.engine import LABEL, PrivateEngine, can_start_engine, ensure_image
     from faults.process import alive
 
     ok, why = can_start_engine()
@@ -123,7 +123,7 @@ def test_engine_stop_leaves_nothing():
         client = engine.client()
         ensure_image(client)
         client.networks.create("chaos-stoptest", driver="bridge", labels={LABEL: "stoptest"})
-        from chaos.drivers.docker import host_mounts
+        from chaos.launch.drivers.docker import host_mounts
 
         c = client.containers.run("chaos-empty:latest", ["sleep", "600"], detach=True, init=True,
                                   network="chaos-stoptest", labels={LABEL: "stoptest"},
@@ -153,7 +153,7 @@ def test_replay_command_reruns_the_docker_scenario(run_docker, docker_engine, tm
     result = run_docker("kill:rank=1,phase=write_shards,step=20")
     args = shlex.split(result.replay)[1:] + ["--json", str(tmp_path / "r.json")]
     env = {**os.environ, "DOCKER_HOST": docker_engine.url}
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", *args], capture_output=True, text=True,
                           timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     import json

@@ -39,7 +39,7 @@ from __future__ import annotations
 import pytest
 from framework_jobs import At, need, net_endings, python_job, run_net_point, run_point
 
-from chaos.plugin import job_failed
+from chaos.cli.plugin import job_failed
 
 accelerate = need("accelerate")
 
@@ -91,7 +91,7 @@ def test_a_power_loss_during_save_state_loses_every_checkpoint(chaos):
     "raises, and the restart's load_state takes the half-written checkpoint_1 and raises EOFError "
     "(hard_failure; not reported upstream). Replay: " + REPLAY.format(point="disk:full:49152")))
 def test_a_full_disk_during_save_state_leaves_a_checkpoint_load_state_cannot_load(chaos):
-    from chaos.job import diskfull
+    from chaos.nemesis import diskfull
 
     ok, why = diskfull.available()
     if not ok:

@@ -52,7 +52,7 @@ from __future__ import annotations
 import pytest
 from framework_jobs import At, need, net_endings, python_job, run_net_point, run_point
 
-from chaos.plugin import job_failed
+from chaos.cli.plugin import job_failed
 
 transformers = need("transformers")
 
@@ -105,7 +105,7 @@ def test_a_power_loss_during_a_save_loses_every_checkpoint(chaos):
     "the disk again, raises FileNotFoundError: .../checkpoint-4/trainer_state.json (hard_failure; "
     "transformers #35525). Replay: " + REPLAY.format(point="disk:full:208896")))
 def test_a_full_disk_during_a_save_leaves_a_checkpoint_the_resume_cannot_load(chaos):
-    from chaos.job import diskfull
+    from chaos.nemesis import diskfull
 
     ok, why = diskfull.available()
     if not ok:

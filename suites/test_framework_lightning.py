@@ -45,7 +45,7 @@ from __future__ import annotations
 import pytest
 from framework_jobs import At, need, net_endings, python_job, run_net_point, run_point
 
-from chaos.plugin import job_failed
+from chaos.cli.plugin import job_failed
 
 lightning = need("lightning")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.plugin import job_failed
+from chaos.cli.plugin import job_failed
 
 pytestmark = pytest.mark.chaos
 

@@ -1,7 +1,7 @@
 """A job over two simulated nodes on the real engine: two torchrun agents, 2 ranks each.
 
 Each agent runs in its own network namespace on a veth bridge (``chaos run --nodes 2``,
-chaos/job/nodes.py), the agents meeting through torchrun's c10d rendezvous on node 0.
+chaos/nemesis/nodes.py), the agents meeting through torchrun's c10d rendezvous on node 0.
 The job is chaos/examples/ddp_nodes_job.py, run with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``:
 with torch 2.13's shared rendezvous store a replacement agent cannot join the next
 round (it waits for a ``MASTER_ADDR`` key the surviving rank-0 agent never writes
@@ -33,11 +33,11 @@ from pathlib import Path
 import pytest
 
 from chaos import scratch
-from chaos.job import netcut
-from chaos.job.explore import Reference, _new_run, reference, run_chain
-from chaos.job.judge import judge
-from chaos.job.nodes import REPLACEMENT_BASE
-from chaos.job.spec import TORCHRUN_STRIDE, JobSpec, parse_point
+from chaos.judge.job import judge
+from chaos.model.jobspec import TORCHRUN_STRIDE, JobSpec, parse_point
+from chaos.nemesis import netcut
+from chaos.nemesis.nodes import REPLACEMENT_BASE
+from chaos.run.explore import Reference, _new_run, reference, run_chain
 
 pytestmark = [pytest.mark.chaos, pytest.mark.root, pytest.mark.slow]
 

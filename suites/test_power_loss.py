@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from chaos.plugin import oracle_failed
+from chaos.cli.plugin import oracle_failed
 
 pytestmark = pytest.mark.chaos
 

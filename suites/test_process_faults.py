@@ -5,7 +5,7 @@ Every built-in checkpointer must resume bit-exactly from its last checkpoint.
 
 import pytest
 
-from chaos.scenario import parse_fault
+from chaos.plan.scenario import parse_fault
 
 pytestmark = pytest.mark.chaos
 

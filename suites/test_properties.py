@@ -2,7 +2,7 @@
 
 Schedules mix kills at steps and at the save phases each rank really announces, I/O
 crashes and errors at operations each rank really performs (both from a traced
-fault-free run of the same configuration, ``chaos.points``), and at-rest corruption,
+fault-free run of the same configuration, ``chaos.record.points``), and at-rest corruption,
 with a second fault inside the restart the first one caused. A failure shrinks to a
 minimal schedule and prints the `chaos run` command that replays it (and a hypothesis
 blob). A skipped example (a fault that never fired) is legal, but a run whose every
@@ -13,9 +13,9 @@ examples (about 15 s each).
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 
-from chaos import points
-from chaos.strategies import Tally, fault_schedules
-from chaos.workload.config import WorkloadConfig
+from chaos.plan.strategies import Tally, fault_schedules
+from chaos.record import points
+from chaos.target.workload.config import WorkloadConfig
 
 pytestmark = pytest.mark.chaos
 

@@ -16,7 +16,7 @@ pytest.importorskip("moto")
 
 @pytest.fixture(scope="module")
 def s3():
-    from chaos.storage.local_s3 import LocalS3
+    from chaos.certify.local_s3 import LocalS3
 
     with LocalS3() as server:
         yield server

@@ -14,7 +14,7 @@ PyTorch DCP (``dcp``, ``dcp-async``) — at world size 2 (4 in the slow tests):
   (the data split changes, so the golden run is no longer the run to equal), committed_state
   compares whole tensors (the fingerprints hash a DTensor's global value) and loss_continuity
   compares every loss after the resize, bit for bit, with a fault-free run at the new world
-  size resumed from the same checkpoint (``chaos.golden.ResizedReference``). At 16, 40 and
+  size resumed from the same checkpoint (``chaos.record.golden.ResizedReference``). At 16, 40 and
   100 steps: a band around the golden run fixed in advance failed the correct 40-step resume
   (#34), since the resized job's curve drifts from the golden one as it trains on.
 

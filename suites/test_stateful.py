@@ -2,7 +2,7 @@
 corrupt the newest checkpoint, restart, verify — and the real harness runs it.
 
 Each example becomes one Scenario (its faults in the attempts the restarts made) run
-by chaos.runner.run_scenario, because a real run costs seconds. A failure shrinks to
+by chaos.run.runner.run_scenario, because a real run costs seconds. A failure shrinks to
 the fewest rules that still fail and prints the steps, the ``chaos run`` replay command
 and hypothesis's ``@reproduce_failure`` blob. A skipped example is legal, a run whose
 every example was skipped fails. The default run draws 3 examples;
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from chaos.strategies import Tally, schedule_machine
-from chaos.workload.config import WorkloadConfig
+from chaos.plan.strategies import Tally, schedule_machine
+from chaos.target.workload.config import WorkloadConfig
 
 pytestmark = pytest.mark.chaos
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from chaos.ports import free_port
+from chaos.launch.ports import free_port
 
 _CTX: Any = None
 
@@ -30,7 +30,7 @@ def _context() -> Any:
     global _CTX
     if _CTX is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "chaos.checkpoint"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "chaos.reference.checkpoint"])
         _CTX = ctx
     return _CTX
 

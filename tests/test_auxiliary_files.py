@@ -6,9 +6,9 @@ file (``metrics.prom.<pid>.<tid>``, prometheus_client's ``write_to_textfile``) a
 checkpoint had committed.
 """
 
-from chaos.runner import RunOptions, run_scenario
-from chaos.scenario import Scenario, parse_fault
-from chaos.workload.config import WorkloadConfig
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.run.runner import RunOptions, run_scenario
+from chaos.target.workload.config import WorkloadConfig
 
 
 def test_an_eio_on_the_metrics_rename_after_the_commit_is_set_aside(tmp_path):
@@ -23,7 +23,7 @@ def test_an_eio_on_the_metrics_rename_after_the_commit_is_set_aside(tmp_path):
 def test_an_undirected_corruption_never_targets_an_auxiliary_file_or_the_pointer(tmp_path):
     """Default campaign seed 6: a seeded bitflip (no file=) drew `latest`, then metrics.prom;
     it must land on a file a load reads: the first one a traced fault-free load of the newest
-    checkpoint read that a flip in its data region can change (its manifest; chaos.loadtrace)."""
+    checkpoint read that a flip in its data region can change (its manifest; chaos.plan.loadtrace)."""
     scenario = Scenario(checkpointer="reference", world_size=2, workload=WorkloadConfig(seed=6),
                         faults=[parse_fault("bitflip:step=23,bits=16,region=data,seed=6")])
     result = run_scenario(scenario, RunOptions(cache_dir=tmp_path / "cache", scratch_base=str(tmp_path)))

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from chaos import cli
-from chaos.commands import scalebench
+from chaos.cli import main as cli
+from chaos.cli.commands import scalebench
 from chaos.errors import ConfigError
 
 
@@ -75,7 +75,7 @@ def _doc() -> dict:
                   "ratio_spread": {"reference_vs_dcp_save": {"min": 0.9, "median": 1.1, "max": 1.3}}}],
         "crash": [{"shards": 4, "ok": True, "total_possible": 900, "states_generated": 60, "states_distinct": 40,
                    "states_checked": 40, "states_pruned": 20, "states_per_s": 55.5, "cpu_ms_per_state": 20.1,
-                   "checkpointer": "chaos.checkpoint.engine:ReferenceCheckpointer",
+                   "checkpointer": "chaos.reference.checkpoint.engine:ReferenceCheckpointer",
                    "violation_count": 0}],
         "campaign": {"command": "chaos run", "ok": True, "scenarios": 9, "verdicts": {"pass": 8, "skipped": 1},
                      "wall_s": 90.0, "per_minute": 6.0, "after_first_s": 8.0, "per_minute_after_first": 7.5},

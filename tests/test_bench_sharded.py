@@ -14,8 +14,10 @@ import json
 
 import pytest
 
-from chaos import bench, bench_sharded, cli
-from chaos.commands import bench as bench_cmd
+from chaos.bench import checkpoint as bench
+from chaos.bench import sharded as bench_sharded
+from chaos.cli import main as cli
+from chaos.cli.commands import bench as bench_cmd
 from chaos.errors import ConfigError
 
 EXISTING_KEYS = {"config", "payload_bytes", "raw", "results", "ratios", "targets", "meets_target"}

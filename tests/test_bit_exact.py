@@ -2,9 +2,9 @@
 
 import pytest
 
-from chaos.golden import GoldenRun
-from chaos.oracles import bit_exact
-from chaos.record import RunRecord
+from chaos.judge.oracles import bit_exact
+from chaos.record.golden import GoldenRun
+from chaos.record.history import RunRecord
 
 MODEL_ONLY = "tests/checkpointers/model_only.py:ModelOnlyCheckpointer"
 
@@ -52,7 +52,7 @@ def test_model_only_checkpointer_fails_naming_the_first_differing_tensor(chaos):
 @pytest.mark.chaos
 def test_a_kill_at_three_ranks_resumes_bit_exact_on_ddps_settled_buckets(chaos):
     # With 3+ ranks an all-reduce's float sums depend on how DDP groups the gradients, and a
-    # new DDP regroups them after its first iteration: without chaos.workload.parallel's
+    # new DDP regroups them after its first iteration: without chaos.target.workload.parallel's
     # settle_buckets, the step after a restart differed (~1e-7) from the uninterrupted run's.
     scenario = chaos.scenario("reference", ["kill:rank=2,step=5"], steps=7, save_every=2, world_size=3, d_model=64)
     result = chaos.run(scenario)

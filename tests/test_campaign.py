@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from chaos import cli, points, runner
-from chaos.points import IOPoint, PhasePoint, TracePoints
-from chaos.runner import ScenarioResult
-from chaos.scenario import Fault
+from chaos.cli import main as cli
+from chaos.plan.scenario import Fault
+from chaos.record import points
+from chaos.record.points import IOPoint, PhasePoint, TracePoints
+from chaos.run import runner
+from chaos.run.runner import ScenarioResult
 
 FAMILIES = 9
 REPO = Path(__file__).resolve().parents[1]
@@ -42,13 +44,13 @@ def fake_runs(monkeypatch):
         return ScenarioResult(scenario, "pass", seconds=0.05)
 
     monkeypatch.setattr(runner, "run_scenario", fake)  # generated schedules
-    monkeypatch.setattr(runner, "ScenarioRun", _halves(fake))  # the family scenarios (chaos.campaign.run_pipelined)
+    monkeypatch.setattr(runner, "ScenarioRun", _halves(fake))  # the family scenarios (chaos.run.campaign.run_pipelined)
     monkeypatch.setattr(points, "reference_points", lambda scenario, options: FAKE_POINTS)
     return ran
 
 
 def _halves(fake):
-    """A stand-in ``chaos.runner.ScenarioRun`` whose second half runs ``fake`` (the whole scenario)."""
+    """A stand-in ``chaos.run.runner.ScenarioRun`` whose second half runs ``fake`` (the whole scenario)."""
     class Halves:
         def __init__(self, scenario, options=None, progress=None):
             self.args = (scenario, options, progress)
@@ -104,9 +106,9 @@ def test_budget_adds_seeded_generated_schedules_after_the_families(fake_runs, tm
 
 def test_no_schedule_starts_unless_its_estimated_cost_fits_before_the_deadline(monkeypatch):
     """The budget logic on a fake clock: each schedule 'takes' 1.5 s against an estimate of 1 s."""
-    from chaos import campaign as campaign_mod
-    from chaos.scenario import Scenario
-    from chaos.workload.config import WorkloadConfig
+    from chaos.plan.scenario import Scenario
+    from chaos.run import campaign as campaign_mod
+    from chaos.target.workload.config import WorkloadConfig
 
     clock = [100.0]
     monkeypatch.setattr(campaign_mod.time, "monotonic", lambda: clock[0])
@@ -160,8 +162,9 @@ WITHOUT_HYPOTHESIS = textwrap.dedent("""
             return None
 
     sys.meta_path.insert(0, NoHypothesis())
-    from chaos import cli, runner
-    from chaos.runner import ScenarioResult
+    from chaos.cli import main as cli
+    from chaos.run import runner
+    from chaos.run.runner import ScenarioResult
     ran = []
 
     def fake(scenario, options=None, progress=None):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from chaos import cli
+from chaos.cli import main as cli
 
 
 @pytest.mark.slow

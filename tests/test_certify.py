@@ -100,7 +100,7 @@ def test_ignoring_if_none_match_is_not_certified():
 
 
 def test_bad_backend_is_one_line_exit_2(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "chaos.cli", "certify", "--backend", "s3://Bad_Bucket/x"],
+    r = subprocess.run([sys.executable, "-m", "chaos.cli.main", "certify", "--backend", "s3://Bad_Bucket/x"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Bad_Bucket" in r.stderr and r.stderr.strip().count("\n") == 0
 
@@ -114,7 +114,7 @@ def test_certify_end_to_end(backend, tmp_path):
         backend = f"file://{tmp_path / 'b'}"
     out = tmp_path / "cert.json"
     html = tmp_path / "cert.html"
-    r = subprocess.run([sys.executable, "-m", "chaos.cli", "certify", "--backend", backend, "--json", str(out),
+    r = subprocess.run([sys.executable, "-m", "chaos.cli.main", "certify", "--backend", backend, "--json", str(out),
                         "--html", str(html), "--throughput-mib", "16"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -187,7 +187,7 @@ def test_certify_writes_nothing_outside_its_scratch_root(tmp_path):
         d.mkdir()
     git_before = _git_status()
     out = tmp_path / "cert.json"
-    r = subprocess.run([sys.executable, "-m", "chaos.cli", "certify", "--backend", f"local://{backend}",
+    r = subprocess.run([sys.executable, "-m", "chaos.cli.main", "certify", "--backend", f"local://{backend}",
                         "--throughput-mib", "4", "--json", str(out)],
                        cwd=cwd, env=_clean_env(home, tmp), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -201,7 +201,7 @@ def test_quick_is_a_partial_run_never_certified(tmp_path):
     """Hole 5: --quick skips the bit-flip and power-loss scenarios, so even with every
     property and the one scenario passing it exits 1 with the reason (about 30 s)."""
     (tmp_path / "backend").mkdir()
-    r = subprocess.run([sys.executable, "-m", "chaos.cli", "certify", "--backend", f"file://{tmp_path / 'backend'}",
+    r = subprocess.run([sys.executable, "-m", "chaos.cli.main", "certify", "--backend", f"file://{tmp_path / 'backend'}",
                         "--quick", "--throughput-mib", "0", "--json", str(tmp_path / "c.json")],
                        capture_output=True, text=True, timeout=300, env=_clean_env(tmp_path, tmp_path))
     report = json.loads((tmp_path / "c.json").read_text())

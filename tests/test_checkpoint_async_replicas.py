@@ -27,12 +27,12 @@ import torch
 from ckpt_dist import check_all_ok, run_ranks
 
 from chaos import phases
-from chaos.checkpoint import CommitError, ReferenceCheckpointer
-from chaos.checkpoint.async_writer import Fence, OptimizerFence, Staging
-from chaos.checkpoint.options import parse_options
-from chaos.checkpoint.saver import _meta, finish_snapshot, take_snapshot
-from chaos.ckptformat.commit import list_steps, read_latest
-from chaos.statehash import fingerprint
+from chaos.model.statehash import fingerprint
+from chaos.reference.checkpoint import CommitError, ReferenceCheckpointer
+from chaos.reference.checkpoint.async_writer import Fence, OptimizerFence, Staging
+from chaos.reference.checkpoint.options import parse_options
+from chaos.reference.checkpoint.saver import _meta, finish_snapshot, take_snapshot
+from chaos.reference.ckptformat.commit import list_steps, read_latest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -306,7 +306,7 @@ def test_replicas_option_values_and_which_modes_register_the_pre_hook(tmp_path):
 def test_a_step_waiting_at_the_fence_hashes_the_pending_replicas_itself():
     """Waiting at the fence is never idle: the waiter takes the deferred hashes the commit
     thread has not reached, and the commit thread's result uses them."""
-    from chaos.checkpoint.saver import ReplicaCheck
+    from chaos.reference.checkpoint.saver import ReplicaCheck
 
     ws = [torch.randn(256) for _ in range(3)]
     state = {"model": {f"w{i}": w for i, w in enumerate(ws)}}

@@ -16,8 +16,10 @@ import statistics
 
 import pytest
 
-from chaos import bench, bench_ranks, cli
-from chaos.commands import bench as bench_cmd
+from chaos.bench import checkpoint as bench
+from chaos.bench import ranks as bench_ranks
+from chaos.cli import main as cli
+from chaos.cli.commands import bench as bench_cmd
 from chaos.errors import ConfigError
 
 
@@ -190,7 +192,7 @@ def _environment(rank: int, world: int, key: str) -> list:
 
 
 def test_launch_gives_each_rank_its_environment_before_it_starts():
-    from chaos import bench_sharded
+    from chaos.bench import sharded as bench_sharded
 
     envs = [{"CHAOS_BENCH_PROBE": "first"}, {"CHAOS_BENCH_PROBE": "second"}]
     ctx = bench_sharded._context()  # the forkserver with torch preloaded (the fsdp bench test's too): forks, not imports
@@ -282,8 +284,8 @@ def test_the_bench_state_is_owned_by_a_real_optimizer_whose_step_changes_nothing
     # it bills to the stall must leave them as they were.
     import torch
 
-    from chaos.bench import make_state, owning_optimizer
-    from chaos.statehash import fingerprint
+    from chaos.bench.checkpoint import make_state, owning_optimizer
+    from chaos.model.statehash import fingerprint
 
     state = make_state(0, 3_000_000)
     before = fingerprint(state)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from chaos import phases
-from chaos.checkpoint import CommitError, ReferenceCheckpointer
-from chaos.checkpoint.options import Milestones
-from chaos.checkpoint.policy import select_for_deletion
-from chaos.ckptformat import commit
+from chaos.reference.checkpoint import CommitError, ReferenceCheckpointer
+from chaos.reference.checkpoint.options import Milestones
+from chaos.reference.checkpoint.policy import select_for_deletion
+from chaos.reference.ckptformat import commit
 
 
 def state(step: int) -> dict:
@@ -178,7 +178,7 @@ def test_pointer_and_listing_on_fake_fs(fs):
     with pytest.raises(commit.ManifestError, match="larger than"):
         commit.read_latest("/ck")
     assert commit.clean_stale("/ck") == [".tmp-step-0000000030-abc"]
-    from chaos.checkpoint.loader import candidate_order
+    from chaos.reference.checkpoint.loader import candidate_order
 
     fs.remove("/ck/latest")
     fs.create_file("/ck/latest", contents="step-0000000010\n")

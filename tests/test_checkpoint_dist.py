@@ -1,7 +1,7 @@
 """Real multi-process gloo tests of the reference checkpointer (2-4 ranks, tiny states).
 
 Each test launches rank processes through ``ckpt_dist.run_ranks`` and judges the
-outcome the way the harness does: ``chaos.statehash.fingerprint`` of what
+outcome the way the harness does: ``chaos.model.statehash.fingerprint`` of what
 ``load_latest`` returns against the fingerprint of what was saved.
 """
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 from ckpt_dist import check_all_ok, run_ranks
 
-from chaos.checkpoint import ReferenceCheckpointer
-from chaos.ckptformat.commit import list_steps, read_latest, step_dirname
-from chaos.ckptformat.manifest import read_manifest
-from chaos.statehash import fingerprint
+from chaos.model.statehash import fingerprint
+from chaos.reference.checkpoint import ReferenceCheckpointer
+from chaos.reference.ckptformat.commit import list_steps, read_latest, step_dirname
+from chaos.reference.ckptformat.manifest import read_manifest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,7 +115,7 @@ def test_killed_save_leaves_previous_checkpoint_latest(tmp_path, phase_name, kil
 
 
 def _load_all_in_place(rank: int, world: int, root: str, opts: dict) -> tuple:
-    from chaos.checkpoint import loader
+    from chaos.reference.checkpoint import loader
 
     loader.IN_PLACE_MIN_BYTES = 1  # every replicated tensor is read into the template
     return _load(rank, world, root, opts)
@@ -237,7 +237,7 @@ def test_async_dedup_trusting_replicas_misses_a_diverged_one_as_documented(tmp_p
 
 
 def _one_rank_fails_write(rank: int, world: int, root: str) -> str:
-    import chaos.checkpoint.saver as saver
+    import chaos.reference.checkpoint.saver as saver
 
     ckpt = ReferenceCheckpointer(root, rank, world, **OPTS)
     ckpt.save(5, make_state(rank, 5))
@@ -265,7 +265,7 @@ def test_failing_rank_makes_save_raise_everywhere_and_commits_nothing(tmp_path):
 
 
 def _load_keeping_template(rank: int, world: int, root: str, in_place: bool) -> tuple:
-    from chaos.checkpoint import loader
+    from chaos.reference.checkpoint import loader
 
     loader.IN_PLACE_MIN_BYTES = 1  # these tensors are tiny; real ones are MBs
     ckpt = ReferenceCheckpointer(root, rank, world, load_in_place=in_place, **OPTS)

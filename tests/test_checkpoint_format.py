@@ -16,17 +16,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.checkpoint import ManifestError, NoValidCheckpointError, ReferenceCheckpointer
-from chaos.checkpoint.loader import load_step
-from chaos.ckptformat import tree
-from chaos.ckptformat.errors import (
+from chaos.model.statehash import fingerprint
+from chaos.reference.checkpoint import ManifestError, NoValidCheckpointError, ReferenceCheckpointer
+from chaos.reference.checkpoint.loader import load_step
+from chaos.reference.ckptformat import tree
+from chaos.reference.ckptformat.errors import (
     CheckpointConfigError,
     CorruptCheckpointError,
     UnsupportedValueError,
 )
-from chaos.ckptformat.hashing import digest
-from chaos.ckptformat.manifest import encode_manifest, read_manifest, safe_json_loads
-from chaos.statehash import fingerprint
+from chaos.reference.ckptformat.hashing import digest
+from chaos.reference.ckptformat.manifest import encode_manifest, read_manifest, safe_json_loads
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.uint8, torch.bool]
 
@@ -263,7 +263,7 @@ def test_per_rank_value_missing_for_a_new_rank_keeps_the_template_value():
 
 
 def test_throttle_paces_writes(monkeypatch):
-    from chaos.ckptformat import shard
+    from chaos.reference.ckptformat import shard
 
     clock = [0.0]
     slept: list[float] = []
@@ -281,7 +281,7 @@ def test_shard_writer_starts_writeback_as_it_goes_and_writes_the_same_bytes(tmp_
     """Early writeback is a hint only: same bytes and checksum as without it, on any file object."""
     import io
 
-    from chaos.ckptformat import shard
+    from chaos.reference.ckptformat import shard
 
     calls: list[tuple[int, int]] = []
     real = shard._load_sync_file_range()

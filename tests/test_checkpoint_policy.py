@@ -11,9 +11,9 @@ from collections import namedtuple
 import pytest
 import torch
 
-from chaos.checkpoint import ReferenceCheckpointer, policy
-from chaos.checkpoint.metrics import Metrics
-from chaos.commands import interval
+from chaos.cli.commands import interval
+from chaos.reference.checkpoint import ReferenceCheckpointer, policy
+from chaos.reference.checkpoint.metrics import Metrics
 
 
 def test_young_and_daly_numbers():
@@ -121,7 +121,7 @@ def test_engine_emits_save_and_load_events(tmp_path):
 def test_background_commit_runs_jobs_in_order_on_one_thread_and_keeps_errors():
     import threading
 
-    from chaos.checkpoint.async_writer import BackgroundCommit
+    from chaos.reference.checkpoint.async_writer import BackgroundCommit
 
     bg = BackgroundCommit()
     seen: list[tuple[int, int]] = []

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.checkpoint.async_writer import Staging, _plain_cpu
+from chaos.reference.checkpoint.async_writer import Staging, _plain_cpu
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int64,
           torch.bool, torch.complex64]

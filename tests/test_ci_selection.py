@@ -2,7 +2,7 @@
 
 ``.ci/run`` (per commit) runs pytest's default selection: every test but those marked
 ``slow`` or ``bench``, which the plugin leaves out unless the ``-m`` expression names them
-(``chaos.plugin.pytest_collection_modifyitems``), so the design card's ``pytest suites/ -m
+(``chaos.cli.plugin.pytest_collection_modifyitems``), so the design card's ``pytest suites/ -m
 chaos`` is the per-commit set too; ``.ci/nightly`` runs its own ``-m`` after installing the
 ``frameworks`` extra. The framework suites need that extra, so they must be marked ``frameworks`` and
 the nightly's expression must select that marker — otherwise their strict-xfail findings
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from chaos.plugin import OPT_IN, opted_in
+from chaos.cli.plugin import OPT_IN, opted_in
 
 pytest_plugins = ["pytester"]
 

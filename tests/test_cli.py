@@ -8,7 +8,7 @@ import pytest
 
 
 def chaos(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "chaos.cli.main", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,11 @@ import json
 
 from rich.console import Console
 
-from chaos import cli
-from chaos.console import scenario_line, summary_table
-from chaos.oracles import OracleResult
-from chaos.runner import ScenarioResult
-from chaos.scenario import Scenario, parse_fault
+from chaos.cli import main as cli
+from chaos.cli.console import scenario_line, summary_table
+from chaos.judge.oracles import OracleResult
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.run.runner import ScenarioResult
 
 GLOO = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
         "Timed out waiting 5000ms for recv operation to complete [bold]x[/]")
@@ -40,7 +40,7 @@ def test_a_harness_crash_mid_campaign_exits_2_and_keeps_the_finished_results(tmp
             raise RuntimeError("the harness broke")
         return _failed(scenario)
 
-    class Halves:  # chaos.runner.ScenarioRun as chaos.campaign.run_pipelined drives it
+    class Halves:  # chaos.run.runner.ScenarioRun as chaos.run.campaign.run_pipelined drives it
         def __init__(self, scenario, options=None, progress=None):
             self.scenario = scenario
 
@@ -50,7 +50,7 @@ def test_a_harness_crash_mid_campaign_exits_2_and_keeps_the_finished_results(tmp
         def finish(self):
             return fake_run(self.scenario)
 
-    monkeypatch.setattr("chaos.runner.ScenarioRun", Halves)
+    monkeypatch.setattr("chaos.run.runner.ScenarioRun", Halves)
     monkeypatch.setattr(cli, "_generated", lambda *a, **k: [])
     out = tmp_path / "results.json"
     rc = cli.main(["run", "--json", str(out)])

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from chaos import cluster
-from chaos.record import RunRecord
-from chaos.scenario import parse_fault
-from chaos.workload.config import WorkloadConfig
+from chaos.launch import cluster
+from chaos.plan.scenario import parse_fault
+from chaos.record.history import RunRecord
+from chaos.target.workload.config import WorkloadConfig
 
 SMALL = WorkloadConfig(steps=6, save_every=3, d_model=64).to_dict()
 
@@ -95,7 +95,7 @@ def test_ctrl_c_leaves_no_rank_process(tmp_path):
     """SIGINT to `chaos run` mid-scenario: every rank is gone and the scratch root too."""
     scratch = tmp_path / "scratch"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chaos.cli", "run", "--checkpointer", "torch-save", "--steps", "400",
+        [sys.executable, "-m", "chaos.cli.main", "run", "--checkpointer", "torch-save", "--steps", "400",
          "--save-every", "50", "--fault", "kill:rank=1,step=399", "--scratch", str(scratch),
          "--cache-dir", str(tmp_path / "cache"), "--no-cache"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)

@@ -4,9 +4,9 @@ import io
 
 from rich.console import Console
 
-from chaos.console import LiveProgress
-from chaos.scenario import Scenario
-from chaos.workload.config import WorkloadConfig
+from chaos.cli.console import LiveProgress
+from chaos.plan.scenario import Scenario
+from chaos.target.workload.config import WorkloadConfig
 
 
 def _render(events):

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from chaos.console import LiveProgress, compact_lines, scenario_line, summary_table
-from chaos.oracles import OracleResult
-from chaos.runner import ScenarioResult
-from chaos.scenario import Scenario, parse_fault
+from chaos.cli.console import LiveProgress, compact_lines, scenario_line, summary_table
+from chaos.judge.oracles import OracleResult
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.run.runner import ScenarioResult
 
 REPO = Path(__file__).resolve().parent.parent
 BOX = set("┏┓┗┛┃━│─┡┩╇┳┻┼╭╮╰╯")
@@ -99,7 +99,7 @@ def test_a_ci_run_prints_short_lines_and_writes_junit_and_summary(tmp_path):
     results, junit, summary = tmp_path / "r.json", tmp_path / "j.xml", tmp_path / "s.md"
     env = {**os.environ, "CI": "true", "COLUMNS": "80"}
     env.pop("FORCE_COLOR", None)
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--checkpointer",
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--checkpointer",
                            "tests/checkpointers/model_only.py:ModelOnlyCheckpointer", "--steps", "8", "--save-every",
                            "3", "--fault", "kill:rank=1,step=5", "--json", str(results), "--junit", str(junit),
                            "--summary", str(summary), "--cache-dir", str(tmp_path / "cache"),

@@ -15,14 +15,15 @@ import textwrap
 import pytest
 import torch
 
-from chaos import cluster, golden
-from chaos.cli import build_scenarios, main, make_parser
-from chaos.environment import Environment
+from chaos.cli.main import build_scenarios, main, make_parser
 from chaos.errors import ConfigError
-from chaos.record import RunRecord
-from chaos.scenario import Scenario, parse_fault
-from chaos.workload import device
-from chaos.workload.config import WorkloadConfig
+from chaos.launch import cluster
+from chaos.nemesis.environment import Environment
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.record import golden
+from chaos.record.history import RunRecord
+from chaos.target.workload import device
+from chaos.target.workload.config import WorkloadConfig
 
 pytest_plugins = ["pytester"]
 HAS_CUDA = torch.cuda.is_available()
@@ -248,7 +249,7 @@ def test_gpu_tests_skip_with_the_reason_before_their_fixtures(pytester):
 
 @pytest.mark.gpu
 def test_cuda_rng_state_is_captured_and_restored_on_the_device():
-    from chaos.workload import rng
+    from chaos.target.workload import rng
 
     torch.cuda.set_device(0)
     state = rng.capture("cuda")

@@ -17,15 +17,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from chaos import cluster
-from chaos.cli import build_scenarios, main, make_parser
-from chaos.drivers import ProcessDriver, open_driver
-from chaos.drivers import docker as dd
-from chaos.drivers import engine as eng
-from chaos.environment import Environment
+from chaos.cli.main import build_scenarios, main, make_parser
 from chaos.errors import ConfigError
-from chaos.scenario import Scenario, parse_fault
-from chaos.workload.config import WorkloadConfig
+from chaos.launch import cluster
+from chaos.launch.drivers import ProcessDriver, open_driver
+from chaos.launch.drivers import docker as dd
+from chaos.launch.drivers import engine as eng
+from chaos.nemesis.environment import Environment
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.target.workload.config import WorkloadConfig
 
 
 class FakeContainer:

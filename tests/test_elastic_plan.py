@@ -2,9 +2,9 @@
 
 import pytest
 
-from chaos import cluster
 from chaos.errors import ConfigError
-from chaos.scenario import Scenario, parse_fault
+from chaos.launch import cluster
+from chaos.plan.scenario import Scenario, parse_fault
 
 LOST = parse_fault("kill:rank=1,step=11,lost=true")
 

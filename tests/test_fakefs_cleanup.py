@@ -3,7 +3,7 @@
 Who removes what: ``commit.clean_stale`` (through ``PosixStorage.clean_stale``, run by
 rank 0 when a checkpointer is constructed) removes the ``.tmp-``, ``.old-`` and ``.del-``
 names a crash can leave; ``PosixStorage.roll_back`` undoes a publish that failed halfway;
-:class:`~chaos.checkpoint.metrics.Metrics` removes the textfile temp of a writer that died.
+:class:`~chaos.reference.checkpoint.metrics.Metrics` removes the textfile temp of a writer that died.
 Checked here: exactly those go, and every committed checkpoint, the pointer and every
 name that merely looks similar stay.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 
-from chaos.checkpoint import ReferenceCheckpointer
-from chaos.checkpoint.loader import candidate_order
-from chaos.checkpoint.metrics import Metrics
-from chaos.ckptformat import commit
-from chaos.storage.posix import PosixStorage
+from chaos.reference.checkpoint import ReferenceCheckpointer
+from chaos.reference.checkpoint.loader import candidate_order
+from chaos.reference.checkpoint.metrics import Metrics
+from chaos.reference.ckptformat import commit
+from chaos.reference.storage.posix import PosixStorage
 
 ROOT = "/ckpt"
 # Far above any Linux pid_max (2**22): no such process.

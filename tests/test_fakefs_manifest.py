@@ -14,11 +14,11 @@ import shutil
 import pytest
 import torch
 
-from chaos.checkpoint import ReferenceCheckpointer
-from chaos.ckptformat import manifest
-from chaos.ckptformat.commit import step_dirname
-from chaos.ckptformat.errors import ManifestError
-from chaos.storage.posix import PosixStorage
+from chaos.reference.checkpoint import ReferenceCheckpointer
+from chaos.reference.ckptformat import manifest
+from chaos.reference.ckptformat.commit import step_dirname
+from chaos.reference.ckptformat.errors import ManifestError
+from chaos.reference.storage.posix import PosixStorage
 
 ROOT = "/ckpt"
 STEP = 5

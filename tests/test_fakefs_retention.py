@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chaos.checkpoint.loader import candidate_order
-from chaos.checkpoint.options import Milestones, parse_options
-from chaos.checkpoint.policy import select_for_deletion
-from chaos.ckptformat import commit
-from chaos.storage.posix import PosixStorage
+from chaos.reference.checkpoint.loader import candidate_order
+from chaos.reference.checkpoint.options import Milestones, parse_options
+from chaos.reference.checkpoint.policy import select_for_deletion
+from chaos.reference.ckptformat import commit
+from chaos.reference.storage.posix import PosixStorage
 
 ROOT = "/ckpt"
 
@@ -112,7 +112,7 @@ def test_retention_never_deletes_what_must_stay(steps, current, keep_last, every
 ])
 def test_candidate_order(fs, caplog, latest, expected):
     _layout(fs, [10, 20, 30, 40], latest=latest)
-    with caplog.at_level(logging.WARNING, logger="chaos.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="chaos.reference.checkpoint"):
         assert candidate_order(ROOT) == expected
     assert any("ignoring the latest pointer" in r.getMessage() for r in caplog.records) == isinstance(latest, str)
 

@@ -14,9 +14,9 @@ import tempfile
 import fsspec  # noqa: F401 - imported before the fake file system starts (its protocols load lazily)
 import pytest
 
-from chaos.checkpoint import ReferenceCheckpointer
-from chaos.storage import StorageConfigError, open_storage, parse_url
-from chaos.storage.posix import PosixStorage
+from chaos.reference.checkpoint import ReferenceCheckpointer
+from chaos.reference.storage import StorageConfigError, open_storage, parse_url
+from chaos.reference.storage.posix import PosixStorage
 
 CWD = "/jobs/run-1"
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from chaos import golden
 from chaos.errors import ConfigError
-from chaos.workload.config import WorkloadConfig
-from chaos.workload.data import faker_text, make_corpus
+from chaos.record import golden
+from chaos.target.workload.config import WorkloadConfig
+from chaos.target.workload.data import faker_text, make_corpus
 
 FAKER = WorkloadConfig(corpus="faker")
 

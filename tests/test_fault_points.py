@@ -1,6 +1,6 @@
 """Fault points come from a trace, fire where the trace says, and each I/O fault's firing is its own.
 
-The points of a traced save (``chaos.points.points_of_trace``) must address operations
+The points of a traced save (``chaos.record.points.points_of_trace``) must address operations
 exactly as the interposer counts them: every point, turned into a fault spec and run
 through the harness's own rule builder against the same save, fires once, at an
 operation of the point's kind and file role. A schedule of two I/O faults of which one
@@ -18,8 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from chaos import phases
-from chaos.environment import Environment
-from chaos.points import (
+from chaos.nemesis.environment import Environment
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.plan.strategies import RESTARTING_KINDS, fault_schedules
+from chaos.record.history import RunRecord
+from chaos.record.points import (
     Coverage,
     IOPoint,
     PhasePoint,
@@ -28,11 +31,8 @@ from chaos.points import (
     fired_io_faults,
     points_of_trace,
 )
-from chaos.record import RunRecord
-from chaos.runner import ScenarioResult, _unfired_io_faults
-from chaos.scenario import Scenario, parse_fault
-from chaos.strategies import RESTARTING_KINDS, fault_schedules
-from chaos.workload.config import WorkloadConfig
+from chaos.run.runner import ScenarioResult, _unfired_io_faults
+from chaos.target.workload.config import WorkloadConfig
 from faults.interposer import Interposer, IORule
 
 

@@ -198,7 +198,7 @@ def test_placed_zero_and_offsets_past_the_end(tmp_path: pathlib.Path) -> None:
 
 # ---------------------------------------------------------------- a fault that did nothing says so
 def _env(tmp_path: pathlib.Path, storage: str | None = None):
-    from chaos.environment import Environment
+    from chaos.nemesis.environment import Environment
 
     scratch = tmp_path / "chaos-x"
     (scratch / "logs").mkdir(parents=True, exist_ok=True)
@@ -206,7 +206,7 @@ def _env(tmp_path: pathlib.Path, storage: str | None = None):
 
 
 def _fault(spec: str):
-    from chaos.scenario import parse_fault
+    from chaos.plan.scenario import parse_fault
 
     return parse_fault(spec)
 
@@ -222,7 +222,7 @@ def _tree(ckpt: pathlib.Path) -> None:
 
 
 def test_corruption_that_matches_no_file_or_changes_no_byte_is_idle(tmp_path: pathlib.Path) -> None:
-    from chaos.environment import idle_faults
+    from chaos.nemesis.environment import idle_faults
 
     env, scratch = _env(tmp_path)
     _tree(scratch / "ckpt")
@@ -268,7 +268,7 @@ def test_corruption_acts_only_on_the_newest_checkpoint(tmp_path: pathlib.Path) -
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("moto")
-    from chaos.storage.local_s3 import LocalS3
+    from chaos.certify.local_s3 import LocalS3
 
     with LocalS3() as server:
         yield server
@@ -339,9 +339,9 @@ def test_s3_without_a_commit_is_idle(tmp_path: pathlib.Path, s3) -> None:
 
 
 def test_checksum_detection_names_offsets_and_calls_an_idle_corruption_did_nothing() -> None:
-    from chaos.golden import GoldenRun
-    from chaos.oracles import checksum_detection
-    from chaos.record import RunRecord
+    from chaos.judge.oracles import checksum_detection
+    from chaos.record.golden import GoldenRun
+    from chaos.record.history import RunRecord
 
     def rec(corruption):
         fired = [{"spec": "bitflip:step=3", "attempt": 0, "kind": "bitflip", "detail": {"corruption": corruption}}]
@@ -367,7 +367,7 @@ def test_flips_drawn_over_the_whole_file_find_where_a_partial_checksum_ends(tmp_
     older step loads); past it, the newest step loads with the flipped tensor (silent)."""
     import torch
 
-    from chaos.protocol import load_checkpointer
+    from chaos.target.protocol import load_checkpointer
 
     path = pathlib.Path(__file__).with_name("checkpointers") / "partial_checksum.py"
     cls = load_checkpointer(f"{path}:PartialChecksumCheckpointer")

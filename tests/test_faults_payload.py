@@ -17,7 +17,7 @@ import pickletools
 import pytest
 import torch
 
-from chaos.checkpoint import ReferenceCheckpointer
+from chaos.reference.checkpoint import ReferenceCheckpointer
 from faults import OutsideScratchRoot
 from faults import payload as P
 
@@ -193,7 +193,7 @@ def test_safetensors_library_refuses_every_lying_header(tmp_path, variant):
 
 # ---------------------------------------------------------------- the environment and the oracle
 def _record_with(fired: list[dict]):
-    from chaos.record import RunRecord
+    from chaos.record.history import RunRecord
 
     attempts = [{"attempt": 0, "outcome": "rank_failed", "detail": "", "fired": fired},
                 {"attempt": 1, "outcome": "ok", "detail": "", "fired": []}]
@@ -201,10 +201,10 @@ def _record_with(fired: list[dict]):
 
 
 def test_environment_checks_the_marker_after_every_attempt_and_the_oracle_reads_it(tmp_path):
-    from chaos.environment import Environment
-    from chaos.golden import GoldenRun
-    from chaos.oracles import no_code_execution
-    from chaos.scenario import parse_fault
+    from chaos.judge.oracles import no_code_execution
+    from chaos.nemesis.environment import Environment
+    from chaos.plan.scenario import parse_fault
+    from chaos.record.golden import GoldenRun
 
     scratch = tmp_path / "chaos-x"
     d = scratch / "ckpt" / "step-16"
@@ -230,8 +230,8 @@ def test_environment_checks_the_marker_after_every_attempt_and_the_oracle_reads_
 
 
 def test_oracle_fails_a_payload_whose_marker_was_never_checked():
-    from chaos.golden import GoldenRun
-    from chaos.oracles import no_code_execution
+    from chaos.judge.oracles import no_code_execution
+    from chaos.record.golden import GoldenRun
 
     gold = GoldenRun("k", 1, {0: {}}, {0: []}, {0: {}})
     rec = {"kind": "payload", "changed": True, "params": {"format": "pickle"},

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos import cli, findings
+from chaos.cli import findings
+from chaos.cli import main as cli
 from chaos.errors import ConfigError
-from chaos.job import results as job_results
-from chaos.job.spec import JobSpec
+from chaos.model.jobspec import JobSpec
+from chaos.run import jobresults as job_results
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -278,14 +279,14 @@ def test_a_real_exploration_feeds_the_table(tmp_path):
     ``chaos findings`` on what it wrote: every family tried has its row, the counts add up to
     the points tried, and every failing outcome is a row with a replay command."""
     results = tmp_path / "careless.json"
-    run = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--json", str(results), "--result-file",
+    run = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--json", str(results), "--result-file",
                           "final.json", "--max-points", "6", "--seed", "0", "--scratch", str(tmp_path), "--",
                           sys.executable, "chaos/examples/careless_job.py", "--out", "{out}"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode in (0, 1), run.stdout + run.stderr
     doc = json.loads(results.read_text())
     assert doc["environment"]["packages"] == {}  # careless_job.py imports only the standard library and chaos
-    table = subprocess.run([sys.executable, "-m", "chaos.cli", "findings", str(results)], cwd=REPO,
+    table = subprocess.run([sys.executable, "-m", "chaos.cli.main", "findings", str(results)], cwd=REPO,
                            capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
     ann = findings.load_annotations()

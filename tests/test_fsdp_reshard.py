@@ -18,15 +18,15 @@ import ckpt_dist
 import pytest
 from ckpt_dist import check_all_ok, run_ranks
 
-from chaos.ckptformat import dtensor
-from chaos.ckptformat.errors import ManifestError
+from chaos.reference.ckptformat import dtensor
+from chaos.reference.ckptformat.errors import ManifestError
 
 TINY = {"d_model": 64, "n_layers": 1, "n_heads": 2, "vocab": 64, "seq_len": 16, "steps": 6}
 
 
 def _trainer(rank: int, world: int, cfg: dict):
-    from chaos.workload.config import WorkloadConfig
-    from chaos.workload.train import Trainer
+    from chaos.target.workload.config import WorkloadConfig
+    from chaos.target.workload.train import Trainer
 
     return Trainer(WorkloadConfig(**cfg), rank, world)
 
@@ -37,8 +37,8 @@ def _shared(fp: dict[str, str]) -> dict[str, str]:
 
 
 def _train_and_save(rank: int, world: int, root: str, cfg: dict, steps: list[int]) -> dict[str, str]:
-    from chaos.checkpoint import ReferenceCheckpointer
-    from chaos.statehash import fingerprint
+    from chaos.model.statehash import fingerprint
+    from chaos.reference.checkpoint import ReferenceCheckpointer
 
     trainer = _trainer(rank, world, cfg)
     ckpt = ReferenceCheckpointer(root, rank, world)
@@ -54,8 +54,8 @@ def _train_and_save(rank: int, world: int, root: str, cfg: dict, steps: list[int
 
 
 def _load(rank: int, world: int, root: str, cfg: dict) -> dict:
-    from chaos.checkpoint import ReferenceCheckpointer
-    from chaos.statehash import fingerprint
+    from chaos.model.statehash import fingerprint
+    from chaos.reference.checkpoint import ReferenceCheckpointer
 
     trainer = _trainer(rank, world, cfg)
     ckpt = ReferenceCheckpointer(root, rank, world)
@@ -84,7 +84,7 @@ def _sharded_machinery_preloaded():
     """Rank processes fork from ckpt_dist's forkserver; let it import FSDP and the workload once (if
     it has not started yet), not every rank (~3 s a launch on a loaded machine)."""
     ckpt_dist._context().set_forkserver_preload(
-        ["torch", "torch.distributed", "chaos.checkpoint", "chaos.workload.train", "torch.distributed.fsdp",
+        ["torch", "torch.distributed", "chaos.reference.checkpoint", "chaos.target.workload.train", "torch.distributed.fsdp",
          "torch.distributed.tensor.parallel", "torch.distributed.checkpoint.state_dict"])
 
 

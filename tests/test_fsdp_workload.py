@@ -14,10 +14,10 @@ import pytest
 import torch
 from ckpt_dist import check_all_ok, run_ranks
 
-from chaos import golden
 from chaos.errors import ConfigError
-from chaos.workload.config import WorkloadConfig
-from chaos.workload.data import GlobalSampler
+from chaos.record import golden
+from chaos.target.workload.config import WorkloadConfig
+from chaos.target.workload.data import GlobalSampler
 
 TINY = {"d_model": 64, "n_layers": 1, "n_heads": 2, "vocab": 64, "seq_len": 16}
 
@@ -58,12 +58,12 @@ def test_the_global_stream_continues_at_another_world_size():
 @pytest.fixture(scope="module", autouse=True)
 def _sharded_machinery_preloaded():
     ckpt_dist._context().set_forkserver_preload(
-        ["torch", "torch.distributed", "chaos.checkpoint", "chaos.workload.train", "torch.distributed.fsdp",
+        ["torch", "torch.distributed", "chaos.reference.checkpoint", "chaos.target.workload.train", "torch.distributed.fsdp",
          "torch.distributed.tensor.parallel", "torch.distributed.checkpoint.state_dict"])
 
 
 def _structure(state) -> dict[str, tuple]:
-    from chaos.statehash import iter_leaves
+    from chaos.model.statehash import iter_leaves
 
     out = {}
     for path, leaf in iter_leaves(state):
@@ -75,8 +75,8 @@ def _structure(state) -> dict[str, tuple]:
 
 
 def _fsdp_promises(rank: int, world: int) -> dict:
-    from chaos.statehash import fingerprint, tensor_digest
-    from chaos.workload.train import Trainer
+    from chaos.model.statehash import fingerprint, tensor_digest
+    from chaos.target.workload.train import Trainer
 
     cfg = WorkloadConfig(**TINY, parallel="fsdp")
     plain = Trainer(cfg, rank, world)

@@ -28,11 +28,11 @@ from faker import Faker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chaos.checkpoint import ReferenceCheckpointer
-from chaos.ckptformat import manifest
-from chaos.ckptformat.commit import step_dirname
-from chaos.ckptformat.errors import ManifestError
-from chaos.storage import StorageConfigError, parse_url
+from chaos.reference.checkpoint import ReferenceCheckpointer
+from chaos.reference.ckptformat import manifest
+from chaos.reference.ckptformat.commit import step_dirname
+from chaos.reference.ckptformat.errors import ManifestError
+from chaos.reference.storage import StorageConfigError, parse_url
 
 LOCALES = ["en_US", "ja_JP", "zh_CN", "ru_RU", "ar_AA", "he_IL", "el_GR", "hi_IN", "th_TH", "ko_KR", "de_DE", "tr_TR"]
 HOSTILE = [" ", "  ", "%", "%20", "%2F", "%25", "%zz", "%E6%95", "#", "?", "&", "=", ";", "@", "@r0", "[0]", "{int:1}",

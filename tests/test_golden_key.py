@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
-from chaos import golden, statehash
-from chaos.workload.config import WorkloadConfig
+from chaos.model import statehash
+from chaos.record import golden
+from chaos.target.workload.config import WorkloadConfig
 
 
 def test_the_key_changes_when_the_fingerprint_code_changes(monkeypatch, tmp_path):

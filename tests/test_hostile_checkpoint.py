@@ -40,13 +40,13 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from chaos.checkpoint import ReferenceCheckpointer
-from chaos.checkpoint.loader import load_step
-from chaos.ckptformat import commit
-from chaos.ckptformat.errors import CheckpointError
-from chaos.ckptformat.hashing import digest
-from chaos.ckptformat.manifest import MANIFEST_NAME, encode_manifest
-from chaos.statehash import fingerprint
+from chaos.model.statehash import fingerprint
+from chaos.reference.checkpoint import ReferenceCheckpointer
+from chaos.reference.checkpoint.loader import load_step
+from chaos.reference.ckptformat import commit
+from chaos.reference.ckptformat.errors import CheckpointError
+from chaos.reference.ckptformat.hashing import digest
+from chaos.reference.ckptformat.manifest import MANIFEST_NAME, encode_manifest
 
 S1, S2 = commit.step_dirname(1), commit.step_dirname(2)
 SHARD = "shard-r00000.safetensors"

@@ -27,11 +27,11 @@ import pytest
 import torch
 from test_hostile_checkpoint import bounded
 
-from chaos.checkpoint import ReferenceCheckpointer
-from chaos.ckptformat.errors import CheckpointError, CorruptCheckpointError, ManifestError
-from chaos.ckptformat.manifest import MANIFEST_NAME
-from chaos.statehash import fingerprint
-from chaos.storage import open_storage, parse_url
+from chaos.model.statehash import fingerprint
+from chaos.reference.checkpoint import ReferenceCheckpointer
+from chaos.reference.ckptformat.errors import CheckpointError, CorruptCheckpointError, ManifestError
+from chaos.reference.ckptformat.manifest import MANIFEST_NAME
+from chaos.reference.storage import open_storage, parse_url
 
 MiB = 1 << 20
 LIMIT = MiB  # max_manifest_bytes in these tests
@@ -72,7 +72,7 @@ def _padded_manifest(body: bytes, pad: int) -> bytes:
 def s3():
     pytest.importorskip("boto3")
     pytest.importorskip("moto")
-    from chaos.storage.local_s3 import LocalS3
+    from chaos.certify.local_s3 import LocalS3
 
     with LocalS3() as server:
         yield server

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from chaos import cli
+from chaos.cli import main as cli
 
 REPO = Path(__file__).resolve().parent.parent
 BUILTIN = REPO / "tests" / "fixtures" / "report" / "results-fail.json"
@@ -53,7 +53,7 @@ def _own_origin_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def job_doc(cwd: Path, point: str = "rank0:op10:after", outcome: str = "hard_failure",
             summary: str = "the resume exited 1 (1 restart(s) of 1 allowed): ValueError: bad checkpoint",
             command: list[str] | None = None) -> dict[str, Any]:
-    """A job's results document in the shape ``chaos.job.results`` writes (one failing point, one
+    """A job's results document in the shape ``chaos.run.jobresults`` writes (one failing point, one
     passing), trimmed from a real ``chaos run -- python careless_job.py`` run."""
     command = command or ["python", "train.py", "--out", "{out}"]
     spec = {"command": command, "resume_command": None, "ranks": None, "world_size": 1, "torchrun": False,
@@ -154,7 +154,7 @@ def test_every_value_of_the_repro_template_is_a_python_literal():
     """No format field of the template is pasted in as text: each is ``{name!r}``."""
     import string
 
-    from chaos.job.repro import REPRO_TEMPLATE
+    from chaos.cli.repro import REPRO_TEMPLATE
 
     fields = [(name, conv) for _, name, _, conv in string.Formatter().parse(REPRO_TEMPLATE) if name]
     assert fields and all(conv == "r" for _, conv in fields), fields
@@ -170,7 +170,7 @@ def _marking_job(tmp_path: Path) -> tuple[dict[str, Any], Path]:
 
 
 def _replay(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", "replay", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "chaos.cli.main", "replay", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300, stdin=subprocess.DEVNULL, env=env)
 
 
@@ -212,7 +212,7 @@ def test_replay_of_a_built_in_results_file_does_not_import_its_checkpointer_file
 
 
 def test_only_results_this_user_wrote_on_this_host_and_left_unchanged_are_ours(tmp_path, monkeypatch):
-    from chaos import resultschema
+    from chaos.model import resultschema
 
     doc = job_doc(tmp_path)
     doc["origin"] = resultschema.origin_record(doc)
@@ -260,7 +260,7 @@ def _limit_memory() -> None:
 def test_a_reader_refuses_what_is_not_a_regular_file_at_once(tmp_path, command, kind):
     path = _special(kind, tmp_path)
     try:
-        proc = subprocess.run([sys.executable, "-m", "chaos.cli", *reader_argv(command, path, tmp_path, dry=False)],
+        proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", *reader_argv(command, path, tmp_path, dry=False)],
                               cwd=tmp_path, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
                               preexec_fn=_limit_memory)
     except subprocess.TimeoutExpired:
@@ -405,9 +405,9 @@ def test_a_wrong_shaped_job_document_names_its_wrong_field(tmp_path, capsys, com
 def test_both_writers_documents_pass_the_schema(tmp_path):
     """What the readers accept includes what the harness writes: a real built-in campaign's
     results (the fixture) and a job's, before and after the origin record."""
-    from chaos.job.results import results_document
-    from chaos.job.spec import JobSpec
-    from chaos.resultschema import check_results
+    from chaos.model.jobspec import JobSpec
+    from chaos.model.resultschema import check_results
+    from chaos.run.jobresults import results_document
 
     check_results(json.loads(BUILTIN.read_text()), "builtin")
     check_results(json.loads((REPO / "tests" / "fixtures" / "findings_results.json").read_text()), "findings")
@@ -475,7 +475,7 @@ def test_a_jobs_own_output_reaches_the_terminal_escaped(tmp_path):
         "for step in range(3):\n"
         "    with open(p, 'w') as f:\n"
         "        f.write(json.dumps({'step': step}))\n")
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--faults", "kill", "--modes", "after",
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--faults", "kill", "--modes", "after",
                            "--scratch", str(tmp_path), "--", sys.executable, str(job), "--out", "{out}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -43,7 +43,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_hostile_results import BUILTIN, HOSTILE_TEXT, job_doc, reader_argv
 
-from chaos import cli
+from chaos.cli import main as cli
 
 SECONDS = 20     # per reader and input (the slowest, an HTML page of the built-in document, takes ~0.5 s)
 PEAK_MIB = 256   # Python memory per reader and input (the documents are ~30 kB; the page ~2 MB)
@@ -184,7 +184,7 @@ def _make_input(given: tuple[str, Any], where: Path) -> Path:
 def _ci(path: Path, where: Path) -> tuple[int, str]:
     """``--junit`` and ``--summary`` of a document the schema accepts (what chaos run writes them from)."""
     from chaos.errors import ConfigError
-    from chaos.resultschema import load_results
+    from chaos.model.resultschema import load_results
     from reports.junit import write_junit
     from reports.summary import append_summary
 
@@ -199,7 +199,7 @@ def _ci(path: Path, where: Path) -> tuple[int, str]:
     return 0, (where / "summary.md").read_text(encoding="utf-8", errors="backslashreplace")
 
 
-# The names ``REPRO_TEMPLATE`` fills in from the results (chaos.job.repro).
+# The names ``REPRO_TEMPLATE`` fills in from the results (chaos.cli.repro).
 DATA_SLOTS = {"POINT", "POINT_ARG", "JOB_NAME", "SOURCE", "SEED", "EXPECTED", "RECORDED_SUMMARY", "OPTIONS",
               "COMMAND", "CWD", "JOB_SCRIPT", "HARNESS_PYTHON", "JOB_PYTHON"}
 

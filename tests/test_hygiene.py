@@ -2,9 +2,9 @@
 
 import os
 
-from chaos.runner import RunOptions, run_scenario
-from chaos.scenario import Scenario, parse_fault
-from chaos.workload.config import WorkloadConfig
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.run.runner import RunOptions, run_scenario
+from chaos.target.workload.config import WorkloadConfig
 from faults.process import alive
 
 HERE = os.path.dirname(__file__)

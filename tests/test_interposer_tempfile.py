@@ -191,7 +191,7 @@ def test_a_named_temporary_file_job_without_fsync_loses_power_loss_points(tmp_pa
     scratch, results = tmp_path / "scratch", tmp_path / "r.json"
     scratch.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "run", "--keep", "--scratch", str(scratch), "--json", str(results),
+        [sys.executable, "-m", "chaos.cli.main", "run", "--keep", "--scratch", str(scratch), "--json", str(results),
          "--faults", "power", "--", sys.executable, str(job), "{out}"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr

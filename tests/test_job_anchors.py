@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from chaos.errors import ConfigError
-from chaos.job import explore
-from chaos.job.spec import JobSpec, Point, parse_point, replay_point
+from chaos.model.jobspec import JobSpec, Point, parse_point, replay_point
+from chaos.run import explore
 
 JOB = textwrap.dedent('''
     import json, os, sys

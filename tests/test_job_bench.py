@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.commands import jobbench
+from chaos.cli.commands import jobbench
 from chaos.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,7 +24,7 @@ pytest.importorskip("ckpt_chaos", reason="ckpt-chaos (the dev extra) is the peer
 
 
 def bench(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", "bench-job", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "chaos.cli.main", "bench-job", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600)
 
 

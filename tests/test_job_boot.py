@@ -10,9 +10,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from chaos.job import spec as S
-from chaos.job.history import read_traces
-from chaos.job.launch import BOOT_DIR
+from chaos.launch.job import BOOT_DIR
+from chaos.model import jobspec as S
+from chaos.record.jobhistory import read_traces
 
 JOB = textwrap.dedent("""
     import os, sys, subprocess

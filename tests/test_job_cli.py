@@ -15,7 +15,7 @@ CAREFUL = [sys.executable, "chaos/examples/careful_job.py", "--out", "{out}"]
 
 
 def chaos_run(*args: str, scratch: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--scratch", str(scratch), *args],
+    return subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(scratch), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -85,15 +85,15 @@ def test_a_failing_fault_free_run_is_a_harness_error(tmp_path: Path) -> None:
 
 
 def test_the_job_schema_version_is_the_results_schema_version() -> None:
-    from chaos import results
-    from chaos.job import results as job_results
+    from chaos.run import jobresults as job_results
+    from chaos.run import results
 
     assert job_results.SCHEMA_VERSION == results.SCHEMA_VERSION
     assert job_results.VERDICTS == results.VERDICTS
 
 
 def test_a_scratch_directory_that_does_not_exist_is_one_error_line(tmp_path, capsys):
-    from chaos.job import cli_job
+    from chaos.cli import job as cli_job
 
     code = cli_job.main(["--scratch", str(tmp_path / "nope"), "--", "python", "x.py", "{out}"])
     err = capsys.readouterr().err

@@ -6,7 +6,7 @@ import json
 import struct
 from pathlib import Path
 
-from chaos.job.compare import first_difference
+from chaos.judge.compare import first_difference
 
 
 def _safetensors(path: Path, tensors: dict[str, list[float]]) -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from chaos.errors import ConfigError
-from chaos.job.spec import JobSpec, Point, parse_point
+from chaos.model.jobspec import JobSpec, Point, parse_point
 from faults.disk import can_mount_tmpfs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ needs_tmpfs = pytest.mark.skipif(not TMPFS, reason=TMPFS_WHY)
 
 
 def chaos_run(*args: str, scratch: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--scratch", str(scratch), *args],
+    return subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(scratch), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -92,7 +92,7 @@ def test_faults_and_grace_are_validated_and_replayed() -> None:
         JobSpec(command=("python", "t.py", "{out}"), faults=("kill", "nap"))
     with pytest.raises(ConfigError, match="--grace"):
         JobSpec(command=("python", "t.py", "{out}"), grace_s=-1)
-    from chaos.job.cli_job import build
+    from chaos.cli.job import build
 
     job = JobSpec(command=("python", "t.py", "{out}"), faults=("corrupt", "term"), grace_s=1.5)
     cmd = shlex.split(job.replay_command(Point(0, "term", step=3)))
@@ -101,7 +101,7 @@ def test_faults_and_grace_are_validated_and_replayed() -> None:
 
 
 def test_run_help_shows_the_job_options() -> None:
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--help"], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--help"], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0
     tail = proc.stdout[proc.stdout.index("job options:"):]
@@ -514,8 +514,8 @@ def test_the_careful_job_survives_a_full_disk_and_nothing_stays_mounted(tmp_path
 
 
 def test_a_full_disk_where_no_tmpfs_can_be_mounted_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from chaos.job import diskfull
-    from chaos.job.explore import explore
+    from chaos.nemesis import diskfull
+    from chaos.run.explore import explore
 
     monkeypatch.setattr(diskfull, "_available", (False, "not root: mounting tmpfs needs CAP_SYS_ADMIN"))
     job = JobSpec(command=tuple(CAREFUL), result_globs=("final.json",), cwd=str(REPO))
@@ -528,7 +528,7 @@ def test_a_full_disk_where_no_tmpfs_can_be_mounted_is_skipped(tmp_path: Path, mo
 
 # ---------------------------------------------------------------------- the exploration as a whole
 def test_points_are_enumerated_deterministically_and_counted_by_kind(tmp_path: Path) -> None:
-    from chaos.job.explore import reference
+    from chaos.run.explore import reference
 
     job = JobSpec(command=tuple(CAREFUL), result_globs=("final.json",), cwd=str(REPO))
     first, _ = reference(job, str(tmp_path / "a"), jobs=1, seed=4)
@@ -540,7 +540,7 @@ def test_points_are_enumerated_deterministically_and_counted_by_kind(tmp_path: P
 
 
 def test_the_sample_is_spread_over_the_kinds() -> None:
-    from chaos.job.pointset import sample
+    from chaos.plan.pointset import sample
 
     points = [Point(0, "after", op=i) for i in range(40)] + [Point(0, "power", op=i) for i in range(3)] + [
         Point(0, "term", step=i) for i in range(10)]

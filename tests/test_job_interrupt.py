@@ -65,7 +65,7 @@ def _start(tmp_path: Path, script: str, *options: str) -> tuple[subprocess.Popen
     job.write_text(script)
     base = tmp_path / "scratch"
     base.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", "--scratch", str(base), *options, "--",
+    proc = subprocess.Popen([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(base), *options, "--",
                              sys.executable, str(job), "{out}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_sigint_default)
@@ -132,7 +132,7 @@ def test_ctrl_c_during_a_resume_records_the_point_as_interrupted_not_a_hard_fail
     assert doc["job"]["points_tried"] == 1 and doc["job"]["points_found"] > 2  # no "? tried of ? found"
     assert doc["job"]["reference"]["notes"][0].startswith("interrupted after 1 of 2 points (SIGINT)")
     assert "rank0:step3:kill" in summary.read_text()  # the CI summary is written too
-    from chaos.resultschema import load_results
+    from chaos.model.resultschema import load_results
 
     load_results(results)  # what chaos report / replay / findings read
 

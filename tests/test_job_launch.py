@@ -7,8 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from chaos.job.launch import run_attempt
-from chaos.job.spec import JobSpec
+from chaos.launch.job import run_attempt
+from chaos.model.jobspec import JobSpec
 from faults.process import alive
 
 

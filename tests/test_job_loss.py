@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from chaos.errors import ConfigError
-from chaos.job import losscurve
-from chaos.job.spec import JobSpec, loss_groups
+from chaos.judge import losscurve
+from chaos.model.jobspec import JobSpec, loss_groups
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,7 +59,7 @@ def _run(tmp_path: Path, *options: str) -> tuple[int, dict, str]:
     results = tmp_path / "r.json"
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--scratch", str(scratch), "--faults", "kill",
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(scratch), "--faults", "kill",
                            "--point", "rank0:step6:kill", *options,
                            "--json", str(results), "--", sys.executable, str(job), "{out}"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -155,8 +155,8 @@ def test_the_fixture_takes_loss_regex_and_band(chaos, tmp_path: Path) -> None:
 
 
 def test_a_replay_of_a_seeded_run_carries_its_seed() -> None:
-    from chaos.job.cli_job import replay_argv
-    from chaos.job.spec import Point
+    from chaos.cli.job import replay_argv
+    from chaos.model.jobspec import Point
 
     job = JobSpec(command=("python", "x.py", "{out}"))
     assert "--seed 3 --point rank0:op4:bitflip" in job.replay_command(Point(0, "bitflip", op=4), 3)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from chaos.errors import ConfigError
-from chaos.job.spec import DEFAULT_NET_HOLD_S, JobSpec, parse_point
+from chaos.model.jobspec import DEFAULT_NET_HOLD_S, JobSpec, parse_point
 from faults import network
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,7 +110,7 @@ def test_net_point_ids_round_trip_and_name_their_family() -> None:
 
 
 def test_net_points_are_each_step_and_the_middle_of_each_save_of_every_rank() -> None:
-    from chaos.job.pointset import enumerate_points
+    from chaos.plan.pointset import enumerate_points
 
     job = JobSpec(command=("python", "t.py", "{out}"), ranks=2)
     rank0 = [_step(1, 1.0), _op(0, "open", "ckpt.tmp", 1.1, created=True), _op(1, "write", "ckpt.tmp", 1.2),
@@ -149,7 +149,7 @@ def test_net_needs_ranks_the_harness_launches_and_the_hold_is_validated_and_repl
 
 
 def test_the_fault_line_says_where_the_cut_landed_and_how_each_copy_ended() -> None:
-    from chaos.job import netcut
+    from chaos.nemesis import netcut
 
     net = {"rank": 1, "step": 6, "hold_s": 3.0}
     netcut.finish(net, [1, 1], [], {0: "RuntimeError: Timed out", 1: "RuntimeError: Timed out"}, False, False)
@@ -171,10 +171,10 @@ def test_the_fault_line_says_where_the_cut_landed_and_how_each_copy_ended() -> N
 # ---------------------------------------------------------------------- no namespaces (unit)
 def test_without_network_namespaces_net_is_left_out_with_the_reason_and_a_net_point_is_skipped(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from chaos.job import netcut
-    from chaos.job.explore import _new_run, run_chain
-    from chaos.job.judge import Golden, judge
-    from chaos.job.pointset import kinds_to_explore
+    from chaos.judge.job import Golden, judge
+    from chaos.nemesis import netcut
+    from chaos.plan.pointset import kinds_to_explore
+    from chaos.run.explore import _new_run, run_chain
 
     monkeypatch.setattr(netcut, "_available", (False, "not root: network namespaces need CAP_SYS_ADMIN/CAP_NET_ADMIN"))
     job = JobSpec(command=("python", "t.py", "{out}"), ranks=2)
@@ -244,7 +244,7 @@ def sockets_job(tmp: Path, steps: int, sock_timeout_s: float, **kw: Any) -> JobS
 
 @needs_netns
 def test_labs_are_torn_down_on_an_exception_and_by_teardown_all() -> None:
-    from chaos.job import netcut
+    from chaos.nemesis import netcut
 
     with pytest.raises(RuntimeError, match="boom"):
         with netcut.lab_for(2) as lab:
@@ -263,7 +263,7 @@ def test_labs_are_torn_down_on_an_exception_and_by_teardown_all() -> None:
 
 @needs_netns
 def test_a_cut_outlasting_the_attempts_timeout_a_cut_that_did_nothing_and_one_never_reached(tmp_path: Path) -> None:
-    from chaos.job.explore import explore
+    from chaos.run.explore import explore
 
     before = set(network.leftovers())
     hung = sockets_job(tmp_path, steps=4, sock_timeout_s=0, net_hold_s=60.0, timeout_s=4.0)
@@ -294,7 +294,7 @@ def _ours(before: set[str]) -> list[str]:
 
 
 def _explore(tmp: Path, job: JobSpec, point: str) -> Any:
-    from chaos.job.explore import explore
+    from chaos.run.explore import explore
 
     return explore(job, only=parse_point(point), jobs=2, scratch_base=str(tmp))
 
@@ -338,8 +338,8 @@ def test_a_cut_longer_than_the_collective_timeout_makes_both_copies_raise_and_th
 @pytest.mark.slow
 @needs_netns
 def test_a_partition_that_outlasts_the_hold_mid_save_is_sigkilled_and_recorded_as_such(tmp_path: Path) -> None:
-    from chaos.job.explore import _new_run, reference, run_chain
-    from chaos.job.judge import judge
+    from chaos.judge.job import judge
+    from chaos.run.explore import _new_run, reference, run_chain
 
     before = set(network.leftovers())
     job = JobSpec(command=tuple(job_script(tmp_path, timeout_s=120.0)), ranks=2, result_globs=("final.json",),
@@ -369,7 +369,7 @@ def test_a_partition_that_outlasts_the_hold_mid_save_is_sigkilled_and_recorded_a
 
 
 def test_the_cli_takes_the_hold_and_says_where_net_applies() -> None:
-    from chaos.job.cli_job import build, help_epilog
+    from chaos.cli.job import build, help_epilog
 
     _args, job = build(["--ranks", "2", "--faults", "net", "--net-hold", "2", "--", "python", "t.py", "{out}"])
     assert (job.faults, job.net_hold_s) == (("net",), 2.0)

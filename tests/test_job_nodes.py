@@ -1,4 +1,4 @@
-"""``chaos run --nodes N``: the pure parts of a job spread over simulated nodes (chaos/job/nodes.py).
+"""``chaos run --nodes N``: the pure parts of a job spread over simulated nodes (chaos/nemesis/nodes.py).
 
 Placeholders and the variables each node's agent gets, node points (parsing,
 enumeration from the fault-free traces, their results entry), the spec's ConfigErrors,
@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from chaos.cli import job as cli_job
 from chaos.errors import ConfigError
-from chaos.job import cli_job, nodes, pointset
-from chaos.job.atrest import Applied
-from chaos.job.history import PointRecord
-from chaos.job.launch import AttemptOutcome
-from chaos.job.spec import JobSpec, Point, parse_point
+from chaos.launch.job import AttemptOutcome
+from chaos.model.jobspec import JobSpec, Point, parse_point
+from chaos.nemesis import nodes
+from chaos.nemesis.atrest import Applied
+from chaos.plan import pointset
+from chaos.record.jobhistory import PointRecord
 
 TORCHRUN = ("torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", "{rdzv}", "--max-restarts", "2", "train.py", "--out", "{out}")

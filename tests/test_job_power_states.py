@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from chaos.errors import ConfigError
-from chaos.job import explore
-from chaos.job.spec import JobSpec, parse_point
+from chaos.model.jobspec import JobSpec, parse_point
+from chaos.run import explore
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "chaos" / "examples"
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from chaos.job import explore
-from chaos.job.launch import AttemptOutcome
-from chaos.job.spec import JobSpec, parse_point
+from chaos.launch.job import AttemptOutcome
+from chaos.model.jobspec import JobSpec, parse_point
+from chaos.run import explore
 
 TORCHRUN = JobSpec(command=("torchrun", "--nproc-per-node", "2", "--max-restarts", "1", "t.py", "--out", "{out}"),
                    max_restarts=2)

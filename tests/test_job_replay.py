@@ -12,7 +12,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "chaos" / "examples" / "careless
 
 
 def _chaos(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "chaos.cli.main", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600)
 
 

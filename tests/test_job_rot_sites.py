@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos.job.pointset import enumerate_points, rot_sites
-from chaos.job.spec import JobSpec
+from chaos.model.jobspec import JobSpec
+from chaos.plan.pointset import enumerate_points, rot_sites
 
 ROOT = "/o/"
 
@@ -61,7 +61,7 @@ def test_nothing_after_the_last_step_and_the_last_completion_before_a_step_wins(
 def test_sites_become_points_of_every_family_and_respect_the_checkpoint_glob() -> None:
     recs = [step(1, 1.0), op(0, "close", "ckpt-1.json", 1.1), op(1, "close", "log.txt", 1.2), step(2, 2.0)]
     job = JobSpec(command=("python", "t.py", "{out}"), checkpoint_glob="ckpt-*.json")
-    from chaos.job.pointset import Facts
+    from chaos.plan.pointset import Facts
 
     points = enumerate_points(job, {(0, 0): recs}, Facts(files=["ckpt-1.json"]), ("corrupt",))
     rot = [p.id for p in points if p.at_step is not None]

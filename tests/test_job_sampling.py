@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from chaos.errors import ConfigError
-from chaos.job import pointset
-from chaos.job.pointset import Facts, enumerate_points, sample
-from chaos.job.spec import JobSpec, Point
+from chaos.model.jobspec import JobSpec, Point
+from chaos.plan import pointset
+from chaos.plan.pointset import Facts, enumerate_points, sample
 
 ROOT = "/o/"
 KINDS = ("kill", "corrupt", "power", "errno", "term")

@@ -51,7 +51,7 @@ TWO_FILES = """
 
 
 def chaos_run(*args: str, scratch: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--scratch", str(scratch), *args],
+    return subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(scratch), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

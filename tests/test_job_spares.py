@@ -1,4 +1,4 @@
-"""Spare interpreters (chaos/job/spares.py): started ahead of their attempt, held at the boot
+"""Spare interpreters (chaos/launch/spares.py): started ahead of their attempt, held at the boot
 path's gate, used only when the attempt is exactly the one they were started for; never run
 the job at the wrong time; change no verdict."""
 
@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from chaos.job import explore, launch, spares
-from chaos.job.spec import JobSpec
+from chaos.launch import job as launch
+from chaos.launch import spares
+from chaos.model.jobspec import JobSpec
+from chaos.run import explore
 from faults.process import alive
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "chaos" / "examples"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from chaos.errors import ConfigError
-from chaos.job.spec import JobSpec, Point, parse_point
+from chaos.model.jobspec import JobSpec, Point, parse_point
 
 
 @pytest.mark.parametrize("text", ["rank0:op17:before", "rank1:op3:after", "rank2:op0:torn", "rank0:step5:kill"])
@@ -51,14 +51,14 @@ def test_the_replay_command_names_the_point_and_rebuilds_the_spec() -> None:
     cut = cmd.index("--")
     assert cmd[cut + 1:] == ["python", "t.py", "--out", "{out}"]
     assert cmd[cmd.index("--point") + 1] == "rank1:op4:after"
-    from chaos.job.cli_job import build
+    from chaos.cli.job import build
 
     args, again = build(cmd[2:])
     assert again == job and args.point == ["rank1:op4:after"]
 
 
 def test_bad_job_options_exit_2_with_one_line() -> None:
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--jobs", "0", "--", "python", "t.py", "{out}"],
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--jobs", "0", "--", "python", "t.py", "{out}"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["chaos: error: --jobs must be at least 1, got 0"]

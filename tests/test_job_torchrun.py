@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.job.explore import _new_run, reference, run_chain
-from chaos.job.judge import judge
-from chaos.job.spec import JobSpec
+from chaos.judge.job import judge
+from chaos.model.jobspec import JobSpec
+from chaos.run.explore import _new_run, reference, run_chain
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 REPO = Path(__file__).resolve().parent.parent

@@ -34,7 +34,7 @@ for i in range(10 if n < 2 else 1):
 
 
 def chaos_run(*args: str, scratch: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--scratch", str(scratch), *args],
+    return subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(scratch), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -89,7 +89,7 @@ def test_a_point_never_reached_when_it_ran_is_a_usage_error_after_its_results(tm
 
 def test_progress_lines_say_the_points_done_and_the_time_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from chaos.job import cli_job
+    from chaos.cli import job as cli_job
 
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(cli_job, "PROGRESS_EVERY_S", 0.0)  # a line after every point but the last
@@ -104,7 +104,7 @@ def test_progress_lines_say_the_points_done_and_the_time_left(tmp_path: Path, mo
 
 
 def test_the_time_left_is_the_mean_point_time_over_the_rounds_left_within_the_budget() -> None:
-    from chaos.job.cli_job import progress_line
+    from chaos.cli.job import progress_line
 
     assert progress_line(4, 10, [3.0, 5.0], 2, 20.0, None) == (
         "progress: 4/10 point(s) done in 20 s, about 12 s left (4.0 s a point, 2 at a time)")

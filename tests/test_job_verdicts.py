@@ -152,7 +152,7 @@ def run(tmp: Path, *args: str, name: str = "r.json") -> tuple[subprocess.Complet
     results = tmp / name
     scratch = tmp / "scratch"
     scratch.mkdir(exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--scratch", str(scratch), "--json", str(results),
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(scratch), "--json", str(results),
                            *args], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     return proc, json.loads(results.read_text())

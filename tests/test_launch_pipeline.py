@@ -1,4 +1,4 @@
-"""A pipelined campaign (``chaos.campaign.run_pipelined``): each scenario is judged while the next one's ranks run.
+"""A pipelined campaign (``chaos.run.campaign.run_pipelined``): each scenario is judged while the next one's ranks run.
 
 The real test makes the overlap certain rather than likely: the first scenario's
 hygiene check waits until the next scenario's rank 0 has logged a training step, so
@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from chaos import campaign, runner
-from chaos.commands.launchbench import aggregate, scenario_phases
+from chaos.cli.commands.launchbench import aggregate, scenario_phases
 from chaos.errors import ConfigError
-from chaos.runner import RunOptions, ScenarioResult
-from chaos.scenario import Scenario, parse_fault
-from chaos.workload.config import WorkloadConfig
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.run import campaign, runner
+from chaos.run.runner import RunOptions, ScenarioResult
+from chaos.target.workload.config import WorkloadConfig
 
 TINY = WorkloadConfig(steps=8, save_every=2, d_model=32, n_layers=1)
 CORE = ("golden", "run", "final load", "power-loss exploration")

@@ -29,10 +29,15 @@ import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from chaos.checkpoint.metrics import ALERT_RULES, AUXILIARY_FILES, Metrics, alert_rules_path
-from chaos.ckptformat.errors import CheckpointConfigError
 from chaos.errors import ConfigError
-from chaos.ports import free_port
+from chaos.launch.ports import free_port
+from chaos.reference.checkpoint.metrics import (
+    ALERT_RULES,
+    AUXILIARY_FILES,
+    Metrics,
+    alert_rules_path,
+)
+from chaos.reference.ckptformat.errors import CheckpointConfigError
 
 Usage = namedtuple("Usage", "total used free")
 PROMTOOL = shutil.which("promtool")
@@ -130,7 +135,7 @@ def test_metrics_off_writes_no_file(tmp_path):
 def test_a_textfile_that_cannot_be_written_only_logs(tmp_path, caplog):
     root = tmp_path / "gone"  # never created: the write fails
     m = Metrics(str(root), 0)
-    with caplog.at_level(logging.WARNING, logger="chaos.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="chaos.reference.checkpoint"):
         event = m.save(1, True, 1.0, 1.0, 10, 10)
     assert event["ok"] and not root.exists()
     assert any("could not write" in r.getMessage() and "metrics.prom" in r.getMessage() for r in caplog.records)

@@ -3,8 +3,7 @@
 import json
 from pathlib import Path
 
-from chaos.golden import GoldenRun
-from chaos.oracles import (
+from chaos.judge.oracles import (
     checksum_detection,
     committed_state,
     durability,
@@ -14,7 +13,8 @@ from chaos.oracles import (
     loss_continuity,
     no_false_ack,
 )
-from chaos.record import RunRecord
+from chaos.record.golden import GoldenRun
+from chaos.record.history import RunRecord
 
 GOLD = GoldenRun("k", 1, {0: {}}, {0: []}, {0: {}})
 S10 = {"model/w": "a10"}
@@ -209,7 +209,7 @@ def test_judge_drops_bit_exact_in_tolerance_mode_and_says_why():
 
 
 def _scope_fired(trace):
-    from chaos.record import _SaveScope
+    from chaos.record.history import _SaveScope
 
     scope, fired = _SaveScope(), []
     for rec in trace:
@@ -289,8 +289,8 @@ def test_a_failed_mkdir_of_a_directory_another_rank_already_made_hurts_nothing(t
     after rank 0 made it; makedirs(exist_ok=True) carries on and the save is whole."""
     from types import SimpleNamespace
 
-    from chaos.cluster import trace_path
-    from chaos.record import _io_summary
+    from chaos.launch.cluster import trace_path
+    from chaos.record.history import _io_summary
 
     d = "/ckpt/.tmp-20"
     traces = {0: [{"event": "phase", "name": "save", "info": {"step": 20}},

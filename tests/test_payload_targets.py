@@ -4,7 +4,7 @@ A checkpointer that verifies every shard's SHA-256 but unpickles ``manifest.pkl`
 (``tests/checkpointers/selfcheck/pickled_manifest.py``) passed the default campaign: its
 payload scenario planted into one file of the newest checkpoint drawn at random with the
 seed, at seed 5 a shard, whose checksum rejected it. Now the environment traces one
-fault-free load of the checkpoint it attacks (``chaos.loadtrace``) and plants in the first
+fault-free load of the checkpoint it attacks (``chaos.plan.loadtrace``) and plants in the first
 file that load read in the payload's format (the manifest). Real ranks under
 ``torch.distributed`` show that
 
@@ -26,17 +26,17 @@ from pathlib import Path
 
 import pytest
 
-from chaos import cli
-from chaos.runner import RunOptions, ScenarioResult, run_scenario
-from chaos.scenario import Scenario, parse_fault
-from chaos.selfcheck import (
+from chaos.cli import main as cli
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.run.runner import RunOptions, ScenarioResult, run_scenario
+from chaos.run.selfcheck import (
     SELFCHECK_WORKLOAD,
     SelfCheckOptions,
     discover,
     expected_catch,
     run_selfcheck,
 )
-from chaos.workload.config import WorkloadConfig
+from chaos.target.workload.config import WorkloadConfig
 
 CORPUS = Path(__file__).resolve().parent / "checkpointers" / "selfcheck"
 PICKLED = f"{CORPUS / 'pickled_manifest.py'}:PickledManifestCheckpointer"
@@ -97,7 +97,7 @@ def test_selfcheck_catches_the_pickled_manifest_with_its_payload_probe(options: 
 
 
 def test_a_real_sweep_reaches_every_kind_the_pickled_manifest_loader_reads(options: RunOptions) -> None:
-    from chaos.campaign import ReadCoverage, read_sweep
+    from chaos.run.campaign import ReadCoverage, read_sweep
 
     reads = ReadCoverage()
     ran_code: dict[str, bool] = {}

@@ -1,4 +1,4 @@
-"""How an at-rest fault's target is chosen from a traced fault-free load (``chaos.loadtrace``).
+"""How an at-rest fault's target is chosen from a traced fault-free load (``chaos.plan.loadtrace``).
 
 Issue #34, item 16: the target used to be drawn at random from the newest checkpoint's
 files, so a pickled manifest beside many checksummed shards rarely got the payload. On
@@ -30,14 +30,14 @@ from typing import Any
 
 import pytest
 
-from chaos.campaign import ReadCoverage, fill_budget, read_sweep
-from chaos.environment import Environment
-from chaos.loadtrace import LoadTrace, choose, kind_of, matches, merge, reads_of
-from chaos.points import TracePoints
-from chaos.record import RunRecord
-from chaos.runner import ScenarioResult
-from chaos.scenario import Scenario, parse_fault
-from chaos.workload.config import WorkloadConfig
+from chaos.nemesis.environment import Environment
+from chaos.plan.loadtrace import LoadTrace, choose, kind_of, matches, merge, reads_of
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.record.history import RunRecord
+from chaos.record.points import TracePoints
+from chaos.run.campaign import ReadCoverage, fill_budget, read_sweep
+from chaos.run.runner import ScenarioResult
+from chaos.target.workload.config import WorkloadConfig
 from faults.payload import speaks
 
 MANIFEST_KIND = "step-*/manifest.pkl"
@@ -230,7 +230,7 @@ def test_a_campaign_sweeps_payloads_and_corruptions_over_every_kind_the_load_rea
         clock[0] += 1.0
         return 1.0
 
-    import chaos.campaign as campaign_mod
+    import chaos.run.campaign as campaign_mod
 
     monkeypatch.setattr(campaign_mod.time, "monotonic", lambda: clock[0])  # a fake clock the estimate advances
     done = fill_budget(cfg, 2, points, deadline=300.0, run_one=run_one, estimate_s=estimate, max_schedules=300)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from chaos.plugin import ChaosRunner, ChaosVerdictError, JobFailed, JobResult, job_failed
+from chaos.cli.plugin import ChaosRunner, ChaosVerdictError, JobFailed, JobResult, job_failed
 
 pytest_plugins = ["pytester"]
 EXAMPLES = Path(__file__).resolve().parents[1] / "chaos" / "examples"
@@ -23,7 +23,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "chaos" / "examples"
 SUITE = f'''
 import sys
 import pytest
-from chaos.plugin import ChaosVerdictError, JobFailed, job_failed
+from chaos.cli.plugin import ChaosVerdictError, JobFailed, job_failed
 
 CARELESS = [sys.executable, {str(EXAMPLES / "careless_job.py")!r}, "--out", "{{out}}"]
 CAREFUL = [sys.executable, {str(EXAMPLES / "careful_job.py")!r}, "--out", "{{out}}"]

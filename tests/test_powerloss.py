@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.powerloss import (
+from chaos.judge.powerloss import (
     CLASSES,
     PowerLossInput,
     classify,
@@ -25,7 +25,7 @@ from chaos.powerloss import (
     record_save,
     sync_tree,
 )
-from chaos.recovery_pool import RecoveryPool
+from chaos.launch.recovery_pool import RecoveryPool
 
 HERE = Path(__file__).resolve().parent
 CAREFUL = f"{HERE / 'checkpointers' / 'careful.py'}:CarefulCheckpointer"
@@ -127,7 +127,7 @@ def test_pruned_states_have_exactly_the_tree_of_the_state_checked_for_them(no_fs
     """On a real recording: every combination deduplicated into a kept state has its tree."""
     import itertools
 
-    from chaos.powerloss import covering_prefixes
+    from chaos.judge.powerloss import covering_prefixes
     from faults.crashstate import Deduper
 
     model, cs = plan_states(no_fsync)
@@ -266,7 +266,7 @@ def test_bench_crashstates_command(capsys: pytest.CaptureFixture[str], tmp_path:
     """`chaos bench-crashstates` end to end (a benchmark: prints the rate, asserts no timing)."""
     import argparse
 
-    from chaos.commands import crashbench
+    from chaos.cli.commands import crashbench
 
     parser = argparse.ArgumentParser()
     crashbench.add_arguments(parser)

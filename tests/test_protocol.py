@@ -1,7 +1,7 @@
 import pytest
 
 from chaos.errors import ConfigError
-from chaos.protocol import load_checkpointer, validate_spec
+from chaos.target.protocol import load_checkpointer, validate_spec
 
 MODEL_ONLY = "tests/checkpointers/model_only.py:ModelOnlyCheckpointer"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from chaos.errors import HarnessError
-from chaos.powerloss import classify
-from chaos.recovery_pool import RecoveryPool
+from chaos.judge.powerloss import classify
+from chaos.launch.recovery_pool import RecoveryPool
 
 WORKLOAD = {"d_model": 32, "n_layers": 1, "n_heads": 2}
 

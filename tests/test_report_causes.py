@@ -1,7 +1,7 @@
 """Failing job points grouped by cause (``reports.causes``), in every report.
 
 A careless job fails dozens of points for one defect; the reports must show that defect
-once, with its fix. The document here is shaped like ``chaos.job.results`` writes it (the
+once, with its fix. The document here is shaped like ``chaos.run.jobresults`` writes it (the
 fault records, crash-state ``lost`` entries, liveness output tails and verdict lines of a
 real ``careless_job.py`` run): 30 points of one defect (``ckpt.json`` rewritten in place:
 kills, ENOSPC and power cuts mid-write, failing the resume with varying
@@ -49,7 +49,7 @@ def _tail(line: str) -> str:
 def point(pid: str, kind: str, when: str | None, event: str | None, path: str | None, nth: int | None,
           outcome: str, line: str = "", what: str | None = None, applied: dict[str, Any] | None = None,
           failing: str = "liveness", n: int = 0) -> dict[str, Any]:
-    """A failing point as ``chaos.job.results`` records it (``chaos.job.judge`` wrote its lines)."""
+    """A failing point as ``chaos.run.jobresults`` records it (``chaos.judge.job`` wrote its lines)."""
     params = {k: v for k, v in (("op", n), ("when", when), ("event", event), ("path", path), ("seq", 2 * n),
                                 ("nth", nth)) if v is not None}
     out = f"/tmp/chaos-job-k2/point-{n:05d}/out"
@@ -336,7 +336,7 @@ def test_a_real_careless_run_prints_one_block_for_its_in_place_checkpoint(tmp_pa
     """The careless example (about 5 s): every kill, ENOSPC and torn power cut that fails the resume
     lands in one cause, whose block names the fix; JUnit counts causes, not points."""
     results, junit = tmp_path / "r.json", tmp_path / "j.xml"
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--scratch", str(tmp_path), "--faults",
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(tmp_path), "--faults",
                            "kill,errno,power", "--max-points", "40", "--seed", "0", "--json", str(results),
                            "--junit", str(junit), "--", sys.executable, "chaos/examples/careless_job.py", "--out",
                            "{out}"], cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from chaos import cli
+from chaos.cli import main as cli
 from chaos.errors import ConfigError
 from reports import html as report_html
 
@@ -212,7 +212,7 @@ def test_downsample_keeps_extremes_and_marked_steps() -> None:
 
 @pytest.fixture
 def chaos_main(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """`chaos` with the report subcommand registered, as chaos/cli.py's EXTRA_COMMANDS will have it."""
+    """`chaos` with the report subcommand registered, as chaos/cli/main.py's EXTRA_COMMANDS will have it."""
     if "report" not in cli.EXTRA_COMMANDS:
         monkeypatch.setattr(cli, "EXTRA_COMMANDS", (*cli.EXTRA_COMMANDS, "report"))
     return cli.main

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from chaos.errors import ConfigError
-from chaos.oracles import OracleResult
-from chaos.results import results_document
-from chaos.runner import ScenarioResult
-from chaos.scenario import Scenario, parse_fault
+from chaos.judge.oracles import OracleResult
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.run.results import results_document
+from chaos.run.runner import ScenarioResult
 from reports.junit import junit_tree, write_junit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ def _scenario(spec: str) -> Scenario:
 
 
 def builtin_doc() -> dict:
-    """A results document as chaos.results writes it: one scenario of each verdict."""
+    """A results document as chaos.run.results writes it: one scenario of each verdict."""
     ok = OracleResult("bit_exact", True, "final state equals the golden run", {})
     bad = OracleResult("bit_exact", False, "rank 0 final state: first differing tensor 'model/w'", {})
     loss = OracleResult("loss_continuity", False, "rank 0 step 4 (attempt 1): loss 4.57 is -16.90% off", {})
@@ -154,7 +154,7 @@ def test_a_document_of_another_kind_is_a_config_error():
 
 def _certify(tmp_path: Path, backend: str, only: str, *extra: str) -> ET.Element:
     junit = tmp_path / f"{only}.xml"
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "certify", "--backend", backend, "--only", only,
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "certify", "--backend", backend, "--only", only,
                            "--no-campaign", "--throughput-mib", "0", "--scratch", str(tmp_path), "--junit", str(junit),
                            *extra], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # partial runs are never certified

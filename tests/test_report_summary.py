@@ -110,7 +110,7 @@ def test_a_job_run_writes_json_junit_summary_and_its_html_report_shows_the_point
     grouping the failing points by cause (one JUnit testcase, one summary row per cause)."""
     results, junit, summary, page = (tmp_path / n for n in ("r.json", "j.xml", "s.md", "r.html"))
     summary.write_text("kept\n")
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--scratch", str(tmp_path), "--result-file",
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(tmp_path), "--result-file",
                            "final.json", "--max-points", "6", "--seed", "0", "--json", str(results), "--junit",
                            str(junit), "--summary", str(summary), "--", *CARELESS],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -146,7 +146,7 @@ def test_a_job_run_writes_json_junit_summary_and_its_html_report_shows_the_point
     assert f"| {cell(first.title, None)} | hard\\_failure | {first.count} |" in text
     assert code(rep["replay"]) in text
 
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "report", str(results), "-o", str(page)],
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "report", str(results), "-o", str(page)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     body = html.unescape(page.read_text())

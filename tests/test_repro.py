@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from chaos.cli import repro
 from chaos.errors import ConfigError
-from chaos.job import repro
-from chaos.job.script import FRAMEWORKS, job_imports, job_script
+from chaos.target.job.script import FRAMEWORKS, job_imports, job_script
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "chaos" / "examples" / "careless_job.py"
 
 
 def _chaos(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "chaos.cli.main", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300)
 
 
@@ -236,7 +236,7 @@ def test_a_repro_whose_outcome_does_not_come_back_exits_1(job_run, tmp_path):
 
 
 def test_chaos_repro_bad_input_is_one_error_line(job_run, tmp_path, capsys):
-    from chaos.cli import main
+    from chaos.cli.main import main
 
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "builtin.json").write_text(json.dumps({"schema_version": 1, "scenarios": []}))
@@ -259,8 +259,8 @@ def _net_doc(tmp_path: Path, point: str, ended: list[str], causes: dict[int, str
     """A results document with one failing net point, its fault and launcher record made by the
     harness's own functions (``Point.to_fault``, ``netcut.cut``'s fields, ``netcut.finish`` and
     ``describe``), as ``chaos run --ranks 2 --faults net --json`` writes them."""
-    from chaos.job import netcut
-    from chaos.job.spec import JobSpec, parse_point
+    from chaos.model.jobspec import JobSpec, parse_point
+    from chaos.nemesis import netcut
 
     (tmp_path / "train.py").write_text("import torch\n")
     p = parse_point(point)

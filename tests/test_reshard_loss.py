@@ -4,7 +4,7 @@ A job resumed on fewer ranks trains on other batches, so its losses drift away f
 golden run's as it goes: a band fixed in advance around the golden curve failed a correct
 40-step FSDP resume (+9 % at step 35). The runner now runs (or takes from the cache) a
 fault-free run that resumes at the new world size from the very checkpoint the job
-resumed from (``chaos.golden.ResizedReference``), and loss_continuity compares every loss
+resumed from (``chaos.record.golden.ResizedReference``), and loss_continuity compares every loss
 after the resize with it: bit for bit for a deterministic workload, within the band for
 a nondeterministic one.
 
@@ -19,10 +19,10 @@ import math
 
 import pytest
 
-from chaos import golden as goldens
-from chaos.golden import GoldenRun
-from chaos.oracles import judge
-from chaos.record import RunRecord
+from chaos.judge.oracles import judge
+from chaos.record import golden as goldens
+from chaos.record.golden import GoldenRun
+from chaos.record.history import RunRecord
 
 GOLD_LOSS = {s: 5.0 - 0.05 * s for s in range(1, 21)}
 # After the resize the job trains on other batches: its curve leaves the golden one (-8 % at
@@ -156,7 +156,7 @@ def test_each_smaller_world_size_gets_the_chain_of_resizes_that_led_to_it():
 
 
 def test_the_fault_free_run_loses_as_many_ranks_right_after_each_resume_step(tmp_path):
-    from chaos.workload.config import WorkloadConfig
+    from chaos.target.workload.config import WorkloadConfig
 
     plan = goldens._resized_plan(WorkloadConfig(steps=20), 4, [(8, 3), (12, 2)], tmp_path / "logs",
                                  tmp_path / "ckpt", "gloo")
@@ -166,7 +166,7 @@ def test_the_fault_free_run_loses_as_many_ranks_right_after_each_resume_step(tmp
 
 
 def test_a_chain_no_fault_free_run_can_take_is_not_run(tmp_path):
-    from chaos.workload.config import WorkloadConfig
+    from chaos.target.workload.config import WorkloadConfig
 
     with pytest.raises(goldens.ResizeUnavailable, match="older than the step-12 resume"):
         goldens.get_resized(WorkloadConfig(steps=20, save_every=4), 4, [(12, 3), (8, 2)], tmp_path, cache_dir=tmp_path)

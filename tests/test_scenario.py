@@ -2,10 +2,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chaos.cli import build_scenarios, make_parser
+from chaos.cli.main import build_scenarios, make_parser
 from chaos.errors import ConfigError
-from chaos.scenario import Fault, Scenario, _parse_value, format_value, parse_fault
-from chaos.workload.config import WorkloadConfig
+from chaos.plan.scenario import Fault, Scenario, _parse_value, format_value, parse_fault
+from chaos.target.workload.config import WorkloadConfig
 
 
 def test_parse_fault_roundtrips_through_spec():
@@ -90,9 +90,9 @@ def test_default_campaign_covers_every_family_once():
 
 
 def test_unfired_io_fault_blames_c_level_writers_only_when_nothing_was_traced():
-    from chaos.record import RunRecord
-    from chaos.runner import _unfired_io_faults
-    from chaos.scenario import Scenario, parse_fault
+    from chaos.plan.scenario import Scenario, parse_fault
+    from chaos.record.history import RunRecord
+    from chaos.run.runner import _unfired_io_faults
 
     sc = Scenario("reference", faults=[parse_fault("eio:rank=1,step=5,op=rename")])
     reached = RunRecord(2, [], io={"ops": {"write": 4, "fsync": 4}, "fired": [], "untraced_files": []})
@@ -107,8 +107,8 @@ def test_unfired_io_fault_blames_c_level_writers_only_when_nothing_was_traced():
 
 def test_a_parallelism_that_cannot_run_on_the_world_size_is_refused_before_any_launch():
     from chaos.errors import ConfigError
-    from chaos.scenario import Scenario, parse_fault
-    from chaos.workload.config import WorkloadConfig
+    from chaos.plan.scenario import Scenario, parse_fault
+    from chaos.target.workload.config import WorkloadConfig
 
     with pytest.raises(ConfigError, match="parallel=hsdp needs an even world size"):
         Scenario("reference", world_size=3, workload=WorkloadConfig(parallel="hsdp")).validate()

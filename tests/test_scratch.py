@@ -297,7 +297,7 @@ def test_a_root_prefix_outside_the_harness_namespace_is_refused():
         scratch.make_root("mine-")
 
 
-CHAOS = [sys.executable, "-m", "chaos.cli"]
+CHAOS = [sys.executable, "-m", "chaos.cli.main"]
 
 
 def _chaos_run_killed_when(ready, base: Path, claims: Path, fault: str) -> int:
@@ -368,7 +368,7 @@ def test_chaos_clean_deletes_the_namespaces_of_a_sigkilled_chaos_run(tmp_path, c
 
 @pytest.mark.skipif(not _netns_ok()[0], reason=_netns_ok()[1])
 def test_job_mode_claims_each_run_chains_lab(claims):
-    from chaos.job import netcut
+    from chaos.nemesis import netcut
 
     with netcut.lab_for(2) as lab:
         assert [n for c in scratch.claims() for n in c.netns] == [lab.suffix]
@@ -422,7 +422,7 @@ def test_a_users_job_orphaned_by_a_sigkilled_job_mode_harness_is_killed_by_the_n
 ENGINE_HARNESS = r"""
 import json, sys
 from chaos import scratch
-from chaos.drivers.engine import PrivateEngine
+from chaos.launch.drivers.engine import PrivateEngine
 root = scratch.make_root("chaos-eng-", sys.argv[1])
 scratch.claim_cleanup(root, "dockerd")
 engine = PrivateEngine(root).start()
@@ -432,7 +432,7 @@ import time; time.sleep(600)
 
 
 def _engine_ok() -> tuple[bool, str]:
-    from chaos.drivers.engine import can_start_engine
+    from chaos.launch.drivers.engine import can_start_engine
 
     return can_start_engine()
 
@@ -440,7 +440,7 @@ def _engine_ok() -> tuple[bool, str]:
 @pytest.mark.skipif(not _engine_ok()[0], reason=_engine_ok()[1])
 def test_the_sweep_stops_the_private_dockerd_of_a_killed_session_with_its_own_code(tmp_path, claims):
     """The plugin's engine runs detached and unmarked: only its claimed clean-up stops it."""
-    from chaos.drivers.engine import PrivateEngine
+    from chaos.launch.drivers.engine import PrivateEngine
 
     base = tempfile.gettempdir()  # short: the engine's socket path must fit in a sockaddr_un
     p = subprocess.Popen([sys.executable, "-c", ENGINE_HARNESS, base], stdout=subprocess.PIPE,
@@ -472,8 +472,8 @@ def test_a_cleanup_that_is_not_registered_is_refused_and_never_called(tmp_path, 
         scratch.claim_cleanup(str(root), "os:system")
     _claim_file(claims, f"{scratch._pid_ns()}-{2 ** 22 + 13}-5.jsonl", _root(root),
                 {"cleanup": "shutil:rmtree", "root": str(tmp_path / "chaos-y")},
-                {"cleanup": "chaos.drivers.engine:stop_engine_at", "root": str(root)})
+                {"cleanup": "chaos.launch.drivers.engine:stop_engine_at", "root": str(root)})
     [done] = scratch.sweep()
     assert done.stopped == [] and done.refused == ["clean-up 'shutil:rmtree' is not a registered clean-up",
-                                                   "clean-up 'chaos.drivers.engine:stop_engine_at' is not a registered clean-up"]
+                                                   "clean-up 'chaos.launch.drivers.engine:stop_engine_at' is not a registered clean-up"]
     assert done.removed == [str(root)]

@@ -33,7 +33,7 @@ UID = 4242
 SETPRIV = shutil.which("setpriv")
 ATTACKER = [SETPRIV or "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--inh-caps=-all"]
 PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable  # the attacker's: stdlib only
-CHAOS = [sys.executable, "-m", "chaos.cli"]
+CHAOS = [sys.executable, "-m", "chaos.cli.main"]
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None,
                                 reason="the attacks need root (the victim) and setpriv (the second uid)")
@@ -106,7 +106,7 @@ def root_sweeps(shared: Path, **env: str) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------- forged claims in a shared TMPDIR
 
 def test_a_forged_claim_in_the_shared_temp_dir_runs_no_code_as_root(shared):
-    """Review finding 1: a clean-up ``chaos.storage:load_wrapper`` on a root that names the
+    """Review finding 1: a clean-up ``chaos.reference.storage:load_wrapper`` on a root that names the
     attacker's ``chaos-evil.py`` imported it as uid 0."""
     (shared / "x").mkdir(mode=0o777)
     os.chmod(shared / "x", 0o777)
@@ -115,8 +115,8 @@ def test_a_forged_claim_in_the_shared_temp_dir_runs_no_code_as_root(shared):
              "'import os\\nopen(%r, \"w\").write(str(os.getuid()))\\nclass X: pass\\n' % sys.argv[2])",
              str(shared / "x" / "chaos-evil.py"), str(pwned))
     spec = f"{shared}/x/chaos-evil.py:X"
-    forge(shared, {"cleanup": "chaos.storage:load_wrapper", "root": spec},
-          {"cleanup": "chaos.protocol:load_checkpointer", "root": spec})
+    forge(shared, {"cleanup": "chaos.reference.storage:load_wrapper", "root": spec},
+          {"cleanup": "chaos.target.protocol:load_checkpointer", "root": spec})
     out = root_sweeps(shared)
     assert not pwned.exists(), f"the attacker's code ran as uid {pwned.read_text()}: {out.stdout}{out.stderr}"
 
@@ -165,7 +165,7 @@ time.sleep(120)
 
 
 def test_a_forged_dockerd_pidfile_signals_no_process(shared):
-    """Finding 2: a clean-up ``chaos.drivers.engine:stop_engine_at`` on R with ``R/dockerd.pid``
+    """Finding 2: a clean-up ``chaos.launch.drivers.engine:stop_engine_at`` on R with ``R/dockerd.pid``
     holding any pid SIGTERMed it."""
     got = shared / "victim-got"
     victim = subprocess.Popen([sys.executable, "-c", SIGTERM_RECORDER, str(got)], stdout=subprocess.PIPE, text=True)
@@ -173,7 +173,7 @@ def test_a_forged_dockerd_pidfile_signals_no_process(shared):
         pid = int(victim.stdout.readline())
         attacker("import os, sys; os.makedirs(sys.argv[1]); open(sys.argv[1] + '/dockerd.pid', 'w').write(sys.argv[2])",
                  str(shared / "chaos-eng"), str(pid))
-        forge(shared, {"cleanup": "chaos.drivers.engine:stop_engine_at", "root": str(shared / "chaos-eng")})
+        forge(shared, {"cleanup": "chaos.launch.drivers.engine:stop_engine_at", "root": str(shared / "chaos-eng")})
         root_sweeps(shared)
         assert not got.exists() and victim.poll() is None, "root's process was signalled"
     finally:
@@ -206,7 +206,7 @@ def test_a_forged_cleanup_cannot_unmount_root_s_file_systems_by_a_swap_during_it
     swapper = attacker(SWAPPER, str(root), str(victim_dir), wait=False)
     try:
         assert swapper.stdout.readline().strip() == "ready"
-        forge(shared, {"cleanup": "chaos.drivers.engine:stop_engine_at", "root": str(root)})
+        forge(shared, {"cleanup": "chaos.launch.drivers.engine:stop_engine_at", "root": str(root)})
         root_sweeps(shared)
         assert mounts_under(victim_dir / "mnt") == [str(victim_dir / "mnt")], "root's tmpfs was unmounted"
     finally:
@@ -224,7 +224,7 @@ def test_a_claims_directory_another_user_made_is_refused_with_one_line_and_never
     pwned = shared / "PWNED"
     attacker("import sys; open(sys.argv[1], 'w').write('open(%r, \"w\").write(\"x\")\\nclass X: pass\\n' % sys.argv[2])",
              str(shared / "x" / "chaos-evil.py"), str(pwned))
-    forge(shared, {"cleanup": "chaos.protocol:load_checkpointer", "root": f"{shared}/x/chaos-evil.py:X"})
+    forge(shared, {"cleanup": "chaos.target.protocol:load_checkpointer", "root": f"{shared}/x/chaos-evil.py:X"})
     claims = shared / "chaos-claims-0"
     out = root_sweeps(shared, **{scratch.CLAIMS_ENV: str(claims)})
     assert out.returncode == 2 and not pwned.exists(), out.stdout + out.stderr
@@ -340,7 +340,7 @@ def test_the_dockerd_cleanup_signals_only_a_dockerd_of_this_root(tmp_path, claim
         assert done.stopped == [f"dockerd {root}"] and done.removed == [str(root)]
         time.sleep(0.2)
         assert not got.exists() and mine.poll() is None and other.poll() is None
-        from chaos.drivers.engine import PrivateEngine
+        from chaos.launch.drivers.engine import PrivateEngine
 
         (root.parent / "chaos-eng-pid").mkdir()
         (root.parent / "chaos-eng-pid" / "dockerd.pid").write_text(str(other.pid))
@@ -361,7 +361,7 @@ def test_a_scratch_base_another_user_can_change_is_refused(shared):
 
 
 def test_the_engine_refuses_a_root_another_user_made_first(shared):
-    from chaos.drivers.engine import EngineUnavailable, PrivateEngine, can_start_engine
+    from chaos.launch.drivers.engine import EngineUnavailable, PrivateEngine, can_start_engine
 
     if not can_start_engine()[0]:
         pytest.skip(can_start_engine()[1])

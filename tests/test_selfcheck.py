@@ -3,7 +3,7 @@
 The corpus (tests/checkpointers/selfcheck) holds one module per planted defect — each
 ``correct.py`` with one thing a real team could ship wrong, and an ``EXPECTED_CATCH``
 naming the probe(s) and oracle(s) meant to catch it — and ``correct.py`` itself. The
-battery (chaos.selfcheck.BATTERY) knows none of them: it runs general fault scenarios
+battery (chaos.run.selfcheck.BATTERY) knows none of them: it runs general fault scenarios
 judged by the general oracles. A defect counts as caught only when its intended oracle
 failed in its intended probe; the score (caught / planted, false positives) is printed
 and must be 100% with none.
@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from chaos import cli, selfcheck
+from chaos.cli import main as cli
 from chaos.errors import ConfigError
-from chaos.oracles import OracleResult
-from chaos.runner import ScenarioResult
-from chaos.scenario import Scenario, parse_fault
-from chaos.selfcheck import (
+from chaos.judge.oracles import OracleResult
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.run import selfcheck
+from chaos.run.runner import ScenarioResult
+from chaos.run.selfcheck import (
     BATTERY,
     CAUGHT,
     PROBES,

@@ -1,6 +1,6 @@
 """A failing property must shrink to a small schedule whose printed replay command fails again.
 
-The stateful schedule machine (chaos.strategies.schedule_machine) runs against a
+The stateful schedule machine (chaos.plan.strategies.schedule_machine) runs against a
 known-broken checkpointer, ``tests/checkpointers/model_only.py`` (it saves the weights
 only, so any restart loses Adam's moments, the schedule and the data position). With a
 fixed seed and no example database, hypothesis must report a falsifying example, shrink
@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
-from chaos import cli
-from chaos.runner import RunOptions, run_scenario
-from chaos.strategies import schedule_machine
-from chaos.workload.config import WorkloadConfig
+from chaos.cli import main as cli
+from chaos.plan.strategies import schedule_machine
+from chaos.run.runner import RunOptions, run_scenario
+from chaos.target.workload.config import WorkloadConfig
 
 BROKEN = "tests/checkpointers/model_only.py:ModelOnlyCheckpointer"
 TINY = WorkloadConfig(steps=8, save_every=2, d_model=32, n_layers=1)

@@ -40,6 +40,7 @@ _MASKS = [
     # how many combinations a power cut's pending operations make depends on how many writes
     # the OS split a save into; the distinct states checked do not
     (re.compile(r"\b\d+ combinations\b"), "<n> combinations"),
+    (re.compile(r"\b\d+ states generated, \d+ pruned\b"), "<n> states generated, <n> pruned"),
     (re.compile(r"\b[0-9a-f]{12,}\b"), "<hex>"),
 ]
 
@@ -81,7 +82,7 @@ def project(doc: dict[str, Any]) -> dict[str, Any]:
 def _run(tmp_path: Path, name: str, args: list[str]) -> dict[str, Any]:
     results = tmp_path / f"{name}.json"
     env = dict(os.environ, CHAOS_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--json", str(results), "--scratch", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--json", str(results), "--scratch", str(tmp_path),
                            *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(results.read_text())
@@ -129,7 +130,7 @@ def _replay(tmp_path: Path, doc: dict[str, Any], *args: str) -> dict[str, Any]:
     src, out = tmp_path / "old.json", tmp_path / "new.json"
     src.write_text(json.dumps(doc))
     env = dict(os.environ, CHAOS_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli", "replay", str(src), "--yes", "--json", str(out),
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "replay", str(src), "--yes", "--json", str(out),
                            "--scratch", str(tmp_path), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]

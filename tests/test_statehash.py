@@ -3,7 +3,7 @@ import math
 import numpy as np
 import torch
 
-from chaos.statehash import fingerprint, first_difference, state_digest
+from chaos.model.statehash import fingerprint, first_difference, state_digest
 
 
 def test_int_and_str_keys_fingerprint_apart():

@@ -14,11 +14,11 @@ import pytest
 import torch
 from ckpt_dist import check_all_ok, run_ranks
 
-from chaos.checkpoint import ReferenceCheckpointer
-from chaos.ckptformat.errors import CommitError
-from chaos.statehash import fingerprint
-from chaos.storage import CommitConflict, StorageConfigError, open_storage
-from chaos.storage.fsspec_store import FsspecStorage
+from chaos.model.statehash import fingerprint
+from chaos.reference.checkpoint import ReferenceCheckpointer
+from chaos.reference.ckptformat.errors import CommitError
+from chaos.reference.storage import CommitConflict, StorageConfigError, open_storage
+from chaos.reference.storage.fsspec_store import FsspecStorage
 
 
 def state(step: int, rank: int = 0) -> dict:

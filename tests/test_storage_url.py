@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from chaos.checkpoint import ReferenceCheckpointer
-from chaos.checkpoint.options import parse_options
-from chaos.ckptformat.errors import CheckpointConfigError
-from chaos.storage import StorageConfigError, open_storage, parse_url, wrap_storage
-from chaos.storage.posix import PosixStorage
+from chaos.reference.checkpoint import ReferenceCheckpointer
+from chaos.reference.checkpoint.options import parse_options
+from chaos.reference.ckptformat.errors import CheckpointConfigError
+from chaos.reference.storage import StorageConfigError, open_storage, parse_url, wrap_storage
+from chaos.reference.storage.posix import PosixStorage
 
 
 def test_plain_paths_and_file_urls_are_posix(tmp_path):
@@ -63,7 +63,7 @@ def test_a_scheme_that_is_no_checkpoint_store_is_refused_before_any_host_is_look
 
 
 def test_certify_refuses_an_ftp_backend_in_one_line_with_exit_2():
-    out = subprocess.run([sys.executable, "-m", "chaos.cli", "certify", "--backend", "ftp://x"],
+    out = subprocess.run([sys.executable, "-m", "chaos.cli.main", "certify", "--backend", "ftp://x"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "not a checkpoint store: 'ftp'" in out.stderr and "harness error" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
@@ -137,7 +137,7 @@ def _cli(args: list[str], tmp_path) -> tuple[subprocess.CompletedProcess, object
         d.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "CHAOS_CACHE_DIR")}
     env |= {"OMP_NUM_THREADS": "1", "HOME": str(home), "TMPDIR": str(tmp)}
-    r = subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=cwd, env=env, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "chaos.cli.main", *args], cwd=cwd, env=env, capture_output=True,
                        text=True, timeout=300)
     return r, cwd
 

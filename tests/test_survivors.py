@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from chaos.runner import RunOptions, run_scenario
-from chaos.scenario import Scenario, parse_fault
-from chaos.workload.config import WorkloadConfig
+from chaos.plan.scenario import Scenario, parse_fault
+from chaos.run.runner import RunOptions, run_scenario
+from chaos.target.workload.config import WorkloadConfig
 
 HERE = os.path.dirname(__file__)
 SMALL = WorkloadConfig(steps=12, save_every=4, d_model=64, collective_timeout_s=5.0)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.oracles import OracleResult
-from chaos.plugin import ChaosRunner, ChaosVerdictError, OracleFailed, oracle_failed
-from chaos.runner import ScenarioResult
-from chaos.scenario import Scenario
+from chaos.cli.plugin import ChaosRunner, ChaosVerdictError, OracleFailed, oracle_failed
+from chaos.judge.oracles import OracleResult
+from chaos.plan.scenario import Scenario
+from chaos.run.runner import ScenarioResult
 
 pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parents[1]
@@ -47,10 +47,10 @@ def test_check_raises_the_failing_oracles_type():
 
 XFAILS = '''
 import pytest
-from chaos.oracles import OracleResult
-from chaos.plugin import ChaosRunner, oracle_failed
-from chaos.runner import ScenarioResult
-from chaos.scenario import Scenario
+from chaos.judge.oracles import OracleResult
+from chaos.cli.plugin import ChaosRunner, oracle_failed
+from chaos.run.runner import ScenarioResult
+from chaos.plan.scenario import Scenario
 
 def result(verdict, *failing):
     return ScenarioResult(Scenario("reference"), verdict,
@@ -95,9 +95,10 @@ def test_every_strict_xfail_names_raises():
 
 ALL_SKIPPED = '''
 import pytest
-from chaos import plugin, points
-from chaos.points import IOPoint, PhasePoint, TracePoints
-from chaos.runner import ScenarioResult
+from chaos.cli import plugin
+from chaos.record import points
+from chaos.record.points import IOPoint, PhasePoint, TracePoints
+from chaos.run.runner import ScenarioResult
 
 POINTS = TracePoints([IOPoint(r, "write", "shard", "write_shards", s, 1) for r in (0, 1) for s in (4, 8, 12)],
                      [PhasePoint(r, "save", s) for r in (0, 1) for s in (4, 8, 12)])

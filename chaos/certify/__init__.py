@@ -7,7 +7,7 @@ Three parts, each with a verdict and its evidence:
 2. a chaos campaign: real 2-rank training jobs with the reference checkpointer on that
    backend, faulted (a kill in the middle of a save; on file systems also at-rest
    corruption and power loss) and judged by the harness's oracles through the normal
-   runner (:func:`chaos.runner.run_scenario`);
+   runner (:func:`chaos.run.runner.run_scenario`);
 3. measured save and load throughput on the backend.
 
 The backend is *certified* only when no property fails (``n/a`` needs a reason), every
@@ -57,9 +57,9 @@ def run_campaign(target: Any, scratch: str, seed: int = 0, quick: bool = False, 
 
     Golden runs are cached in ``cache_dir``, by default inside ``scratch`` (removed with it).
     """
-    from chaos.runner import RunOptions, run_scenario
-    from chaos.scenario import Scenario, parse_fault
-    from chaos.workload.config import WorkloadConfig
+    from chaos.plan.scenario import Scenario, parse_fault
+    from chaos.run.runner import RunOptions, run_scenario
+    from chaos.target.workload.config import WorkloadConfig
 
     results = []
     for i, (name, faults, extra) in enumerate(campaign_scenarios(target, quick)):
@@ -143,7 +143,7 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
     try:
         with _scratch_dir(scratch_base) as scratch:
             try:
-                from chaos.storage import open_storage, wrap_storage
+                from chaos.reference.storage import open_storage, wrap_storage
 
                 probe = wrap_storage(open_storage(target.url("probe"), local_dir=scratch), wrapper)
                 protocol = probe.commit_protocol

@@ -6,7 +6,7 @@ rank, ``storage=`` the backend under test, optionally wrapped) or the backend's 
 operations, against real files or a real S3 endpoint, and returns ``pass``, ``fail`` or
 ``n/a`` with the reason — never a guess. Readers are always fresh instances (a new
 checkpointer, a new boto3 client, a new fsspec filesystem instance with no listing
-cache: see ``chaos.storage.fsspec_store.FRESH``), so a backend cannot pass by this
+cache: see ``chaos.reference.storage.fsspec_store.FRESH``), so a backend cannot pass by this
 process remembering what it wrote.
 """
 
@@ -55,8 +55,8 @@ def make_state(i: int, nbytes: int = 1 << 20, seed: int = 0) -> dict[str, Any]:
 
 def fingerprint(state: Any) -> str:
     """SHA-256 over every tensor's bytes and every other value, in path order."""
-    from chaos.statehash import fingerprint as prints
-    from chaos.statehash import state_digest
+    from chaos.model.statehash import fingerprint as prints
+    from chaos.model.statehash import state_digest
 
     return state_digest(prints(state))
 
@@ -70,7 +70,7 @@ class Bench:
         self.large = 12 << 20 if target.kind == "s3" else 4 << 20  # > one S3 part: multipart
 
     def ckpt(self, sub: str, endpoint: str | None = None, url_params: dict[str, Any] | None = None, **opts: Any) -> Any:
-        from chaos.checkpoint.engine import ReferenceCheckpointer
+        from chaos.reference.checkpoint.engine import ReferenceCheckpointer
 
         local = tempfile.mkdtemp(prefix="local-", dir=self.scratch)
         options = {"keep_last": 1000, "metrics": False, "storage": self.target.url(sub, endpoint, **(url_params or {}))}
@@ -158,7 +158,7 @@ def checksums_round_trip(b: Bench) -> Verdict:
 def _expect_only(b: Bench, sub: str, states: dict[int, Any], what: str) -> list[str]:
     """Every listed step must load completely and hold exactly the state saved at it (``states``)."""
     allowed = {k: fingerprint(v) for k, v in states.items()}
-    from chaos.checkpoint.loader import load_step
+    from chaos.reference.checkpoint.loader import load_step
 
     bad = []
     r = b.reader(sub)

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.storage.base import StorageConfigError, parse_url
+from chaos.reference.storage.base import StorageConfigError, parse_url
 
 
 @dataclass
@@ -52,10 +52,10 @@ class Target:
     def _object_store(self, sub: str) -> Any:
         """The typed backend for ``sub`` (S3Storage or FsspecStorage), so its helpers always exist."""
         if self.kind == "s3":
-            from chaos.storage.s3 import S3Storage
+            from chaos.reference.storage.s3 import S3Storage
 
             return S3Storage(parse_url(self.url(sub)))
-        from chaos.storage.fsspec_store import FsspecStorage
+        from chaos.reference.storage.fsspec_store import FsspecStorage
 
         return FsspecStorage(parse_url(self.url(sub)))
 
@@ -95,7 +95,7 @@ class Target:
 def resolve(spec: str, wrapper: str | None = None, scratch: str | None = None) -> Target:
     """``s3-local`` (starts the embedded server; caller stops ``target.local_s3``), or a URL."""
     if spec == "s3-local":
-        from chaos.storage.local_s3 import LocalS3
+        from chaos.certify.local_s3 import LocalS3
 
         s3 = LocalS3().start()
         return Target(spec, "s3", f"s3://{s3.bucket}", {"endpoint_url": s3.endpoint, "part_size": str(5 << 20)},
@@ -109,7 +109,7 @@ def resolve(spec: str, wrapper: str | None = None, scratch: str | None = None) -
         params = dict(u.params)
         params.setdefault("part_size", str(5 << 20))
         return Target(spec, "s3", f"s3://{u.location}/{u.prefix}".rstrip("/"), params, wrapper)
-    from chaos.storage.fsspec_store import fsspec_class
+    from chaos.reference.storage.fsspec_store import fsspec_class
 
     fsspec_class(u)  # an unsupported scheme is refused here, before anything is reached
     return Target(spec, "fsspec", u.location, dict(u.params), wrapper)

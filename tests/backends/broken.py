@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Any
 
-from chaos.ckptformat import commit
-from chaos.ckptformat.manifest import MANIFEST_NAME
+from chaos.reference.ckptformat import commit
+from chaos.reference.ckptformat.manifest import MANIFEST_NAME
 
 
 class _Wrapper:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from chaos.ckptformat.dtensor import is_dtensor
+from chaos.reference.ckptformat.dtensor import is_dtensor
 
 
 def _local(state: Any) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from chaos.protocol import load_checkpointer
+from chaos.target.protocol import load_checkpointer
 
 Careful = load_checkpointer(f"{Path(__file__).with_name('careful.py')}:CarefulCheckpointer")
 

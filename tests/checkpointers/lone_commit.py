@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from chaos.protocol import load_checkpointer
+from chaos.target.protocol import load_checkpointer
 
 Careful = load_checkpointer(f"{Path(__file__).with_name('careful.py')}:CarefulCheckpointer")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chaos.protocol import load_checkpointer
+from chaos.target.protocol import load_checkpointer
 
 # careful.py beside this file, through the harness's own by-path loader (cached per path).
 CarefulCheckpointer = load_checkpointer(f"{Path(__file__).with_name('careful.py')}:CarefulCheckpointer")

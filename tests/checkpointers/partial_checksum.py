@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from chaos.protocol import load_checkpointer
+from chaos.target.protocol import load_checkpointer
 
 CarefulCheckpointer = load_checkpointer(f"{Path(__file__).with_name('careful.py')}:CarefulCheckpointer")
 

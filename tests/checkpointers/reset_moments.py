@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from chaos.checkpoint.engine import ReferenceCheckpointer
+from chaos.reference.checkpoint.engine import ReferenceCheckpointer
 
 
 class ResetMomentsCheckpointer(ReferenceCheckpointer):

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from chaos.ckptformat.dtensor import is_dtensor, local_box
-from chaos.protocol import load_checkpointer
+from chaos.reference.ckptformat.dtensor import is_dtensor, local_box
+from chaos.target.protocol import load_checkpointer
 
 Gather = load_checkpointer(f"{Path(__file__).with_name('gather_no_reshard.py')}:GatherNoReshard")
 

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from chaos.ckptformat.dtensor import is_dtensor
-from chaos.protocol import load_checkpointer
+from chaos.reference.ckptformat.dtensor import is_dtensor
+from chaos.target.protocol import load_checkpointer
 
 Careful = load_checkpointer(f"{Path(__file__).with_name('careful.py')}:CarefulCheckpointer")
 

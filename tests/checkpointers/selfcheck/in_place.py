@@ -14,14 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from chaos.protocol import load_checkpointer
+from chaos.target.protocol import load_checkpointer
 
 # correct.py beside this file, through the harness's own by-path loader (cached per path).
 Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCheckpointer")
 
 
 # The self-check counts this defect as caught only when one of these oracles fails in one of these
-# probes (chaos.selfcheck): the crash tears the only copy; the restart begins at step 0 although
+# probes (chaos.run.selfcheck): the crash tears the only copy; the restart begins at step 0 although
 # step 4 was acknowledged.
 EXPECTED_CATCH = {"crash-mid-write": ("durability",)}
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chaos.protocol import load_checkpointer
+from chaos.target.protocol import load_checkpointer
 
 # correct.py beside this file, through the harness's own by-path loader (cached per path).
 Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCheckpointer")
 
 
 # The self-check counts this defect as caught only when one of these oracles fails in one of these
-# probes (chaos.selfcheck): some crash state of the save loses the acknowledged checkpoint.
+# probes (chaos.run.selfcheck): some crash state of the save loses the acknowledged checkpoint.
 EXPECTED_CATCH = {"powerloss": ("atomic_commit",)}
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from chaos.protocol import load_checkpointer
+from chaos.target.protocol import load_checkpointer
 
 # correct.py beside this file, through the harness's own by-path loader (cached per path).
 Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCheckpointer")
 
 
 # The self-check counts this defect as caught only when one of these oracles fails in one of these
-# probes (chaos.selfcheck): a restart loads fresh Adam moments: not the state saved.
+# probes (chaos.run.selfcheck): a restart loads fresh Adam moments: not the state saved.
 EXPECTED_CATCH = {"kill-between-saves": ("committed_state",)}
 
 

@@ -34,13 +34,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from chaos.protocol import load_checkpointer
+from chaos.target.protocol import load_checkpointer
 
 # correct.py beside this file, through the harness's own by-path loader (cached per path).
 Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCheckpointer")
 
 # The self-check counts this defect as caught only when this oracle fails in this probe
-# (chaos.selfcheck): the payload planted in the manifest runs when the restart unpickles it.
+# (chaos.run.selfcheck): the payload planted in the manifest runs when the restart unpickles it.
 EXPECTED_CATCH = {"payload-newest": ("no_code_execution",)}
 
 MANIFEST = "manifest.pkl"

@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chaos.protocol import load_checkpointer
+from chaos.target.protocol import load_checkpointer
 
 # correct.py beside this file, through the harness's own by-path loader (cached per path).
 Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCheckpointer")
 
 
 # The self-check counts this defect as caught only when one of these oracles fails in one of these
-# probes (chaos.selfcheck): the failed write (or fsync) is swallowed and the save acknowledged.
+# probes (chaos.run.selfcheck): the failed write (or fsync) is swallowed and the save acknowledged.
 EXPECTED_CATCH = {"enospc-write": ("no_false_ack",), "fsync-fails": ("no_false_ack",)}
 
 

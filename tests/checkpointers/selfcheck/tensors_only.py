@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from chaos.protocol import load_checkpointer
+from chaos.target.protocol import load_checkpointer
 
 # correct.py beside this file, through the harness's own by-path loader (cached per path).
 Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCheckpointer")
@@ -44,7 +44,7 @@ def fill(template: Any, flat: dict[str, torch.Tensor], prefix: str = "") -> Any:
 
 
 # The self-check counts this defect as caught only when one of these oracles fails in one of these
-# probes (chaos.selfcheck): a restart loads the tensors but the template's counters, RNG states and
+# probes (chaos.run.selfcheck): a restart loads the tensors but the template's counters, RNG states and
 # data position: not the state saved.
 EXPECTED_CATCH = {"kill-between-saves": ("committed_state",)}
 

@@ -1,0 +1,490 @@
+"""Launch one attempt of a job: its command once, or N copies with torchrun's environment.
+
+Called by ``explore.py`` for every attempt of every run. Each copy (each rank, or the
+one ``torchrun`` process) gets its own session and process group, its output in a log
+file of the point's scratch root, and ``CHAOS_JOB_MARK`` in its environment, so
+everything it started — torchrun's workers start their own sessions — is found and
+SIGKILLed when the attempt ends, times out, or the harness is interrupted. Like
+torchrun's agent, when one rank fails the others are stopped at once.
+
+The poll loop also answers the requests a rank of an armed point leaves in the trace
+directory (``inproc.py``): *halt* (a corruption or power-loss point fired: every copy
+is SIGKILLed at once, torchrun's agent with its workers, so nothing restarts before the
+harness has edited {out}) and *term* (SIGTERM to every copy's main process, to torchrun
+itself for a torchrun COMMAND, which forwards it to its workers; then up to ``--grace``
+seconds for them to exit, and SIGKILL for whatever is left) and *net* (a network cut:
+the rank's link down, ``netcut.cut``; the copies go on for up to ``--net-hold``
+seconds, failing by themselves or SIGKILLed when the hold is over, and the link is
+back up before the attempt returns; once one copy has failed in the cut, the others
+get ``NET_SETTLE_S`` to fail by themselves — they wait in the same collective — before
+they are stopped as above).
+
+An interrupt (``cancel``) ends every running attempt at its next poll, marks it
+``interrupted`` and starts no other (``Cancelled``); ``Interrupt`` is the
+KeyboardInterrupt ``cli_job``'s handler raises for SIGINT and SIGTERM alike, and
+``shield`` keeps a second signal from cutting the last clean-up short.
+
+With a ``lab`` (``faults.network.NetworkLab``, made by ``explore.py`` per run chain)
+each copy of ``--ranks N`` runs inside its rank's network namespace, with
+``MASTER_ADDR`` = rank 0's lab address (``netcut.in_netns``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chaos.errors import ChaosError, ConfigError
+from chaos.launch import spares
+from chaos.launch.output import log_cause
+from chaos.launch.ports import free_port
+from chaos.model import jobspec as S
+from chaos.nemesis import netcut
+from faults.process import alive, marked_with
+
+if TYPE_CHECKING:
+    from faults.network import NetworkLab
+
+BOOT_DIR = str(Path(__file__).resolve().parents[1] / "target" / "job" / "boot")  # the job target's boot path
+_live: dict[int, str] = {}  # pgid -> mark, of every copy running now (for interrupt clean-up)
+_live_lock = threading.Lock()
+_cancelled = threading.Event()  # set by cancel(): no attempt starts, running ones end (an interrupt)
+_shielded = threading.Event()  # set by shield(): a clean-up runs that a signal must not cut short
+NET_SETTLE_S = 1.0  # in a network cut, after one copy failed, how long the others get to fail by themselves
+ARMED_POLL_S = 0.002  # an armed point's rank leaves a request file and waits: look often (10 ms after 1 s)
+IDLE_POLL_S = 0.05    # otherwise the loop wakes when a copy exits; this bounds the deadline / cancel checks
+
+
+@dataclass
+class AttemptOutcome:
+    """How one attempt ended. ``returncodes`` per copy (negative: killed by that signal)."""
+
+    attempt: int
+    argv: list[str]
+    returncodes: list[int | None] = field(default_factory=list)
+    timed_out: bool = False
+    seconds: float = 0.0
+    logs: list[str] = field(default_factory=list)
+    leftovers: list[int] = field(default_factory=list)  # pids still alive after the attempt, then killed
+    stopped: list[int] = field(default_factory=list)  # copies the harness stopped (another failed, or timeout)
+    halted: dict[str, Any] | None = None  # a halt request answered: which rank, after which event
+    term: dict[str, Any] | None = None    # a term request answered: SIGTERM sent, who exited within the grace
+    net: dict[str, Any] | None = None     # a net request answered: the cut, the hold, how each copy ended
+    node: dict[str, Any] | None = None    # a node point answered (--nodes, nodes.py): the loss or cut, each agent's end
+    prestarted: bool = False  # its copies were spares started ahead, held at the gate until it began
+    interrupted: bool = False  # its copies were stopped because the exploration was interrupted (``cancel``)
+
+    @property
+    def ok(self) -> bool:
+        return (not self.timed_out and self.halted is None and not self.interrupted
+                and all(rc == 0 for rc in self.returncodes))
+
+    @property
+    def describe(self) -> str:
+        if self.interrupted:
+            return "stopped by the harness: the run was interrupted"
+        if self.timed_out:
+            return "timed out"
+        if self.halted is not None:
+            return f"stopped by the harness right after rank {self.halted.get('rank')}'s event {self.halted.get('ord')}"
+        if self.net is not None:
+            return netcut.describe(self.net)
+        if self.term is not None:
+            t = self.term
+            head = f"SIGTERM at rank {t['rank']}'s step {t['step']}: "
+            if t["killed_after_grace"]:
+                who = ", ".join(f"copy {i}" for i in t["killed_after_grace"]) if len(self.returncodes) > 1 else "it"
+                return head + f"still running after the {t['grace_s']:g} s grace, SIGKILLed ({who})"
+            codes = sorted({rc for rc in self.returncodes if rc is not None})
+            how = " / ".join(f"killed by {signal.Signals(-c).name}" if c < 0 else f"exited {c}" for c in codes)
+            return head + f"{how} within the {t['grace_s']:g} s grace"
+        bad = [(i, rc) for i, rc in enumerate(self.returncodes) if rc != 0 and i not in self.stopped]
+        if not bad:
+            return "stopped by the harness" if self.stopped else "exited 0"
+        parts = []
+        for i, rc in bad:
+            what = f"killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited {rc}"
+            parts.append(f"copy {i} {what}" if len(self.returncodes) > 1 else what)
+        return ", ".join(parts)
+
+    def tail(self, chars: int = 1500) -> str:
+        """The end of the output of the copies that failed by themselves (else of every copy)."""
+        failed = [log for i, log in enumerate(self.logs)
+                  if i < len(self.returncodes) and self.returncodes[i] != 0 and i not in self.stopped]
+        out = []
+        for log in failed or self.logs:
+            try:
+                text = Path(log).read_text(errors="replace")
+            except OSError:
+                continue
+            if text.strip():
+                out.append(text[-chars:])
+        return "\n".join(out)[-chars:]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"attempt": self.attempt, "outcome": self.describe, "returncodes": self.returncodes,
+             "timed_out": self.timed_out, "seconds": round(self.seconds, 3), "leftovers": self.leftovers}
+        if self.halted is not None:
+            d["halted"] = self.halted
+        if self.term is not None:
+            d["term"] = self.term
+        if self.net is not None:
+            d["net"] = self.net
+        if self.node is not None:
+            d["node"] = self.node
+        if self.prestarted:
+            d["prestarted"] = True
+        if self.interrupted:
+            d["interrupted"] = True
+        return d
+
+
+class _Exits:
+    """Wakes the poll loop the moment a copy exits (a pidfd per copy, Linux >= 5.3), instead of
+    at its next tick: a pure-Python job's attempt lasts a few tens of milliseconds, and a fixed
+    10 ms tick cost each attempt 5 ms on average. Where pidfds are missing it just sleeps."""
+
+    def __init__(self) -> None:
+        self.fds: dict[int, int] = {}  # pid -> pidfd
+
+    def watch(self, proc: subprocess.Popen[bytes]) -> None:
+        try:
+            self.fds[proc.pid] = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            pass  # no pidfds here: wait() sleeps its timeout
+
+    def wait(self, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+        live = [self.fds[p.pid] for p in procs if p.returncode is None and p.pid in self.fds]
+        if len(live) < sum(1 for p in procs if p.returncode is None):
+            time.sleep(timeout)
+            return
+        select.select(live, [], [], timeout)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attempt: int,
+            point: S.Point | None) -> dict[str, str]:
+    """The environment every copy of an attempt shares (the boot path's contract)."""
+    env = dict(os.environ)
+    for key in list(env):
+        if key.startswith("CHAOS_JOB_") or key == S.PROBE_FILE_ENV:
+            del env[key]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TMPDIR"] = tmp  # the job's scratch (and torchrun's) stays in the point's root
+    env[S.ENV_TMP] = tmp  # each traced rank moves to its own folder in it (inproc.install)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env[S.ENV_OUT] = out
+    env[S.ENV_TRACE_DIR] = trace_dir
+    env[S.ENV_MARK] = mark
+    env[S.ENV_ATTEMPT] = str(attempt)
+    if job.torchrun:
+        env[S.ENV_RANKS_ONLY] = "1"
+    if job.step_regex:
+        env[S.ENV_STEP_REGEX] = job.step_regex
+    if job.loss_regex:
+        env[S.ENV_LOSS_REGEX] = job.loss_regex
+    if point is not None and attempt == 0 and point.in_rank:
+        env[S.ENV_POINT] = json.dumps(point.env())
+    return env
+
+
+def _kill_marked(mark: str) -> list[int]:
+    found = marked_with(S.ENV_MARK, mark)
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5.0  # a SIGKILL is delivered asynchronously: gone before we return
+    while found and any(alive(p) for p in found) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return found
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _requests(trace_dir: str, name: str) -> list[dict[str, Any]]:
+    """The requests of one kind ranks left in ``trace_dir`` (``inproc.JobInterposer._request``)."""
+    found = []
+    for entry in sorted(os.listdir(trace_dir)):
+        if entry.startswith(name + "-") and entry.endswith(".json"):
+            try:
+                with open(os.path.join(trace_dir, entry)) as f:
+                    found.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _send_term(procs: list[subprocess.Popen[bytes]], trace_dir: str, req: dict[str, Any],
+               grace_s: float) -> dict[str, Any]:
+    """SIGTERM to every copy's main process (torchrun forwards it), then tell the waiting rank."""
+    sent = []
+    for i, p in enumerate(procs):
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+                sent.append(i)
+            except ProcessLookupError:
+                pass
+    with open(os.path.join(trace_dir, S.TERM_SENT), "w") as f:
+        f.write(json.dumps({"sent_to": sent}))
+    return {"signal": "SIGTERM", "rank": req.get("rank"), "step": req.get("step"), "grace_s": grace_s,
+            "sent_to": sent, "exited_within_grace": [], "killed_after_grace": []}
+
+
+def attempt_mark(mark: str, attempt: int) -> str:
+    """The ``CHAOS_JOB_MARK`` of one attempt: its clean-up never finds the next one's spare."""
+    return f"{mark}#attempt{attempt}"
+
+
+def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None, mark: str,
+          lab: NetworkLab | None, port: int) -> list[spares.Copy]:
+    """Every copy of an attempt exactly as it is started (its folders made)."""
+    trace_dir = os.path.join(scratch, "trace")
+    tmp = os.path.join(scratch, "tmp")
+    logs_dir = os.path.join(scratch, "logs")
+    for d in (trace_dir, tmp, logs_dir):
+        os.makedirs(d, exist_ok=True)
+    argv = job.argv(out, resume=attempt > 0)
+    base = job_env(job, out, trace_dir, tmp, mark, attempt, point)
+    base[S.ENV_PYCACHE] = os.path.join(os.path.dirname(os.path.abspath(scratch)), "pycache")  # one per exploration
+    copies = job.ranks if job.ranks is not None else 1
+    in_lab = lab is not None and job.ranks is not None
+    plan = []
+    for rank in range(copies):
+        env = dict(base)
+        if job.ranks is not None:
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(copies),
+                       LOCAL_WORLD_SIZE=str(copies), GROUP_RANK="0", ROLE_RANK=str(rank),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       TORCHELASTIC_RESTART_COUNT=str(attempt))
+            if in_lab:
+                env.update(lab.rank_env(rank, port))  # type: ignore[union-attr]
+        elif not job.torchrun:
+            env[S.ENV_RANK] = "0"
+        cmd = netcut.in_netns(lab, rank, argv) if in_lab else argv  # type: ignore[arg-type]
+        plan.append(spares.Copy(tuple(cmd), tuple(sorted(env.items())),
+                                os.path.join(logs_dir, f"attempt{attempt}-copy{rank}.log"), job.cwd))
+    return plan
+
+
+def can_prestart(job: S.JobSpec, lab: NetworkLab | None = None) -> bool:
+    """Whether an attempt's copies may be started ahead of it (``spares.py`` says when)."""
+    return lab is None and not job.torchrun and spares.is_python(job.argv("", resume=False)[0])
+
+
+def prestart(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None, mark: str,
+             lab: NetworkLab | None = None) -> bool:
+    """Start attempt ``attempt``'s copies now, held at the gate until ``run_attempt`` takes them.
+
+    Called by ``explore.py`` while another attempt runs; False (nothing started) where
+    ``can_prestart`` says no or the exploration is being interrupted.
+    """
+    if _cancelled.is_set() or not can_prestart(job, lab):
+        return False
+    port = free_port()
+    spares.start(scratch, attempt, _plan(job, out, scratch, attempt, point, attempt_mark(mark, attempt), lab, port),
+                 port)
+    return True
+
+
+def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None,
+                mark: str, lab: NetworkLab | None = None) -> AttemptOutcome:
+    """Run attempt ``attempt`` to its end (or ``job.timeout_s``); nothing of it survives the call.
+
+    ``lab``: each copy of ``--ranks N`` runs in its rank's namespace of it (a net point cuts there).
+    A ``--nodes`` job's attempts are ``nodes.run_attempt``'s instead (``explore.Run.attempt``).
+    """
+    mark = attempt_mark(mark, attempt)
+    trace_dir = os.path.join(scratch, "trace")
+    argv = job.argv(out, resume=attempt > 0)
+    port = spares.port_of(scratch, attempt) or free_port()
+    plan = _plan(job, out, scratch, attempt, point, mark, lab, port)
+    outcome = AttemptOutcome(attempt, argv)
+    outcome.logs = [c.log for c in plan]
+    procs: list[subprocess.Popen[bytes]] = []
+    if _cancelled.is_set():
+        raise Cancelled("the exploration was interrupted: no attempt is started")
+    in_lab = lab is not None and job.ranks is not None
+    if in_lab and not netcut.command_exists(argv[0], job.cwd, dict(plan[0].env).get("PATH")):
+        raise ConfigError(f"cannot start COMMAND {argv[0]!r}: No such file or directory")
+    held_out = False
+    exits = _Exits()
+    warm = spares.take(scratch, attempt, plan)
+    outcome.prestarted = warm is not None
+    started = time.monotonic()
+    try:
+        for i, c in enumerate(plan):
+            if warm is not None:
+                proc = warm[i]
+            else:
+                with open(c.log, "wb") as fh:
+                    proc = subprocess.Popen(list(c.argv), cwd=c.cwd, env=dict(c.env), stdin=subprocess.DEVNULL,
+                                            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            with _live_lock:
+                _live[proc.pid] = mark
+            procs.append(proc)
+            exits.watch(proc)
+        deadline = started + job.timeout_s
+        armed = point is not None and attempt == 0 and (point.mode in S.HALT_MODES or point.mode in ("term", "net"))
+        grace_end: float | None = None
+        hold_end: float | None = None
+        settle_end: float | None = None
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if armed and point is not None:
+                if point.mode in S.HALT_MODES and (halt := _requests(trace_dir, S.HALT_REQUEST)):
+                    outcome.halted = halt[0]
+                    break  # every copy is killed below, at once
+                if point.mode == "term" and outcome.term is None and (req := _requests(trace_dir, S.TERM_REQUEST)):
+                    outcome.term = _send_term(procs, trace_dir, req[0], job.grace_s)
+                    grace_end = time.monotonic() + job.grace_s
+                if point.mode == "net" and outcome.net is None and (req := _requests(trace_dir, S.NET_REQUEST)):
+                    outcome.net = netcut.cut(lab if in_lab else None, req[0], job.net_hold_s, trace_dir, out)
+                    if "down" in outcome.net:
+                        hold_end = time.monotonic() + job.net_hold_s
+            failed = any(c not in (None, 0) for c in codes)
+            if grace_end is not None:
+                if time.monotonic() > grace_end:
+                    break  # the grace is over: SIGKILL below
+            elif hold_end is not None:
+                if time.monotonic() > hold_end:
+                    held_out = True
+                    break  # the partition lasted the hold: SIGKILL below
+                if failed:
+                    # the other copies wait in the same collective: a moment to raise by themselves
+                    settle_end = settle_end or time.monotonic() + NET_SETTLE_S
+                    if time.monotonic() > settle_end:
+                        break
+            elif failed:
+                break  # one rank failed: stop the others, as torchrun's agent does
+            if time.monotonic() > deadline:
+                outcome.timed_out = True
+                break
+            if _cancelled.is_set():
+                outcome.interrupted = True
+                break  # interrupted: every copy is killed below
+            exits.wait(procs, IDLE_POLL_S if not armed else ARMED_POLL_S if time.monotonic() - started < 1.0
+                       else 0.01)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"cannot start COMMAND {argv[0]!r}: {exc.strerror}") from None
+    finally:
+        exits.close()
+        outcome.stopped = [i for i, p in enumerate(procs) if p.poll() is None]
+        if outcome.term is not None:
+            outcome.term["killed_after_grace"] = list(outcome.stopped)
+            outcome.term["exited_within_grace"] = [i for i in range(len(procs)) if i not in outcome.stopped]
+        for p in procs:
+            _killpg(p.pid)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        outcome.leftovers = _kill_marked(mark)
+        if outcome.net is not None:
+            netcut.restore(lab if in_lab else None, outcome.net)  # every copy is gone: the link back up
+        with _live_lock:
+            for p in procs:
+                _live.pop(p.pid, None)
+        outcome.seconds = time.monotonic() - started
+    outcome.returncodes = [p.returncode for p in procs]
+    if _cancelled.is_set() and not all(rc == 0 for rc in outcome.returncodes):
+        outcome.interrupted = True  # cancel() may have killed the copies before the loop saw it
+    if outcome.net is not None:
+        causes = {i: netcut.clean_cause(log_cause(outcome.logs[i])) for i, rc in enumerate(outcome.returncodes)
+                  if rc is not None and rc > 0 and i not in outcome.stopped}
+        netcut.finish(outcome.net, outcome.returncodes, outcome.stopped, causes, held_out, outcome.timed_out)
+    return outcome
+
+
+class Cancelled(ChaosError):
+    """An attempt was to start after the exploration was interrupted (``cancel``)."""
+
+
+class Interrupt(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised in the main thread by the handler ``cli_job.main`` installs.
+
+    A KeyboardInterrupt, so that every clean-up written for Ctrl-C (``explore``'s
+    ``finally``, ``reference``'s ``cancel``) runs for a SIGTERM too; ``signum`` says which
+    signal it was, for the record (``explore.Interrupted``) and the exit status, 128 + it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def signal_of(exc: BaseException) -> int:
+    """The signal behind an interrupt: ``Interrupt.signum``, else SIGINT (Python's own KeyboardInterrupt)."""
+    return int(getattr(exc, "signum", signal.SIGINT))
+
+
+@contextlib.contextmanager
+def shield() -> Iterator[None]:
+    """A clean-up no signal may cut short: ``explore``'s last steps (every copy killed, labs torn
+    down, the scratch root removed). ``cli_job``'s signal handler asks :func:`shielded` and, while
+    this is held, only notes the signal: the exploration ends as it was ending, and the exit
+    status says a signal came."""
+    _shielded.set()
+    try:
+        yield
+    finally:
+        _shielded.clear()
+
+
+def shielded() -> bool:
+    """Whether a :func:`shield` clean-up runs now (a signal handler defers to it)."""
+    return _shielded.is_set()
+
+
+def cancelled() -> bool:
+    """Whether the exploration is being interrupted (``cancel`` called, ``uncancel`` not yet):
+    ``explore`` records a point whose chain ran into it as interrupted instead of judging it."""
+    return _cancelled.is_set()
+
+
+def cancel() -> None:
+    """Interrupted (Ctrl-C, an error): no attempt starts from now on (a point's chain would
+    otherwise go on to its restart), running ones end, every copy is killed. ``uncancel``
+    when the exploration has wound down."""
+    _cancelled.set()
+    kill_all()
+
+
+def uncancel() -> None:
+    _cancelled.clear()
+
+
+def kill_all() -> None:
+    """Every copy of every attempt still running, and what it started (Ctrl-C, harness crash),
+    and every spare not used."""
+    spares.drop_all()
+    with _live_lock:
+        items = list(_live.items())
+    for pgid, mark in items:
+        _killpg(pgid)
+        _kill_marked(mark)

@@ -1,0 +1,7 @@
+"""Plain types and documents at the bottom of the pipeline: read by every stage, importing none.
+
+jobspec.py       JobSpec (how a user's job is launched and judged) and Point (where to break it)
+contract.py      the names the harness and a job's rank processes share (environment, files)
+statehash.py     canonical SHA-256 fingerprints of a training state tree
+resultschema.py  the results document as its readers take it: one JSON Schema, its limits, its origin
+"""

@@ -1,0 +1,557 @@
+"""What ``chaos run -- COMMAND`` runs and where it breaks it, as plain data.
+
+A *job* is a user's own training command: the second kind of target beside a
+checkpointer in the built-in workload. ``JobSpec`` says how to launch and judge it;
+``Point`` is one place to break it: a kill before, after or in the middle of one traced
+file event of one rank; a corruption of the file an event completed; a power loss
+there; an injected ENOSPC / EIO at an event; a SIGKILL or a SIGTERM with a grace period
+at a step; a real full disk; a network cut between the ranks (a rank's link down for
+``--net-hold`` seconds) at a step or a file event; on simulated nodes (``--nodes N``,
+``nodes.py``) a node's loss, its link cut for ``--node-hold`` seconds, or the loss of the
+rendezvous host, at a step. Both round-trip through text: a
+point's ``id`` (``rank0:op17:before``, ``rank0:op9:bitflip``, ``rank1:step6:net``,
+``disk:full:8192``, ``node1:step3:loss``) is what ``--point``
+takes, so every failing point's replay command reruns exactly that point.
+
+The ``ENV_*`` names and the other constants the harness shares with the boot path it
+puts on ``PYTHONPATH`` (``boot/sitecustomize.py`` -> ``inproc.py``) live in
+``contract.py``, re-exported here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.errors import ConfigError
+from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for the harness's side
+    CORRUPT_FAMILIES,
+    DEFAULT_GRACE_S,
+    DEFAULT_NET_HOLD_S,
+    ENV_ATTEMPT,
+    ENV_BOOTED,
+    ENV_CHILDREN,
+    ENV_LOSS_REGEX,
+    ENV_MARK,
+    ENV_OUT,
+    ENV_POINT,
+    ENV_PYCACHE,
+    ENV_RANK,
+    ENV_RANKS_ONLY,
+    ENV_STEP_REGEX,
+    ENV_TMP,
+    ENV_TRACE_DIR,
+    ERRNO_MODES,
+    FAULT_KINDS,
+    HALT_MODES,
+    HALT_REQUEST,
+    MODES,
+    NET_DOWN,
+    NET_REQUEST,
+    OP_MODES,
+    OUT,
+    PROBE_FILE_ENV,
+    STEP_KINDS,
+    STEP_MODES,
+    TERM_REQUEST,
+    TERM_SENT,
+    TORCHRUN_STRIDE,
+    loss_groups,
+)
+
+_POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+)|:step(\d+))?"
+                       rf"|rank(\d+):step(\d+):({'|'.join(STEP_MODES)})|disk:full:(\d+)")
+
+# Node faults of a job spread over simulated nodes (``--nodes N``, chaos/nemesis/nodes.py): harness-side
+# only, so they are not part of contract.py (a node point fires in-rank as a ``net`` request).
+NODE_MODES = ("loss", "link", "rdzv")  # node<i>:step<n>:MODE
+FAULT_KINDS = (*FAULT_KINDS, "node")   # noqa: F811 - the contract's kinds plus the node family
+DEFAULT_NODE_HOLD_S = 5.0  # --node-hold: a node's link stays down this long, then comes back up
+RDZV = "{rdzv}"  # in a --nodes COMMAND: the rendezvous endpoint the harness fills in (nodes.py)
+MAX_NODES = 8    # node addresses sort as strings; 10.x.x.10 would sort before 10.x.x.2
+KINDS_WITH_NODES = ("kill", "errno", "node")  # in-rank faults need nothing from the launcher; node is its own
+_NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(NODE_MODES)})")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One place to break a job.
+
+    - ``op`` (ordinal of the rank's traced file events in attempt 0, counted from 0) with
+      ``mode``: before / after / torn (a kill), a corruption family (stop every copy right
+      after the event, corrupt the file it completed, restart), ``power`` (stop every copy
+      there and replace {out} by a power-loss crash state: every pending change lost, or with
+      ``state`` k the k-th of the other states the cut allows, drawn with the point's seed:
+      some un-fsynced data or directory entries kept, a write torn), ``enospc`` / ``eio`` (the event
+      raises instead of being performed); a corruption with ``at_step`` S waits until the rank
+      announces step S (the save that wrote the file is over and the job trusts it: bit rot
+      at rest), then stops every copy and corrupts the file event N completed;
+    - ``step`` with mode ``kill`` (SIGKILL) or ``term`` (SIGTERM, SIGKILL after the grace);
+    - ``step`` or ``op`` with mode ``net``: the rank's network link is cut there (after the
+      event, for an op) for ``--net-hold`` seconds while the job goes on (``netcut.py``);
+    - ``size`` with mode ``diskfull``: {out} is a tmpfs of that many bytes for attempt 0.
+
+    ``kind``, ``path`` (relative to {out}; for a corruption the file corrupted), ``seq``
+    (trace sequence number) and ``nth`` (how many events of this kind on this path came
+    before, plus one) describe what the fault-free run did there. With ``anchored`` they
+    also say where the point fires: both fault-free runs had this rank's ``nth`` event of
+    ``kind`` on ``path`` (so the path is no random temp name), and a rank fires at that
+    event whatever its ordinal in that run. Ranks that race (two creating one directory,
+    whichever is first) shift each other's ordinals between runs, never another path's
+    count. ``op`` still names the point (``id``); :attr:`replay_id` adds the anchor.
+    """
+
+    rank: int
+    mode: str
+    op: int | None = None
+    step: int | None = None
+    kind: str | None = None
+    path: str | None = None
+    seq: int | None = None
+    nth: int | None = None
+    size: int | None = None
+    node: int | None = None  # a node point (``--nodes``): the node; ``rank`` is the rank that announces the step
+    state: int | None = None  # a power point: which mixed crash state at its cut (None: every pending change lost)
+    at_step: int | None = None  # a corruption point: strike once the rank announced this step, not right after event N
+    anchored: bool = False  # fire at the nth ``kind`` event on ``path``, not at ordinal ``op`` (see above)
+
+    @property
+    def anchor(self) -> str | None:
+        """``KIND:PATH:NTH`` where the point fires (``anchored``); None where it fires by ordinal.
+
+        Colons, not a ``#``, so a replay command needs no quoting for the usual path."""
+        if not self.anchored or self.op is None or not self.kind or not self.path or not self.nth:
+            return None
+        return f"{self.kind}:{self.path}:{self.nth}"
+
+    @property
+    def replay_id(self) -> str:
+        """What a replay command passes to ``--point``: :attr:`id`, then ``@`` and the anchor if any."""
+        anchor = self.anchor
+        return self.id if anchor is None else f"{self.id}@{anchor}"
+
+    @property
+    def id(self) -> str:
+        if self.node is not None:
+            return f"node{self.node}:step{self.step}:{self.mode}"
+        if self.mode == "diskfull":
+            return f"disk:full:{self.size}"
+        if self.step is not None:
+            return f"rank{self.rank}:step{self.step}:{self.mode}"
+        if self.at_step is not None:
+            return f"rank{self.rank}:op{self.op}:{self.mode}:step{self.at_step}"
+        return f"rank{self.rank}:op{self.op}:{self.mode}" + (f":s{self.state}" if self.state is not None else "")
+
+    @property
+    def family(self) -> str:
+        """Which ``--faults`` kind this point belongs to."""
+        if self.node is not None:
+            return "node"
+        if self.mode == "diskfull":
+            return "diskfull"
+        if self.mode == "term":
+            return "term"
+        if self.mode == "net":
+            return "net"
+        if self.mode in CORRUPT_FAMILIES:
+            return "corrupt"
+        if self.mode == "power":
+            return "power"
+        if self.mode in ERRNO_MODES:
+            return "errno"
+        return "kill"
+
+    @property
+    def in_rank(self) -> bool:
+        """Whether a rank fires it (everything but a full disk, which the harness mounts)."""
+        return self.mode != "diskfull"
+
+    def env(self) -> dict[str, Any]:
+        """What the boot path needs to fire this point (a node point: the announcing rank asks the
+        launcher for the node fault with a ``net`` request, and waits for its answer)."""
+        if self.node is not None:
+            return {"rank": self.rank, "mode": "net", "op": None, "step": self.step}
+        env = {"rank": self.rank, "mode": self.mode, "op": self.op, "step": self.step}
+        if self.at_step is not None:
+            env["at_step"] = self.at_step
+        if self.anchor is not None:
+            env["anchor"] = [self.kind, self.path, self.nth]
+        return env
+
+    def to_fault(self, **extra: Any) -> dict[str, Any]:
+        """The point as an entry of the results' ``faults`` list (the existing schema).
+
+        ``kind``: crash (before/after/torn), kill, term, corrupt, powerloss, ioerror,
+        diskfull or netcut; ``params.when`` the finer mode (``corrupt`` + ``bitflip``, ...).
+        """
+        fam = self.family
+        if fam == "node":
+            return _node_fault(self, extra)
+        kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
+                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut"}[fam]
+        when = None if fam in ("power", "diskfull", "net") else self.mode
+        params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
+                                    ("path", self.path), ("seq", self.seq), ("nth", self.nth),
+                                    ("size_bytes", self.size), ("at_step", self.at_step)) if v is not None}
+        params.update({k: v for k, v in extra.items() if v is not None})
+        return {"kind": kind, "rank": None if fam == "diskfull" else self.rank, "step": self.step, "attempt": 0,
+                "params": params, "spec": self.id}
+
+
+def parse_point(text: str) -> Point:
+    """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
+    ``rank0:op9:power:s2`` | ``rank1:op3:truncate:step5`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
+    ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``_parse_node_point``).
+
+    An event point may carry its anchor (``Point.replay_id``): ``rank0:op17:before@write:ckpt/a.pt:3``
+    fires at rank 0's third write to ``{out}/ckpt/a.pt``, whatever its ordinal in this run.
+    """
+    base, sep, anchor = text.strip().partition("@")
+    if sep:
+        point = parse_point(base)
+        if point.op is None:
+            raise ConfigError(f"malformed --point {text!r}: only an event point (rankR:opN:MODE) takes an anchor "
+                              "(@KIND:PATH:N)")
+        return dataclasses.replace(point, anchored=True, **_parse_anchor(text, anchor))
+    if text.strip().startswith("node"):
+        return _parse_node_point(text)
+    m = _POINT_RE.fullmatch(text.strip())
+    if not m:
+        raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:MODE (MODE one of {', '.join(OP_MODES)}), "
+                          f"rankR:stepN:{'|'.join(STEP_MODES)} or disk:full:BYTES")
+    rank, op, mode, state, at_step, srank, step, smode, size = m.groups()
+    if size is not None:
+        if int(size) < 1:
+            raise ConfigError(f"malformed --point {text!r}: a full disk needs a size of at least one byte")
+        return Point(0, "diskfull", size=int(size))
+    if step is not None:
+        return Point(int(srank), smode, step=int(step))
+    if state is not None and (mode != "power" or int(state) < 1):
+        raise ConfigError(f"malformed --point {text!r}: only a power point names a crash state (:s1, :s2, ...)")
+    if at_step is not None and mode not in CORRUPT_FAMILIES:
+        raise ConfigError(f"malformed --point {text!r}: only a corruption waits for a step (:stepN): "
+                          f"{', '.join(CORRUPT_FAMILIES)}")
+    return Point(int(rank), mode, op=int(op), state=None if state is None else int(state),
+                 at_step=None if at_step is None else int(at_step))
+
+
+def replay_point(entry: dict[str, Any]) -> str:
+    """What ``--point`` takes to rerun a results entry of a job run: its recorded replay point
+    (``scenario.point``, the id with its anchor), or its ``id`` in results written before anchors.
+    Called by ``cli_job.replay_argv`` (``chaos replay``) and ``repro.find`` (``chaos repro``)."""
+    scenario = entry.get("scenario")
+    point = scenario.get("point") if isinstance(scenario, dict) else None
+    return point if isinstance(point, str) and point.partition("@")[0] == entry.get("id") else str(entry.get("id"))
+
+
+def _parse_anchor(text: str, anchor: str) -> dict[str, Any]:
+    """``KIND:PATH:N`` of a ``--point`` (PATH relative to {out}, N >= 1) as Point fields; ConfigError if not."""
+    kind, colon, rest = anchor.partition(":")
+    path, colon2, nth = rest.rpartition(":")
+    if not (colon and colon2 and re.fullmatch(r"[a-z_]+", kind) and path and nth.isdigit() and int(nth) >= 1):
+        raise ConfigError(f"malformed --point {text!r}: an anchor is @KIND:PATH:N (an event kind such as write, "
+                          "a path relative to {out}, and which such event on it, from 1)")
+    if os.path.isabs(path) or path.split(os.sep)[0] == "..":
+        raise ConfigError(f"malformed --point {text!r}: the anchor's path {path!r} must be relative to {{out}} "
+                          "and inside it")
+    return {"kind": kind, "path": path, "nth": int(nth)}
+
+
+def _is_torchrun(argv: tuple[str, ...]) -> bool:
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) == "torchrun":
+        return True
+    return len(argv) >= 3 and argv[1] == "-m" and argv[2] in ("torch.distributed.run", "torch.distributed.launch")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """How to launch and judge a user's job (``chaos run [options] -- COMMAND``).
+
+    ``command`` and ``resume_command`` carry ``{out}`` where the job takes its output
+    directory. ``ranks`` None: one plain process (no torchrun variables); N: N copies
+    with torchrun's environment. A ``torchrun ...`` command is launched once and its
+    agent does the restarts (``torchrun``): the harness only observes.
+    """
+
+    command: tuple[str, ...]
+    resume_command: tuple[str, ...] | None = None
+    ranks: int | None = None
+    result_globs: tuple[str, ...] = ()
+    step_regex: str | None = None
+    loss_regex: str | None = None           # --loss-regex: groups `step` and `loss` (or the first two, in that order)
+    loss_band: float | None = None          # --loss-band; None: exact, or 0.5 % when the fault-free runs differ
+    checkpoint_glob: str | None = None
+    max_restarts: int = 1
+    timeout_s: float = 300.0
+    rtol: float = 1e-3
+    modes: tuple[str, ...] = MODES
+    faults: tuple[str, ...] | None = None  # --faults; None: every kind that applies here
+    grace_s: float = DEFAULT_GRACE_S        # --grace: SIGTERM to SIGKILL at a term point
+    net_hold_s: float = DEFAULT_NET_HOLD_S  # --net-hold: a net point's link stays down this long
+    cwd: str = field(default_factory=os.getcwd)
+    nodes: int | None = None                # --nodes N: one torchrun agent per simulated node (nodes.py)
+    node_hold_s: float = DEFAULT_NODE_HOLD_S  # --node-hold: a link point's node stays cut off this long
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("chaos run --: no COMMAND after --")
+        if not any(OUT in a for a in self.command):
+            raise ConfigError(f"COMMAND {shlex.join(self.command)!r} has no {OUT}: put {OUT} where the job "
+                              "takes its output / checkpoint directory")
+        if self.ranks is not None and self.ranks < 1:
+            raise ConfigError(f"--ranks must be at least 1, got {self.ranks}")
+        if self.ranks is not None and self.torchrun:
+            raise ConfigError("--ranks with a torchrun COMMAND: torchrun launches the ranks itself "
+                              "(use --nproc-per-node)")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be non-negative, got {self.max_restarts}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"--timeout must be positive, got {self.timeout_s:g}")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad or not self.modes:
+            raise ConfigError(f"--modes {','.join(self.modes)!r}: choose from {','.join(MODES)}")
+        if self.faults is not None:
+            bad = [f for f in self.faults if f not in FAULT_KINDS]
+            if bad or not self.faults:
+                raise ConfigError(f"--faults {','.join(self.faults)!r}: choose from {','.join(FAULT_KINDS)}")
+        if not self.grace_s >= 0:
+            raise ConfigError(f"--grace must be a non-negative number of seconds, got {self.grace_s:g}")
+        if not self.net_hold_s > 0:
+            raise ConfigError(f"--net-hold must be a positive number of seconds, got {self.net_hold_s:g}")
+        if self.faults is not None and "net" in self.faults and self.net_unavailable:
+            raise ConfigError(f"--faults net: {self.net_unavailable}")
+        if self.step_regex is not None:
+            try:
+                rx = re.compile(self.step_regex)
+            except re.error as exc:
+                raise ConfigError(f"--step-regex {self.step_regex!r} is not a regular expression: {exc}") from None
+            if rx.groups < 1:
+                raise ConfigError(f"--step-regex {self.step_regex!r} needs one group that captures the step number")
+        if self.loss_regex is not None:
+            loss_groups(self.loss_regex)
+        if self.loss_band is not None and not 0 <= self.loss_band < 1:
+            raise ConfigError(f"--loss-band is a relative band in [0, 1), got {self.loss_band:g}")
+        if self.nodes is not None or (self.faults is not None and "node" in self.faults):
+            _check_nodes(self)
+
+    @property
+    def torchrun(self) -> bool:
+        return _is_torchrun(self.command)
+
+    @property
+    def net_unavailable(self) -> str | None:
+        """Why network cuts between ranks cannot apply to this job at all (None: they can, given root).
+
+        The harness puts each copy in its own network namespace, so it must start the copies
+        itself: ``--ranks N``, N >= 2. torchrun starts its workers itself, in its own namespace."""
+        if self.torchrun:
+            return ("a torchrun COMMAND starts its workers itself, so the harness cannot put each rank in its "
+                    "own network namespace; run the training script with --ranks N instead")
+        if self.ranks is None or self.ranks < 2:
+            return "a network cut between ranks needs at least two: --ranks N with N >= 2"
+        return None
+
+    @property
+    def world_size(self) -> int:
+        if self.ranks is not None:
+            return self.ranks
+        if self.nodes is not None:
+            return self.nodes * nproc_per_node(self.command)
+        if self.torchrun:
+            for i, a in enumerate(self.command):
+                if a.startswith("--nproc-per-node=") or a.startswith("--nproc_per_node="):
+                    v = a.split("=", 1)[1]
+                    return int(v) if v.isdigit() else 1
+                if a in ("--nproc-per-node", "--nproc_per_node") and i + 1 < len(self.command):
+                    v = self.command[i + 1]
+                    return int(v) if v.isdigit() else 1
+        return 1
+
+    def argv(self, out: str, resume: bool) -> list[str]:
+        """The command line of one attempt with ``{out}`` filled in."""
+        cmd = self.resume_command if resume and self.resume_command else self.command
+        return [a.replace(OUT, out) for a in cmd]
+
+    def relative_globs(self, globs: tuple[str, ...]) -> tuple[str, ...]:
+        """``{out}/final.pt`` and ``final.pt`` both mean the file under {out}."""
+        return tuple(g.replace(OUT + "/", "").replace(OUT, "") or "*" for g in globs)
+
+    def replay_args(self) -> list[str]:
+        """The options of ``chaos run`` that rebuild this spec (COMMAND follows ``--``)."""
+        args: list[str] = []
+        if self.ranks is not None:
+            args += ["--ranks", str(self.ranks)]
+        if self.resume_command:
+            args += ["--resume-cmd", shlex.join(self.resume_command)]
+        for g in self.result_globs:
+            args += ["--result-file", g]
+        if self.step_regex is not None:
+            args += ["--step-regex", self.step_regex]
+        if self.loss_regex is not None:
+            args += ["--loss-regex", self.loss_regex]
+        if self.loss_band is not None:
+            args += ["--loss-band", repr(self.loss_band)]
+        if self.checkpoint_glob is not None:
+            args += ["--checkpoint-glob", self.checkpoint_glob]
+        if self.max_restarts != 1:
+            args += ["--max-restarts", str(self.max_restarts)]
+        if self.timeout_s != 300.0:
+            args += ["--timeout", repr(self.timeout_s)]
+        if self.rtol != 1e-3:
+            args += ["--rtol", repr(self.rtol)]
+        if self.modes != MODES:
+            args += ["--modes", ",".join(self.modes)]
+        if self.faults is not None:
+            args += ["--faults", ",".join(self.faults)]
+        if self.grace_s != DEFAULT_GRACE_S:
+            args += ["--grace", repr(self.grace_s)]
+        if self.net_hold_s != DEFAULT_NET_HOLD_S:
+            args += ["--net-hold", repr(self.net_hold_s)]
+        if self.nodes is not None:
+            args += ["--nodes", str(self.nodes)]
+        if self.node_hold_s != DEFAULT_NODE_HOLD_S:
+            args += ["--node-hold", repr(self.node_hold_s)]
+        return args
+
+    def replay_command(self, point: Point | None = None, seed: int = 0) -> str:
+        """``chaos run ... --point ID -- COMMAND``; a non-zero run ``seed`` is part of it, since
+        it decides a corruption's bytes and a power-loss state at that point."""
+        args = ["chaos", "run", *self.replay_args()]
+        if seed:
+            args += ["--seed", str(seed)]
+        if point is not None:
+            args += ["--point", point.replay_id]
+        return shlex.join([*args, "--", *self.command])
+
+    @classmethod
+    def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
+        """The spec a results JSON recorded (``to_dict``), for ``chaos replay`` and ``chaos repro``.
+        KeyError / TypeError / ValueError when the record is not one: the caller names its file."""
+        return cls(command=tuple(str(a) for a in spec["command"]),
+                   resume_command=tuple(spec["resume_command"]) if spec.get("resume_command") else None,
+                   ranks=spec.get("ranks"), result_globs=tuple(spec.get("result_files") or ()),
+                   step_regex=spec.get("step_regex"), loss_regex=spec.get("loss_regex"),
+                   loss_band=None if spec.get("loss_band") is None else float(spec["loss_band"]),
+                   checkpoint_glob=spec.get("checkpoint_glob"), max_restarts=int(spec.get("max_restarts", 1)),
+                   timeout_s=float(spec.get("timeout_s", 300.0)), rtol=float(spec.get("rtol", 1e-3)),
+                   modes=tuple(spec.get("modes") or MODES),
+                   faults=tuple(spec["faults"]) if spec.get("faults") is not None else None,
+                   grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)),
+                   net_hold_s=float(spec.get("net_hold_s", DEFAULT_NET_HOLD_S)), cwd=spec.get("cwd") or os.getcwd(),
+                   nodes=spec.get("nodes"), node_hold_s=float(spec.get("node_hold_s", DEFAULT_NODE_HOLD_S)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": list(self.command), "resume_command": list(self.resume_command or []) or None,
+                "ranks": self.ranks, "world_size": self.world_size, "torchrun": self.torchrun,
+                "result_files": list(self.result_globs), "step_regex": self.step_regex,
+                "loss_regex": self.loss_regex, "loss_band": self.loss_band,
+                "checkpoint_glob": self.checkpoint_glob, "max_restarts": self.max_restarts,
+                "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes),
+                "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
+                "net_hold_s": self.net_hold_s, "cwd": self.cwd, "nodes": self.nodes,
+                "node_hold_s": self.node_hold_s}
+
+
+# -- a job on simulated nodes (--nodes N): the pure checks, parsed here; nodes.py runs it
+
+def torchrun_option(argv: Iterable[str], *names: str) -> tuple[int, str] | None:
+    """(index of the value's argument, value) of torchrun option ``names`` (``--x v`` or ``--x=v``)."""
+    args = list(argv)
+    for i, a in enumerate(args):
+        for n in names:
+            if a == n and i + 1 < len(args):
+                return i + 1, args[i + 1]
+            if a.startswith(n + "="):
+                return i, a.split("=", 1)[1]
+    return None
+
+
+def _value(argv: Iterable[str], *names: str) -> str | None:
+    found = torchrun_option(argv, *names)
+    return None if found is None else found[1]
+
+
+def nproc_per_node(argv: Iterable[str]) -> int:
+    """torchrun's ``--nproc-per-node`` as a number (1 where absent or not a number)."""
+    v = _value(argv, "--nproc-per-node", "--nproc_per_node")
+    return int(v) if v is not None and v.isdigit() else 1
+
+
+def nnodes_range(text: str) -> tuple[int, int] | None:
+    """``--nnodes`` ``N`` or ``MIN:MAX`` as (MIN, MAX); None if it is neither."""
+    m = re.fullmatch(r"(\d+)(?::(\d+))?", text.strip())
+    if not m:
+        return None
+    lo = int(m.group(1))
+    return lo, int(m.group(2)) if m.group(2) else lo
+
+
+def _check_nodes(job: JobSpec) -> None:
+    """ConfigError unless ``job`` can run on ``job.nodes`` simulated nodes (``JobSpec.__post_init__``)."""
+    if job.nodes is None:
+        raise ConfigError("--faults node needs --nodes N: a node fault takes a job spread over simulated nodes")
+    n = job.nodes
+    if not 2 <= n <= MAX_NODES:
+        raise ConfigError(f"--nodes must be in 2..{MAX_NODES}, got {n}")
+    if not job.node_hold_s > 0:
+        raise ConfigError(f"--node-hold must be a positive number of seconds, got {job.node_hold_s:g}")
+    for what, cmd in (("COMMAND", job.command), ("--resume-cmd", job.resume_command)):
+        if cmd is None:
+            continue
+        line = " ".join(cmd)
+        if not _is_torchrun(tuple(cmd)):
+            raise ConfigError(f"--nodes needs a torchrun {what} (one torchrun agent runs on each node), got {line!r}")
+        if not any(RDZV in a for a in cmd):
+            raise ConfigError(f"--nodes: {what} {line!r} has no {RDZV}: give the agents their rendezvous with "
+                              f"--rdzv-endpoint {RDZV} (node 0's address and a free port, filled in by the harness)")
+        backend = _value(cmd, "--rdzv-backend", "--rdzv_backend")
+        if backend != "c10d":
+            raise ConfigError(f"--nodes: {what} needs --rdzv-backend c10d (got {backend or 'the static default'}): "
+                              "the nodes meet in torchrun's c10d rendezvous")
+        if "--standalone" in cmd:
+            raise ConfigError(f"--nodes: {what} has --standalone, which keeps every agent to its own node")
+        nn = _value(cmd, "--nnodes")
+        span = nnodes_range(nn) if nn is not None else None
+        if span is None:
+            raise ConfigError(f"--nodes: {what} needs --nnodes {n} (or an elastic --nnodes MIN:MAX that holds {n}), "
+                              f"got {nn!r}" if nn is not None else f"--nodes: {what} needs --nnodes {n} (or MIN:MAX)")
+        if not span[0] <= n <= span[1]:
+            raise ConfigError(f"--nodes {n} does not fit {what}'s --nnodes {nn}")
+        procs = _value(cmd, "--nproc-per-node", "--nproc_per_node")
+        if procs is not None and not procs.isdigit():
+            raise ConfigError(f"--nodes: {what} needs a number for --nproc-per-node (got {procs!r}): the harness "
+                              "must know which ranks live on which node")
+    if job.faults is not None:
+        bad = [k for k in job.faults if k not in KINDS_WITH_NODES]
+        if bad:
+            raise ConfigError(f"--faults {','.join(bad)} with --nodes: only {','.join(KINDS_WITH_NODES)} are "
+                              "explored on simulated nodes")
+
+
+def _parse_node_point(text: str) -> Point:
+    """``node1:step3:loss`` | ``node0:step3:rdzv`` | ``node1:step3:link``. The announcing rank is
+    filled in by ``Reference.lookup`` from the fault-free run (-1 until then)."""
+    m = _NODE_POINT.fullmatch(text.strip())
+    if not m:
+        raise ConfigError(f"malformed --point {text!r}: expected nodeI:stepN:MODE, MODE one of "
+                          f"{', '.join(NODE_MODES)}")
+    node, step, mode = int(m.group(1)), int(m.group(2)), m.group(3)
+    if mode == "loss" and node == 0:
+        raise ConfigError(f"--point {text}: node 0 hosts the rendezvous; its loss is node0:step{step}:rdzv")
+    if mode == "rdzv" and node != 0:
+        raise ConfigError(f"--point {text}: the rendezvous host is node 0 (node0:step{step}:rdzv)")
+    return Point(-1, mode, step=step, node=node)
+
+
+def _node_fault(point: Point, extra: dict[str, Any]) -> dict[str, Any]:
+    """A node point as an entry of the results' ``faults`` list."""
+    kind = {"loss": "node_loss", "rdzv": "rendezvous_host_loss", "link": "node_link_cut"}[point.mode]
+    params = {"node": point.node, "announced_by_rank": point.rank, **{k: v for k, v in extra.items() if v is not None}}
+    return {"kind": kind, "rank": None, "step": point.step, "attempt": 0, "params": params, "spec": point.id}

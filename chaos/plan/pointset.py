@@ -1,0 +1,755 @@
+"""The points of a job: which fault families apply, where each can strike, and the sample run.
+
+Called by ``explore.reference`` with the first fault-free run's traces and the facts
+this module gathers from that run (:func:`gather`). Everything here is a pure function
+of those, so the same run and seed always give the same points in the same order:
+
+- ``kill``: every traced file event of every rank x each of ``--modes`` (before,
+  after; torn for writes of two bytes or more), then a SIGKILL at every announced step;
+- ``term``: a SIGTERM (then SIGKILL after ``--grace``) at every announced step;
+- ``errno``: ``eio`` at every event (an fsync's is a failed fsync), ``enospc`` at every
+  event that can need space (writes, file creation, mkdir, rename, link);
+- ``corrupt``: for each checkpoint file the job left under {out} — matching
+  ``--checkpoint-glob`` when given, else every file a traced event completed — each
+  family of ``spec.CORRUPT_FAMILIES`` at the event that completed it (its last close,
+  or the rename that put it, or its directory, in place), and again at the first step
+  the rank announced after that event (``rankR:opN:MODE:stepS``): by then the save is
+  over (its commit marker, checksum file or ``probe.saved`` written) and the job trusts
+  the file, which is when bit rot at rest strikes;
+- ``power``: every event after which something was pending (unsynced data, an
+  un-fsynced directory entry), so a power loss there differs from a kill; every event
+  when the crash-state model cannot say (each point then finds out at its own cut).
+  Each is the worst case (every pending change lost), and where the cut allows more
+  than that and the all-kept state (a kill), up to ``POWER_STATES`` mixed ones too
+  (``rankR:opN:power:sK``: some data or entries kept, a write torn);
+- ``diskfull``: one ``disk:full:<BYTES>``, a seeded size below the run's peak usage of
+  {out}, where a tmpfs can be mounted (asked for explicitly elsewhere: one point, which
+  is skipped with the reason);
+- ``net`` (``--ranks N``, N >= 2, where network namespaces can be made): a rank's link
+  cut at each of its announced steps, and in the middle of its saves: right after the
+  first write to a file since it was opened, and after each rename;
+- ``node`` (``--nodes N`` only, ``nodes.points``): each node's loss (node 0's is the
+  rendezvous host's) and each node's link cut, at each step its first local rank announced.
+
+:func:`point_classes` and :func:`plan` then put them in the order ``explore`` runs them
+(``--max-points`` of them, while ``--budget`` lasts): one point of every class first (every
+family, each save's end, each checkpoint file's first and last write, the moment after the
+last save), then seeded draws spread over the families.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import fnmatch
+import os
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.errors import ConfigError
+from chaos.model.jobspec import (
+    CORRUPT_FAMILIES,
+    ERRNO_MODES,
+    FAULT_KINDS,
+    STEP_KINDS,
+    JobSpec,
+    Point,
+)
+from chaos.nemesis import atrest, diskfull, netcut, nodes
+
+ENOSPC_EVENTS = ("write", "mkdir", "rename", "link")  # plus an open that creates its file
+POWER_STATES = 3  # mixed power-loss states per cut (``rankR:opN:power:sK``), beside everything-lost
+Traces = dict[tuple[int, int], list[dict[str, Any]]]
+
+
+@dataclass
+class Facts:
+    """What the fault-free run shows beyond its traces' events (for corrupt, power, diskfull)."""
+
+    files: list[str] = field(default_factory=list)  # files left under {out}, relative, sorted
+    # (rank, ord) with something pending -> the crash states the model counts at that cut, or why unknown
+    pending: dict[tuple[int, int], int] | str | None = None
+    peak: int = 0                                   # tmpfs bytes {out} needed at its fullest
+    seed: int = 0
+    # (rank, kind, path key, nth) of every attempt-0 event of the second fault-free run
+    # (:func:`stable_events`); a point there is ``anchored``. None: no second run to compare.
+    stable: frozenset[tuple[int, str, str, int]] | None = None
+
+
+def event_keys(traces: Traces) -> list[tuple[int, dict[str, Any], str, int]]:
+    """``(rank, record, path key, nth)`` of every attempt-0 file event, rank by rank, in trace order.
+
+    The path key is the record's path relative to {out} (``rel``), else its absolute path;
+    ``nth`` counts this rank's events of the same kind on the same key, from 1. The
+    rank's tracer counts the same way when it looks for an anchored point's event
+    (``inproc.JobInterposer._count``).
+    """
+    out: list[tuple[int, dict[str, Any], str, int]] = []
+    for (rank, attempt), recs in sorted(traces.items()):
+        if attempt != 0:
+            continue
+        seen: dict[tuple[str, str], int] = {}
+        for r in recs:
+            if r.get("event") == "op" and r.get("ord") is not None:
+                key = (r["op"], r.get("rel") or r.get("path") or "")
+                seen[key] = seen.get(key, 0) + 1
+                out.append((rank, r, key[1], seen[key]))
+    return out
+
+
+def stable_events(traces: Traces) -> frozenset[tuple[int, str, str, int]]:
+    """The events of another fault-free run as ``(rank, kind, path key, nth)`` (``Facts.stable``).
+
+    A point whose event has the same identity in both runs names a path the job chooses
+    the same way every time (no random temp name), so it can fire by that identity
+    (``Point.anchored``) where ranks racing each other move ordinals between runs.
+    """
+    return frozenset((rank, r["op"], key, nth) for rank, r, key, nth in event_keys(traces))
+
+
+def kinds_to_explore(job: JobSpec) -> tuple[tuple[str, ...], list[str]]:
+    """The ``--faults`` kinds explored and notes on those left out (default: all that apply here)."""
+    if job.nodes is not None:
+        return nodes.kinds_to_explore(job)
+    if job.faults is not None:
+        return tuple(k for k in FAULT_KINDS if k in job.faults), []
+    kinds, notes = [k for k in FAULT_KINDS if k != "node"], []  # node: only with --nodes
+    ok, why = diskfull.available()
+    if not ok:
+        kinds.remove("diskfull")
+        notes.append(f"a real full disk is not explored: {why}")
+    ok, why = netcut.usable(job)
+    if not ok:
+        kinds.remove("net")
+        if job.torchrun or job.ranks is not None and job.ranks >= 2:  # a single process has no ranks to cut apart
+            notes.append(f"network cuts between ranks are not explored: {why}")
+    return tuple(kinds), notes
+
+
+def gather(job: JobSpec, out: str, scratch: str, kinds: Iterable[str], seed: int) -> Facts:
+    """Facts of the fault-free run in ``scratch`` (its {out} is ``out``) the asked kinds need."""
+    kinds = set(kinds)
+    facts = Facts(seed=seed)
+    facts.files = sorted(os.path.relpath(os.path.join(d, f), out) for d, _s, names in os.walk(out) for f in names)
+    check_checkpoint_glob(job, facts.files)
+    if kinds & {"power", "diskfull"}:
+        records = atrest.merged_records(scratch, 0)
+        if "power" in kinds:
+            facts.pending = atrest.pending_after(out, records)
+        if "diskfull" in kinds:
+            facts.peak = diskfull.peak_usage(out, records)
+    return facts
+
+
+def _is_checkpoint(job: JobSpec, rel: str) -> bool:
+    """``rel`` matches ``--checkpoint-glob``, or lies in a directory that does.
+
+    Matched as ``glob.glob`` matches (``explore.checkpoint_state``, whose matches the
+    lost-work oracle compares): component by component, a ``*`` never crossing a ``/``
+    and never matching a leading dot the pattern does not spell. So the files corrupted
+    are the files the oracle counts as checkpoints, no more.
+    """
+    pattern = (job.checkpoint_glob or "").replace("{out}/", "").replace("{out}", "")
+    want = [c for c in pattern.split("/") if c]
+    parts = rel.split(os.sep)
+    if not want or len(want) > len(parts):
+        return False
+    return all(fnmatch.fnmatchcase(name, pat) and (pat.startswith(".") or not name.startswith("."))
+               for name, pat in zip(parts, want, strict=False))
+
+
+def check_checkpoint_glob(job: JobSpec, files: Iterable[str]) -> None:
+    """ConfigError (exit 2) where ``--checkpoint-glob`` matches no file the fault-free run left.
+
+    Called by :func:`gather` with the files under {out} at the end of the first fault-free
+    run. Such a glob is a usage mistake, never a fact about the job: the lost-work oracle
+    compares what it matches after a fault with what it matched at the end of the
+    fault-free run (nothing, so no checkpoint ever counts), and the corruption points it
+    would drive (files it matched only mid-run, before they were rotated away) would
+    corrupt files no oracle looks at.
+    """
+    if job.checkpoint_glob is None:
+        return
+    files = sorted(files)
+    if any(_is_checkpoint(job, f) for f in files):
+        return
+    left = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "") if files else "nothing"
+    raise ConfigError(f"--checkpoint-glob {job.checkpoint_glob!r} matched no file the fault-free run left under "
+                      f"{{out}} (it left {left}): no checkpoint to judge lost work by or to corrupt; give a pattern "
+                      "relative to {out} (a directory that matches stands for every file in it)")
+
+
+def completions(traces: Traces) -> dict[str, dict[str, Any]]:
+    """file (relative to {out}) -> the attempt-0 event that last completed it: a close of it, or a
+    rename whose destination is it or a directory holding it (``rank`` added to the record)."""
+    events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
+                     if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None
+                     and r.get("op") in ("close", "rename") and r.get("rel")), key=lambda r: r.get("ts", 0))
+    done: dict[str, dict[str, Any]] = {}
+    for r in events:
+        done[r["rel"]] = r  # for a rename, rel is its destination
+    return done
+
+
+def _step_announcements(traces: Traces) -> dict[int, tuple[list[float], list[int]]]:
+    """Rank -> (moments, steps) of every step it announced in attempt 0, in time order (for bisection)."""
+    out: dict[int, tuple[list[float], list[int]]] = {}
+    for (rank, a), recs in traces.items():
+        if a != 0:
+            continue
+        found = sorted((r.get("ts", 0.0), int(r["info"]["n"])) for r in recs if r.get("event") == "phase"
+                       and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS)
+        out[rank] = ([t for t, _ in found], [n for _, n in found])
+    return out
+
+
+def rot_sites(traces: Traces) -> list[tuple[dict[str, Any], str, int]]:
+    """Where corruption at rest can strike mid-run: (completing event, file, step) for each file
+    under {out} a close or a rename put in place (from {out} or from outside it), at the first
+    step its rank announced after, when the file was still there then (not removed, renamed
+    away or rewritten in between; of several completions before the same step, the last). A
+    file written again later (a ``last.ckpt``, a rotated ``checkpoint-N``) gets a site per
+    version the job trusted, which is how a restart meets an older checkpoint corrupted. A
+    directory renamed into place is not a file to corrupt (its files were completed under
+    their temporary names)."""
+    events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
+                     if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None),
+                    key=lambda r: r.get("ts", 0.0))
+    root = next((r["path"][: len(r["path"]) - len(r["rel"])] for r in events
+                 if r.get("rel") and isinstance(r.get("path"), str) and r["path"].endswith(r["rel"])), None)
+
+    def rel_of(path: Any) -> str | None:
+        return path[len(root):] if root and isinstance(path, str) and path.startswith(root) else None
+
+    steps = _step_announcements(traces)
+    closed: set[str] = set()  # files (not directories) completed so far
+    dirs: set[str] = set()
+    sites: dict[tuple[str, int, int], tuple[dict[str, Any], float]] = {}
+    # what ends a version of a file: removed, renamed away (it or a directory above it), opened to be rewritten
+    unlinked: dict[str, list[float]] = {}
+    renamed_away: list[tuple[float, str]] = []
+    rewritten: dict[str, list[float]] = {}
+    for ev in events:
+        rel, op, ts = ev.get("rel"), ev.get("op"), ev.get("ts", 0.0)
+        src = rel_of(ev.get("src")) if op == "rename" else None
+        if op == "unlink" and rel:
+            unlinked.setdefault(rel, []).append(ts)
+        if src is not None:
+            renamed_away.append((ts, src))
+        if op == "open" and rel and (ev.get("trunc") or {"wronly", "rdwr"} & set(ev.get("flags") or ())):
+            rewritten.setdefault(rel, []).append(ts)
+        if op == "open" and ev.get("is_dir") and rel:
+            dirs.add(rel)
+        # a rename completes a file written under another name in {out}, or moved in from outside
+        # (Lightning's _atomic_save writes in $TMPDIR, then moves the file into place)
+        moved_in = op == "rename" and (src in closed or src is None)
+        if not rel or rel in dirs or not (op == "close" or moved_in):
+            continue
+        closed.add(rel)
+        moments, numbers = steps.get(ev["rank"], ([], []))
+        i = bisect.bisect_right(moments, ts)
+        if i < len(moments):
+            sites[(rel, ev["rank"], numbers[i])] = (ev, moments[i])
+
+    def between(times: list[float], since: float, until: float) -> bool:
+        return bisect.bisect_right(times, since) < bisect.bisect_left(times, until)
+
+    def gone(rel: str, since: float, until: float) -> bool:
+        return (between(unlinked.get(rel, []), since, until) or between(rewritten.get(rel, []), since, until)
+                or any(since < t < until and (src == rel or rel.startswith(src.rstrip(os.sep) + os.sep))
+                       for t, src in renamed_away))
+
+    out = [(ev, rel, step) for (rel, _rank, step), (ev, until) in sites.items()
+           if not gone(rel, ev.get("ts", 0.0), until)]
+    return sorted(out, key=lambda x: (x[0].get("ts", 0.0), x[1]))
+
+
+def _completer(done: dict[str, dict[str, Any]], rel: str) -> dict[str, Any] | None:
+    parts = rel.split(os.sep)
+    cands = [done[p] for p in (os.sep.join(parts[:i]) for i in range(len(parts), 0, -1)) if p in done
+             and (p == rel or done[p]["op"] == "rename")]
+    return max(cands, key=lambda r: r.get("ts", 0)) if cands else None
+
+
+def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
+                     kinds: Iterable[str] = ("kill",)) -> list[Point]:
+    """Every point of the asked ``kinds``, in a fixed order (family by family, rank by rank, event by event)."""
+    kinds = set(kinds)
+    kill_ops: list[Point] = []
+    kill_steps: list[Point] = []
+    terms: list[Point] = []
+    net_ops: list[Point] = []
+    net_steps: list[Point] = []
+    cuts = "net" in kinds and job.net_unavailable is None
+    mid_save: set[tuple[int, int]] = set()  # (rank, ord) of a net point at an event
+    errnos: list[Point] = []
+    power: list[Point] = []
+    events = event_keys(traces)
+    opened: set[tuple[int, str]] = set()  # (rank, path) opened and not yet written since
+    for rank, r, path, _nth in events:
+        if r["op"] == "open":
+            opened.add((rank, path))
+        elif r["op"] == "rename" or r["op"] == "write" and (rank, path) in opened:
+            opened.discard((rank, path))
+            mid_save.add((rank, r["ord"]))
+    stable = facts.stable if facts is not None else None
+
+    def anchored(rank: int, kind: str, path: str, nth: int) -> bool:
+        return stable is not None and bool(path) and not os.path.isabs(path) and (rank, kind, path, nth) in stable
+
+    nth_of = {(rank, r["ord"]): (path, nth) for rank, r, path, nth in events}
+    for (rank, attempt), recs in sorted(traces.items()):
+        if attempt != 0:
+            continue
+        announced = sorted({r["info"]["n"] for r in recs if r.get("event") == "phase"
+                            and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS})
+        if "kill" in kinds:
+            kill_steps += [Point(rank, "kill", step=n) for n in announced]
+        if "term" in kinds:
+            terms += [Point(rank, "term", step=n) for n in announced]
+        if cuts:
+            net_steps += [Point(rank, "net", step=n) for n in announced]
+    pending = facts.pending if facts is not None else None
+    for rank, r, path, nth in events:
+        def at(mode: str, rank: int = rank, r: dict[str, Any] = r, path: str = path, nth: int = nth) -> Point:
+            return Point(rank, mode, op=r["ord"], kind=r["op"], path=path, seq=r.get("seq"), nth=nth,
+                         anchored=anchored(rank, r["op"], path, nth))
+
+        if "kill" in kinds:
+            for mode in job.modes:
+                if mode == "torn" and (r["op"] != "write" or (r.get("length") or 0) < 2):
+                    continue
+                kill_ops.append(at(mode))
+        if "errno" in kinds:
+            errnos.append(at("eio"))
+            if r["op"] in ENOSPC_EVENTS or (r["op"] == "open" and r.get("created")):
+                errnos.append(at("enospc"))
+        if "power" in kinds and facts is not None and (not isinstance(pending, dict) or (rank, r["ord"]) in pending):
+            power.append(at("power"))
+            # Beyond "everything lost": the cut's mixed states (some pending data or entries
+            # kept, a write torn), a few per cut; atrest.power_loss draws which with the seed.
+            mixed = pending.get((rank, r["ord"]), 0) - 2 if isinstance(pending, dict) else 0
+            power += [dataclasses.replace(at("power"), state=k) for k in range(1, min(POWER_STATES, mixed) + 1)]
+        if cuts and (rank, r["ord"]) in mid_save:
+            net_ops.append(at("net"))
+
+    def at_completer(ev: dict[str, Any], fam: str, rel: str, **more: Any) -> Point:
+        """A corruption of ``rel`` at the event ``ev`` that completed it, anchored where that event is
+        on ``rel`` itself (a close of it, a rename onto it) and the same in both fault-free runs."""
+        key, nth = nth_of.get((ev["rank"], ev["ord"]), ("", 0))
+        on_it = key == rel
+        return Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq"),
+                     nth=nth if on_it else None, anchored=on_it and anchored(ev["rank"], ev["op"], rel, nth), **more)
+
+    corrupt: list[Point] = []
+    if "corrupt" in kinds and facts is not None:
+        done = completions(traces)
+        for rel in facts.files:
+            if job.checkpoint_glob is not None and not _is_checkpoint(job, rel):
+                continue
+            ev = _completer(done, rel)
+            if ev is None:
+                continue
+            corrupt += [at_completer(ev, fam, rel) for fam in CORRUPT_FAMILIES]
+        # the same files, and every earlier version of a checkpoint file, once the job trusts them
+        for ev, rel, step in rot_sites(traces):
+            if job.checkpoint_glob is None or _is_checkpoint(job, rel):
+                corrupt += [at_completer(ev, fam, rel, at_step=step) for fam in CORRUPT_FAMILIES]
+    disk: list[Point] = []
+    if "diskfull" in kinds and facts is not None:
+        size = diskfull.choose_size(facts.peak, facts.seed)
+        if size is not None:
+            disk.append(Point(0, "diskfull", size=size))
+    node = nodes.points(job, traces) if "node" in kinds else []
+    return kill_ops + kill_steps + terms + errnos + corrupt + power + disk + net_ops + net_steps + node
+
+
+def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], points: list[Point]) -> list[str]:
+    """What the user should know about the kinds asked for but (partly) not found."""
+    kinds = set(kinds)
+    out: list[str] = []
+    if "power" in kinds and isinstance(facts.pending, str):
+        out.append(f"power loss: the crash-state model cannot represent the whole fault-free trace ({facts.pending}); "
+                   "every event gets a power point, skipped where its own cut cannot be modelled either")
+    if "corrupt" in kinds:
+        done = completions(traces)
+        ckpts = [f for f in facts.files if job.checkpoint_glob is None or _is_checkpoint(job, f)]
+        orphans = [f for f in ckpts if _completer(done, f) is None]
+        if job.checkpoint_glob is not None and orphans:
+            out.append(f"{len(orphans)} checkpoint file(s) were completed by no traced event and are not corrupted: "
+                       f"{', '.join(orphans[:5])}")
+    if "diskfull" in kinds and not any(p.family == "diskfull" for p in points):
+        out.append(f"a real full disk is not explored: {{out}} never held more than {facts.peak} byte(s) of tmpfs "
+                   "pages, too little to fill a smaller one")
+    if "net" in kinds and job.net_unavailable is None and not any(p.family == "net" for p in points):
+        out.append("network cuts are not explored: the job announced no step and traced no save")
+    if "term" in kinds and not any(p.family == "term" for p in points):
+        out.append("SIGTERM is not explored: the job announced no step (chaos.probe.step or --step-regex)")
+    return out
+
+
+def by_kind(points: Iterable[Point]) -> dict[str, int]:
+    """Points per ``--faults`` kind, in FAULT_KINDS order (kinds with none left out)."""
+    counts: dict[str, int] = {}
+    for p in points:
+        counts[p.family] = counts.get(p.family, 0) + 1
+    return {k: counts[k] for k in FAULT_KINDS if k in counts}
+
+
+# ------------------------------------------------------------------ the sample: classes first
+# What a sample must not miss, in the order it is covered (``plan``). A uniform draw of a few
+# dozen out of hundreds of points (most of them kills and power cuts at events no checkpoint
+# depends on) can leave out a whole family, the end of every save, or the moment after the
+# last save, where real jobs broke (issue #34, item 14).
+FAMILY = "family"                    # every point of one --faults kind
+AFTER_LAST_SAVE = "after-last-save"  # a kill once the last save is over (a finished run restarted)
+SAVE_END = "save-end"                # the event that completed a save (rename into place, close)
+FIRST_WRITE = "first-write"          # a checkpoint file's first write (the first save begins)
+LAST_WRITE = "last-write"            # a checkpoint file's last write (mid-save of the last save)
+_SITE_KINDS = (SAVE_END, FIRST_WRITE, LAST_WRITE)  # covered in turn, after the families and AFTER_LAST_SAVE
+_LISTED = 8  # class names a note lists before "and N more"
+
+
+@dataclass(frozen=True)
+class PointClass:
+    """A set of points of which a sample takes one before its seeded draws (:func:`plan`).
+
+    ``members`` index the point list the classes were made for (:func:`point_classes`);
+    a point can belong to several classes (a kill right after the last save's rename is
+    in its family, that save's end and after the last save), and covers them all.
+    """
+
+    key: str       # unique: "family:corrupt", "after-last-save", "save-end:rank0:op12", "first-write:ckpt.json"
+    kind: str      # FAMILY, AFTER_LAST_SAVE, SAVE_END, FIRST_WRITE or LAST_WRITE
+    what: str      # in words, for the notes
+    members: tuple[int, ...]
+
+
+def _writable(ev: dict[str, Any]) -> bool:
+    """An open that can change its file: created, truncated, or opened for writing."""
+    mode = ev.get("mode") if isinstance(ev.get("mode"), str) else ""
+    flags = set(ev.get("flags") or ())
+    return bool(ev.get("created") or ev.get("trunc") or set("wax+") & set(mode)
+                or {"wronly", "rdwr", "creat", "trunc", "append"} & flags)
+
+
+def _save_sites(job: JobSpec, traces: Traces) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """(the save ends in time order, checkpoint file -> its writes in time order) of attempt 0.
+
+    A write belongs to the file its data ends up as: the name the next rename of it (or of
+    a directory above it) gives it, else its own name (``ckpt.tmp`` written, then renamed
+    to ``ckpt``: a write of ``ckpt``; a file written in $TMPDIR and moved in: one of the
+    name it was moved to). The checkpoint files are those under {out} matching
+    ``--checkpoint-glob``, else every file so written or put in place except the
+    ``--result-file`` ones (rotated-away checkpoints included). A save's end is the last
+    event that completed a checkpoint file (a close after a change, where the file is not
+    renamed later, or a rename onto it or a directory holding it) before the rank
+    announced its next step or acknowledged a save; a rank that announces neither has a
+    save per completion.
+    """
+    events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
+                     if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None),
+                    key=lambda r: r.get("ts", 0.0))
+    root = next((r["path"][: len(r["path"]) - len(r["rel"])] for r in events
+                 if r.get("rel") and isinstance(r.get("path"), str) and r["path"].endswith(r["rel"])), None)
+
+    def name(path: Any) -> str | None:
+        if not isinstance(path, str):
+            return None
+        return path[len(root):] if root and path.startswith(root) else path
+
+    nxt: dict[str, str] = {}  # scanning backwards: name -> what the next rename (in time) calls it
+
+    def becomes(n: str) -> str:
+        if n in nxt:
+            return nxt[n]
+        parts = n.split(os.sep)
+        for i in range(len(parts) - 1, 0, -1):
+            top = os.sep.join(parts[:i])
+            if top in nxt:
+                return nxt[top] + n[len(top):]
+        return n
+
+    final: dict[int, str] = {}  # id(event) -> the name its data or directory entry ends up under
+    for ev in reversed(events):
+        here = ev.get("rel") or name(ev.get("path")) or ""
+        op = ev["op"]
+        if op == "rename":
+            src = name(ev.get("src"))
+            if src:
+                nxt[src] = becomes(here)
+        elif op == "unlink":
+            nxt.pop(here, None)
+        elif op in ("write", "truncate", "close"):
+            final[id(ev)] = becomes(here)
+    results = job.relative_globs(job.result_globs)
+
+    def is_ckpt(n: str) -> bool:
+        if not n or os.path.isabs(n):
+            return False
+        if job.checkpoint_glob is not None:
+            return _is_checkpoint(job, n)
+        return not any(fnmatch.fnmatchcase(n, g) for g in results)
+
+    writes: dict[str, list[dict[str, Any]]] = {}
+    completions: list[dict[str, Any]] = []
+    dirty: set[tuple[int, str]] = set()  # (rank, name) changed since it was opened
+    named = {n for n in final.values() if is_ckpt(n)}
+    for ev in events:
+        here = ev.get("rel") or name(ev.get("path")) or ""
+        op = ev["op"]
+        if op == "open" and not ev.get("is_dir") and _writable(ev):
+            dirty.add((ev["rank"], here))
+        elif op in ("write", "truncate"):
+            dirty.add((ev["rank"], here))
+            if op == "write" and is_ckpt(final[id(ev)]):
+                writes.setdefault(final[id(ev)], []).append(ev)
+        elif op == "close" and not ev.get("is_dir") and (ev["rank"], here) in dirty:
+            dirty.discard((ev["rank"], here))
+            if final[id(ev)] == here and is_ckpt(here):
+                completions.append(ev)
+        elif op == "rename" and (is_ckpt(here) or any(n.startswith(here + os.sep) for n in named)):
+            completions.append(ev)
+    bounds: dict[int, list[float]] = {}
+    for (rank, a), recs in traces.items():
+        if a == 0:
+            bounds[rank] = sorted(r.get("ts", 0.0) for r in recs if r.get("event") == "phase"
+                                  and r.get("name") == "chaos.probe"
+                                  and r.get("info", {}).get("kind") in (*STEP_KINDS, "saved"))
+    ends: dict[tuple[int, int], dict[str, Any]] = {}
+    for ev in completions:
+        moments = bounds.get(ev["rank"], [])
+        save = bisect.bisect_right(moments, ev.get("ts", 0.0)) if moments else ev["ord"]
+        ends[(ev["rank"], save)] = ev  # the last completion of that save wins
+    return sorted(ends.values(), key=lambda r: r.get("ts", 0.0)), writes
+
+
+def point_classes(job: JobSpec, traces: Traces, points: list[Point]) -> list[PointClass]:
+    """The classes :func:`plan` covers first, for ``points`` enumerated from ``traces``.
+
+    Called by ``explore.explore`` before it samples. Every family with a point is a class;
+    so is each save's end (the points at the event that completed it), each checkpoint
+    file's first write and last write (the points at that write) and the moment after the
+    last save (its kills: after the last save's end, or before or after any later event or
+    step; any family's points there where no kill is explored). A class with no point
+    (its event offers none of the kinds explored) is left out.
+    """
+    at: dict[tuple[int, int], list[int]] = {}
+    for i, p in enumerate(points):
+        if p.op is not None and p.step is None and p.at_step is None and p.node is None:
+            at.setdefault((p.rank, p.op), []).append(i)
+    out: list[PointClass] = []
+    for fam in FAULT_KINDS:
+        members = tuple(i for i, p in enumerate(points) if p.family == fam)
+        if members:
+            out.append(PointClass(f"{FAMILY}:{fam}", FAMILY, f"the {fam} family ({len(members)} point(s))", members))
+    ends, writes = _save_sites(job, traces)
+
+    def where(ev: dict[str, Any]) -> str:
+        return f"rank {ev['rank']}'s event {ev['ord']}, {ev['op']} of {ev.get('rel') or ev.get('path')}"
+
+    if ends:
+        last = ends[-1]
+        t_last = last.get("ts", 0.0)
+        ts_of = {(rank, r["ord"]): r.get("ts", 0.0) for (rank, a), recs in traces.items() if a == 0 for r in recs
+                 if r.get("event") == "op" and r.get("ord") is not None}
+        steps = _step_announcements(traces)
+
+        def moment(p: Point) -> tuple[float, bool] | None:
+            """When ``p`` strikes: the time of its event or step, and whether it is after that event."""
+            if p.step is not None or p.at_step is not None:
+                moments, numbers = steps.get(p.rank, ([], []))
+                n = p.step if p.step is not None else p.at_step
+                return (moments[numbers.index(n)], True) if n in numbers else None
+            if p.op is None or (p.rank, p.op) not in ts_of:
+                return None
+            return ts_of[(p.rank, p.op)], p.mode not in ("before", "torn", *ERRNO_MODES)
+
+        def later(p: Point) -> bool:
+            m = moment(p)
+            return m is not None and (m[0] > t_last or (p.rank, p.op) == (last["rank"], last["ord"]) and m[1])
+
+        after = [i for i, p in enumerate(points) if p.family == "kill" and later(p)]
+        after = after or [i for i, p in enumerate(points) if later(p)]
+        if after:
+            out.append(PointClass(AFTER_LAST_SAVE, AFTER_LAST_SAVE, f"the moment after the last save (it ended at "
+                                  f"{where(last)})", tuple(after)))
+    for ev in ends:
+        if at.get((ev["rank"], ev["ord"])):
+            out.append(PointClass(f"{SAVE_END}:rank{ev['rank']}:op{ev['ord']}", SAVE_END,
+                                  f"the end of a save ({where(ev)})", tuple(at[(ev["rank"], ev["ord"])])))
+    for f, evs in sorted(writes.items()):
+        first, last_w = evs[0], evs[-1]
+        only = first is last_w
+        if at.get((first["rank"], first["ord"])):
+            out.append(PointClass(f"{FIRST_WRITE}:{f}", FIRST_WRITE, f"the {'only' if only else 'first'} write of "
+                                  f"checkpoint file {f} ({where(first)})", tuple(at[(first["rank"], first["ord"])])))
+        if not only and at.get((last_w["rank"], last_w["ord"])):
+            out.append(PointClass(f"{LAST_WRITE}:{f}", LAST_WRITE, f"the last write of checkpoint file {f} "
+                                  f"({where(last_w)})", tuple(at[(last_w["rank"], last_w["ord"])])))
+    return out
+
+
+@dataclass
+class Plan:
+    """The points to run, in the order to run them, and the classes they were chosen to cover.
+
+    ``points``: a representative of every class first (``reps`` of them; fewer classes are
+    covered where ``--max-points`` is smaller than that), then seeded draws spread over the
+    families. ``explore.explore`` runs them in this order while ``--budget`` allows, so a
+    budget that runs out early has still tried every family and every class it reached.
+    """
+
+    points: list[Point]
+    classes: list[PointClass]
+    reps: int    # the first ``reps`` of ``points`` are the classes' representatives
+    needed: int  # representatives that cover every class (more than ``reps`` where --max-points cut them)
+    found: int
+    ids: list[str] = field(default_factory=list, repr=False)  # id of every point the classes index
+
+    def covered(self, tried: Iterable[Point]) -> tuple[list[PointClass], list[PointClass]]:
+        """(classes with a point among ``tried``, classes without one)."""
+        seen = {p.id for p in tried}
+        yes = [c for c in self.classes if any(self.ids[i] in seen for i in c.members)]
+        return yes, [c for c in self.classes if c not in yes]
+
+    def planned_notes(self, max_points: int | None, budget_s: float | None) -> list[str]:
+        """Before any point runs: what the sample covers, and the classes ``--max-points`` leaves out."""
+        if max_points is None and budget_s is None:
+            return []
+        _, left = self.covered(self.points)
+        if max_points is None and budget_s is not None:
+            return [f"run order under --budget {budget_s:g} s: the first {self.reps} of the {self.found} point(s) "
+                    f"cover all {len(self.classes)} point classes ({_kinds(self.classes)}), then seeded draws "
+                    "spread over the families"]
+        if not left:
+            rest = ", the rest are seeded draws spread over the families" if len(self.points) > self.reps else ""
+            return [f"sample: {len(self.points)} of {self.found} point(s); the first {self.reps} cover all "
+                    f"{len(self.classes)} point classes ({_kinds(self.classes)}){rest}"]
+        return [f"sample: --max-points {max_points} is fewer than the {self.needed} point(s) that cover every point "
+                f"class; {len(left)} of {len(self.classes)} class(es) get no point: {_names(left)}"]
+
+    def tried_notes(self, tried: list[Point], max_points: int | None, budget_s: float | None) -> list[str]:
+        """After the run: the classes tried, and those the ``--budget`` ran out before (chosen, never run)."""
+        if max_points is None and budget_s is None:
+            return []
+        yes, no = self.covered(tried)
+        _, unplanned = self.covered(self.points)
+        unreached = [c for c in no if c not in unplanned]
+        line = f"point classes tried: {len(yes)} of {len(self.classes)}"
+        if unreached:
+            line += (f"; not reached before the --budget of {budget_s:g} s ran out" if budget_s is not None
+                     else "; not reached") + f": {_names(unreached)}"
+        if unplanned:
+            line += f"; left out by --max-points: {_names(unplanned)}"
+        return [line]
+
+
+def _kinds(classes: list[PointClass]) -> str:
+    """``6 families, the moment after the last save, 4 save ends, ...`` of ``classes``."""
+    words = {FAMILY: ("family", "families"), AFTER_LAST_SAVE: ("the moment after the last save",) * 2,
+             SAVE_END: ("save end", "save ends"), FIRST_WRITE: ("first write of a checkpoint file",
+                                                                "first writes of checkpoint files"),
+             LAST_WRITE: ("last write of a checkpoint file", "last writes of checkpoint files")}
+    out = []
+    for kind, (one, many) in words.items():
+        n = sum(1 for c in classes if c.kind == kind)
+        if n:
+            out.append(one if kind == AFTER_LAST_SAVE else f"{n} {one if n == 1 else many}")
+    return ", ".join(out)
+
+
+def _names(classes: list[PointClass]) -> str:
+    shown = "; ".join(c.what for c in classes[:_LISTED])
+    return shown + (f"; and {len(classes) - _LISTED} more" if len(classes) > _LISTED else "")
+
+
+def plan(points: list[Point], max_points: int | None, seed: int,
+         classes: list[PointClass] | None = None) -> Plan:
+    """The run order of ``points``, classes first: at most ``max_points`` of them (None: all).
+
+    Called by ``explore.explore`` (``--max-points``, ``--budget``) with the classes of
+    :func:`point_classes`; without ``classes``, the families alone. The same points, classes
+    and seed always give the same order:
+
+    1. the families, in a seeded order, each with one of its points: the one in the most
+       classes not yet covered, a power cut's worst case before its mixed states (which a
+       cut with fewer states skips), then of the mode taken least so far (kills before,
+       after and in writes alternate), ties drawn with the seed; so a sample as small as
+       the number of families still has one point of each;
+    2. then the moment after the last save, then the save ends, first writes and last
+       writes in turn (each kind in a seeded order), each class not covered yet with one
+       point: of its family with the fewest points so far (so the families interleave),
+       chosen as in 1;
+    3. then the rest, one at a time from the family with the fewest points so far (an
+       equal share each, as the old sample gave), drawn uniformly within it.
+    """
+    rng = random.Random(seed)
+    if classes is None:
+        classes = [PointClass(f"{FAMILY}:{fam}", FAMILY, f"the {fam} family", tuple(i for i, p in enumerate(points)
+                                                                                    if p.family == fam))
+                   for fam in FAULT_KINDS if any(p.family == fam for p in points)]
+    families = [k for k in FAULT_KINDS if any(p.family == k for p in points)]
+    rng.shuffle(families)
+    rank_of = {f: n for n, f in enumerate(families)}
+    by_kind: dict[str, list[PointClass]] = {}
+    for c in classes:
+        by_kind.setdefault(c.kind, []).append(c)
+    ordered = sorted(by_kind.get(FAMILY, []), key=lambda c: rank_of.get(c.key.split(":", 1)[1], len(rank_of)))
+    ordered += by_kind.get(AFTER_LAST_SAVE, [])
+    queues = [list(by_kind.get(k, [])) for k in _SITE_KINDS]
+    for q in queues:
+        rng.shuffle(q)
+    while any(queues):
+        ordered += [q.pop(0) for q in queues if q]
+    member_of: dict[int, list[str]] = {}
+    for c in classes:
+        for i in c.members:
+            member_of.setdefault(i, []).append(c.key)
+    chosen: list[int] = []
+    taken: set[int] = set()
+    covered: set[str] = set()
+    count = dict.fromkeys(families, 0)
+    modes: dict[str, int] = {}
+
+    def take(i: int) -> None:
+        chosen.append(i)
+        taken.add(i)
+        covered.update(member_of.get(i, ()))
+        count[points[i].family] += 1
+        modes[points[i].mode] = modes.get(points[i].mode, 0) + 1
+
+    for c in ordered:
+        cands = [i for i in c.members if i not in taken]
+        if c.key in covered or not cands:
+            continue
+        if c.kind != FAMILY:
+            fam = min({points[i].family for i in cands}, key=lambda f: (count[f], rank_of[f]))
+            cands = [i for i in cands if points[i].family == fam]
+        # the most classes not yet covered; then a point that surely fires: a cut's worst case over
+        # one of its mixed power states (``:sK``), which is skipped where the cut has fewer states;
+        # then the mode taken least so far (a kill before, after or in a write; each corruption)
+        gain = {i: (sum(1 for k in member_of.get(i, ()) if k not in covered), points[i].state is None,
+                    -modes.get(points[i].mode, 0)) for i in cands}
+        best = max(gain.values())
+        cands = [i for i in cands if gain[i] == best]
+        take(cands[rng.randrange(len(cands))])
+    needed = len(chosen)
+    limit = len(points) if max_points is None else max_points
+    del chosen[limit:]
+    reps = len(chosen)
+    pools = {f: [i for i, p in enumerate(points) if p.family == f and i not in taken] for f in families}
+    for pool in pools.values():
+        rng.shuffle(pool)
+    while len(chosen) < limit and any(pools.values()):
+        fam = min((f for f in families if pools[f]), key=lambda f: (count[f], rank_of[f]))
+        take(pools[fam].pop())
+    return Plan([points[i] for i in chosen], classes, reps, needed, len(points), [p.id for p in points])
+
+
+def sample(points: list[Point], max_points: int | None, seed: int,
+           classes: list[PointClass] | None = None) -> list[Point]:
+    """At most ``max_points`` of ``points`` in the order to run them (:func:`plan`'s ``points``)."""
+    return plan(points, max_points, seed, classes).points

@@ -1,0 +1,9 @@
+"""One scenario or one job point end to end, and explorations of many.
+
+runner.py      one built-in scenario: golden, faulted run, record, oracles, verdict
+campaign.py    the default campaign and its generated schedules within --budget
+explore.py     a user's job: fault-free runs, its points, each point run and judged
+selfcheck.py   the battery run against planted defects: each must fail its intended oracle
+results.py     the results JSON of a campaign
+jobresults.py  the results JSON of a job exploration
+"""

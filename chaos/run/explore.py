@@ -1,0 +1,780 @@
+"""Explore a job: two fault-free runs, the points their traces show, then each point run and judged.
+
+Called by ``cli_job.py``. All of it happens inside one scratch root (``--scratch`` or
+the system temp directory), removed at the end unless ``--keep``: per run a folder with
+``out/`` (the job's {out}), ``trace/`` (each traced process's trace and probe file),
+``logs/`` (each copy's output) and ``tmp/`` (the job's TMPDIR).
+
+1. Fault-free runs, twice. If their result files differ the job is nondeterministic:
+   *tolerance mode* (results compared within ``--rtol``), and the caller says so.
+2. Points, from the first fault-free run's traces, of every ``--faults`` kind
+   (``pointset.py``): kills at file events and steps, SIGTERM at steps, injected
+   ENOSPC / EIO, at-rest corruption of the checkpoint files, power loss, a full disk.
+3. A seeded sample of them (``--max-points``; ``pointset.plan``: one point of every class
+   first, every family, each save's end, ..., then draws spread over the kinds), run
+   ``--jobs`` at a time, in that order, while ``--budget`` seconds allow; coverage =
+   points tried / points found, and the classes tried are a note.
+4. Each point (``run_chain``): attempt 0 with the point armed; for a corruption or a
+   power loss, {out} edited while every copy is stopped (``atrest.py``); for a full
+   disk, attempt 0 on a small tmpfs that is grown before the restart (``diskfull.py``);
+   for a network cut, attempt 0 in which the armed rank's link goes down for
+   ``--net-hold`` seconds (``netcut.py``); then (unless torchrun restarts by itself) up
+   to ``--max-restarts`` resumes with ``--resume-cmd``; then ``judge.judge``. Right
+   after attempt 0, before the harness touches {out}, the record takes what the job
+   left: the ``--checkpoint-glob`` matches (what it relied on is judged on these, not
+   on a crash state) and the files no traced event explains (``untraced_after``). A
+   full disk no traced event hit is still judged where attempt 0 failed or its output
+   says ENOSPC (a native writer hit it); otherwise it is *skipped* only if every oracle
+   passes.
+
+An interrupt (Ctrl-C; a SIGTERM, which ``cli_job`` turns into one) is no fault of the
+job: every attempt stops at once (``launch.cancel``), a point whose chain it cut short
+is recorded with outcome *interrupted* (verdict ``skipped``), never judged, and
+``explore`` raises :class:`Interrupted` with what was done, once nothing of the run is
+left. A ``--result-file`` that matched nothing in the fault-free run is a usage error
+(``check_result_globs``) before any point runs.
+
+Where network cuts are explored (``netcut.usable``), every run chain — the fault-free
+runs included, so the job runs the same way in all of them — gets its own
+``NetworkLab``: each copy in its rank's network namespace, torn down with the chain
+(and once more, with anything an interrupt left, in ``explore``'s ``finally``).
+A ``--nodes N`` job runs every chain on N simulated nodes of its own lab (``nodes.py``:
+one torchrun agent per namespace); a node point that left every agent failed is
+relaunched like a torchrun job stopped by the harness (``_restarts``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import errno
+import glob
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chaos.errors import ChaosError, ConfigError
+from chaos.judge import losscurve
+from chaos.judge.compare import first_difference
+from chaos.judge.job import Golden, PointVerdict, judge, last_steps, step_of
+from chaos.launch import job as launch
+from chaos.launch import spares
+from chaos.launch.output import cause, clip
+from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
+from chaos.nemesis import atrest, diskfull, netcut, nodes
+from chaos.plan import pointset
+from chaos.plan.pointset import Facts
+from chaos.record.jobhistory import PointRecord, read_traces
+from chaos.scratch import make_root
+from faults import FaultError, disk
+from faults.crashstate import Snapshot
+
+if TYPE_CHECKING:
+    from faults.network import NetworkLab
+
+
+_ENOSPC = re.compile(r"No space left on device|Errno 28\b|ENOSPC")
+
+
+class JobError(ChaosError):
+    """The job cannot be explored (its fault-free run failed, nothing was traced): exit 2."""
+
+
+def checkpoint_state(out: str, pattern: str | None) -> dict[str, dict[str, int]] | None:
+    """``--checkpoint-glob`` matches under {out}: name -> {file: size} (a directory: every file in it)."""
+    if pattern is None:
+        return None
+    rel = pattern.replace("{out}/", "").replace("{out}", "")
+    state: dict[str, dict[str, int]] = {}
+    for match in sorted(glob.glob(os.path.join(out, rel))):
+        name = os.path.relpath(match, out)
+        if os.path.isdir(match):
+            state[name] = {os.path.relpath(os.path.join(d, f), match): os.path.getsize(os.path.join(d, f))
+                           for d, _s, files in os.walk(match) for f in files}
+        elif os.path.isfile(match):
+            state[name] = {"": os.path.getsize(match)}
+    return state
+
+
+def result_files(job: JobSpec, out: str) -> list[str]:
+    rels: set[str] = set()
+    for g in job.relative_globs(job.result_globs):
+        rels |= {os.path.relpath(p, out) for p in glob.glob(os.path.join(out, g), recursive=True)
+                 if os.path.isfile(p)}
+    return sorted(rels)
+
+
+def check_result_globs(job: JobSpec, out: str) -> None:
+    """ConfigError (exit 2, before any point runs) where a ``--result-file`` matches no file the fault-free
+    run left under {out}.
+
+    Called by :func:`reference` on the first fault-free run's {out}. Such a glob (``final.pth``
+    for a job that writes ``final.pt``) is a typo, never a fact about the job: nothing would be
+    compared after any point, and every point would pass with silent divergence not judged.
+    """
+    left: list[str] | None = None
+    for given, rel in zip(job.result_globs, job.relative_globs(job.result_globs), strict=True):
+        if any(os.path.isfile(p) for p in glob.glob(os.path.join(out, rel), recursive=True)):
+            continue
+        if left is None:
+            left = sorted(os.path.relpath(os.path.join(d, f), out) for d, _s, files in os.walk(out) for f in files)
+        shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "") if left else "nothing"
+        raise ConfigError(f"--result-file {given!r} matched no file the fault-free run left under {{out}} (it left "
+                          f"{shown}): give a file the job writes, relative to {{out}}")
+
+
+@dataclass
+class Run:
+    """One attempt chain in its own folder."""
+
+    scratch: str
+    out: str
+    mark: str
+    attempts: list[launch.AttemptOutcome] = field(default_factory=list)
+    lab: NetworkLab | None = None  # where every copy runs, each rank in its namespace (network cuts explored)
+    prestart: bool = False  # start the restart's copies while attempt 0 runs (launch.prestart)
+
+    def attempt(self, job: JobSpec, attempt: int, point: Point | None) -> launch.AttemptOutcome:
+        if self.prestart and attempt == 0 and point is not None and job.max_restarts > 0:
+            launch.prestart(job, self.out, self.scratch, 1, None, self.mark, self.lab)
+        run_attempt = nodes.run_attempt if job.nodes is not None else launch.run_attempt  # one agent per node
+        out = run_attempt(job, self.out, self.scratch, attempt, point, self.mark, self.lab)
+        self.attempts.append(out)
+        return out
+
+
+def _new_run(root: str, name: str) -> Run:
+    scratch = os.path.join(root, name)
+    out = os.path.join(scratch, "out")
+    os.makedirs(out, exist_ok=True)  # made already where the point's first attempt was prestarted
+    return Run(scratch, out, scratch)
+
+
+def _restarts(job: JobSpec, run: Run, point: Point) -> None:
+    """The harness's restarts: none for a torchrun COMMAND its agent restarts by itself, except
+    after a SIGTERM, a corruption or a power loss, which stopped torchrun too, and after a
+    full disk: the agent's own restarts met the same full disk, and a job that gave up on it
+    is relaunched once the disk has room again, as whoever freed the space would. A
+    SIGTERM'd job is restarted even when it exited 0: it was preempted, not finished."""
+    if job.torchrun and not (point.mode in HALT_MODES or point.mode == "term" or point.family in ("node", "diskfull")):
+        return  # a node point's agents that all failed are relaunched, as a scheduler restarts a failed job
+    for attempt in range(1, job.max_restarts + 1):
+        if run.attempts[-1].ok and not (attempt == 1 and point.mode == "term"):
+            break
+        run.attempt(job, attempt, None)
+
+
+def _at_rest(run: Run, point: Point, base: Snapshot | None, seed: int) -> atrest.Applied | None:
+    """After a halted attempt 0: the corruption or the power loss; None when the point never fired."""
+    halt = atrest.halt_record(read_traces(run.scratch, run.out), point.rank)
+    if halt is None:
+        return None
+    if point.mode == "power":
+        return atrest.power_loss(point, run.out, run.scratch, halt, base or Snapshot(), seed)
+    return atrest.corrupt(point, run.out, run.scratch, halt, seed)
+
+
+def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
+    """Attempt 0 on a ``point.size``-byte tmpfs {out}, grown before the restarts; skipped where none mounts."""
+    size = int(point.size or 0)
+    ok, why = diskfull.available()
+    if not ok:
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs", {"size_bytes": size},
+                                 skipped=f"a real full disk cannot be made here: {why}", outcome="unsupported")
+        return PointRecord(point, run.out, run.attempts, {}, None, applied)
+    grown = diskfull.grown_size(size)
+    stack = contextlib.ExitStack()
+    try:
+        fs = stack.enter_context(diskfull.tmpfs_out(run.out, size, run.scratch))
+    except (OSError, FaultError) as exc:
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs", {"size_bytes": size},
+                                 skipped=f"the tmpfs could not be mounted over {{out}}: {exc}", outcome="unsupported")
+        return PointRecord(point, run.out, run.attempts, {}, None, applied)
+    with stack:
+        before = _sizes(run.out)
+        run.attempt(job, 0, point)
+        untraced = untraced_after(job, run, before)
+        fs.grow(grown)
+        after_kill = checkpoint_state(run.out, job.checkpoint_glob)
+        _restarts(job, run, point)
+    traces = read_traces(run.scratch, run.out)
+    hit = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
+                  if r.get("event") == "op" and r.get("error") == errno.ENOSPC), key=lambda r: r.get("ts", 0))
+    record: dict[str, Any] = {"size_bytes": size, "mount": fs.record, "remounted_to": grown}
+    if untraced:
+        record["untraced"] = untraced
+    first_try = run.attempts[0]
+    said = clip(cause(first_try.tail(12000))) if not first_try.ok else ""
+    full = _ENOSPC.search(first_try.tail(12000))
+    if hit:
+        first = hit[0]
+        record["first_enospc"] = {k: first.get(k) for k in ("rank", "ord", "op", "rel", "seq")}
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs: rank {first['rank']}'s {first['op']} of "
+                                 f"{first.get('rel')} (event {first.get('ord')}) got ENOSPC; remounted at "
+                                 f"{grown} bytes before the restart", record)
+    elif not first_try.ok or full:
+        # No traced event failed, yet the full disk changed the outcome: the fault-free run finished,
+        # this attempt did not (or its output says ENOSPC). Whatever hit it writes where the tracer
+        # does not see (a native writer, a child process): judged, never "did nothing".
+        how = (f"attempt 0 {first_try.describe}" + (f" ({said})" if said else "") if not first_try.ok
+               else f"attempt 0 finished, its output saying {full.group(0)!r}" if full else "")
+        record["untraced_enospc"] = {"attempt_0": first_try.describe, "cause": said or None,
+                                     "output": full.group(0) if full else None}
+        seen = f"; {atrest.untraced_line(untraced)}" if untraced else ""
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs: no traced event got ENOSPC, but {how}, where "
+                                 f"the fault-free run finished: the full disk hit a writer the tracer does not "
+                                 f"see{seen}; remounted at {grown} bytes before the restart", record)
+    else:
+        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs, never hit by a traced event", record,
+                                 idle=f"the job never hit ENOSPC on a {size}-byte tmpfs {{out}} (no traced event "
+                                      "failed with it, attempt 0 finished with no ENOSPC in its output, and every "
+                                      "oracle passed): the full disk did nothing")
+    return PointRecord(point, run.out, run.attempts, traces, after_kill, applied, None, untraced)
+
+
+def _net_applied(job: JobSpec, run: Run, point: Point) -> atrest.Applied:
+    """What attempt 0 of a net point did: the cut and how every copy ended, or why there was none."""
+    net = run.attempts[0].net
+    where = f"at its step {point.step}" if point.step is not None else f"at its event {point.op}"
+    if net is None:
+        return atrest.Applied(f"no network cut {where}", {"hold_s": job.net_hold_s}, outcome="not_reached",
+                              skipped=f"rank {point.rank} asked for a network cut {where}, but the attempt ended "
+                                      "before the launcher cut its link")
+    if net.get("error"):
+        return atrest.Applied(netcut.describe(net), net, outcome="unsupported",
+                              skipped=f"rank {point.rank}'s link was not cut {where}: {net['error']}")
+    return atrest.Applied(netcut.describe(net), net)
+
+
+def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab: bool = False) -> PointRecord:
+    """Attempt 0 (the point armed), the at-rest fault if any, then the restarts (``_restarts``).
+
+    ``netlab``: the whole chain runs in a ``NetworkLab`` of its own (torn down before this
+    returns); a net point without one is skipped with the reason. A ``--nodes`` job always
+    runs in one: a namespace per node (``nodes.run_chain``).
+    """
+    if job.nodes is not None:
+        return _node_chain(job, run, point, seed)
+    if point is not None and point.family == "net" and not netlab:
+        ok, why = netcut.usable(job)
+        applied = atrest.Applied(f"no network cut at {point.id}", {"hold_s": job.net_hold_s}, outcome="unsupported",
+                                 skipped=f"a network cut between ranks cannot be made here: {why}" if not ok else
+                                 "a network cut between ranks needs every run in network namespaces, and this "
+                                 "exploration's fault-free runs were not")
+        return PointRecord(point, run.out, run.attempts, {}, None, applied)
+    if not netlab:
+        return _chain(job, run, point, seed)
+    assert job.ranks is not None
+    try:
+        with netcut.lab_for(job.ranks) as lab:
+            run.lab = lab
+            try:
+                return _chain(job, run, point, seed)
+            finally:
+                run.lab = None
+    except FaultError as exc:
+        if point is None:
+            raise JobError(f"the network namespaces for a fault-free run could not be made: {exc}") from None
+        applied = atrest.Applied(f"no network namespaces for {point.id}", {}, outcome="unsupported",
+                                 skipped=f"the network namespaces for this point could not be made: {exc}")
+        return PointRecord(point, run.out, run.attempts, read_traces(run.scratch, run.out), None, applied)
+
+
+def _sizes(out: str) -> dict[str, int]:
+    """{out}'s regular files (relative path -> size): the tree an attempt starts from."""
+    return {os.path.relpath(os.path.join(d, f), out): os.path.getsize(os.path.join(d, f))
+            for d, _s, files in os.walk(out) for f in files if os.path.isfile(os.path.join(d, f))
+            and not os.path.islink(os.path.join(d, f))}
+
+
+def untraced_after(job: JobSpec, run: Run, before: dict[str, int]) -> list[dict[str, Any]]:
+    """What attempt 0 changed under {out} that no traced event explains (``atrest.untraced_changes``):
+    every traced process of the attempt (a torchrun job's restarts by its agent included)."""
+    launched_once = TORCHRUN_STRIDE if job.torchrun or job.nodes is not None else 1
+    records = [r for (_rank, a), recs in read_traces(run.scratch, run.out).items() if a < launched_once for r in recs]
+    return atrest.untraced_changes(run.out, records, before)
+
+
+def _node_chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
+    """A ``--nodes`` job's chain (:func:`_chain`) with every attempt on the nodes of one lab, torn down after."""
+    ok, why = netcut.available()
+    if not ok:
+        if point is None:
+            raise ConfigError(f"--nodes needs network namespaces (one per node): {why}")
+        return PointRecord(point, run.out, run.attempts, {}, None,
+                           atrest.Applied(f"no nodes for {point.id}", {}, outcome="unsupported",
+                                   skipped=f"simulated nodes cannot be made here: {why}"))
+    if point is not None:
+        point = nodes.for_job(job, point)
+    try:
+        with netcut.lab_for(int(job.nodes or 0)) as lab:
+            run.lab = lab
+            try:
+                return _chain(job, run, point, seed)
+            finally:
+                run.lab = None
+    except FaultError as exc:
+        if point is None:
+            raise ChaosError(f"the network namespaces of the nodes could not be made: {exc}") from None
+        return PointRecord(point, run.out, run.attempts, {}, None,
+                           atrest.Applied(f"no nodes for {point.id}", {}, outcome="unsupported",
+                                   skipped=f"the network namespaces of the nodes could not be made: {exc}"))
+
+
+def _node_applied(job: JobSpec, run: Run, point: Point) -> atrest.Applied:
+    """What attempt 0 of a node point did (``atrest.Applied``), or why it did nothing."""
+    record = run.attempts[0].node if run.attempts else None
+    if record is None:
+        return atrest.Applied(f"no node fault at {point.id}", {}, outcome="not_reached",
+                       skipped=f"rank {point.rank} (node {point.node}) asked for the node fault at step {point.step}, "
+                               "but the attempt ended before the launcher answered")
+    if record.get("error"):
+        return atrest.Applied(nodes.describe(record), record, outcome="unsupported", skipped=record["error"])
+    if point.mode == "link" and "down" in record:
+        record["stall"] = nodes.stall(record, read_traces(run.scratch, run.out))
+    return atrest.Applied(nodes.describe(record), record)
+
+
+def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
+    if point is not None and point.family == "diskfull":
+        return _diskfull_chain(job, run, point)
+    base = Snapshot.capture(run.out) if point is not None and point.mode == "power" else None
+    before = _sizes(run.out)
+    run.attempt(job, 0, point)
+    untraced = untraced_after(job, run, before) if point is not None else []
+    # what the job left, before the harness edits it: what it relied on is judged on this
+    before_fault = (checkpoint_state(run.out, job.checkpoint_glob)
+                    if point is not None and point.mode in HALT_MODES else None)
+    applied = _at_rest(run, point, base, seed) if point is not None and point.mode in HALT_MODES else None
+    if point is not None and point.family == "net":
+        applied = _net_applied(job, run, point)
+    if point is not None and point.family == "node":
+        applied = _node_applied(job, run, point)
+    after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
+    if point is not None and not (applied is not None and applied.skipped):
+        _restarts(job, run, point)
+    return PointRecord(point or Point(0, "none"), run.out, run.attempts, read_traces(run.scratch, run.out),
+                       after_kill, applied, before_fault, untraced)
+
+
+@dataclass
+class Reference:
+    """The fault-free runs and what they show: the judge's golden facts, the points found."""
+
+    golden: Golden
+    points: list[Point]
+    notes: list[str]
+    seconds: float
+    untraced: list[str]
+    events: dict[int, int]  # rank -> traced file events in the first fault-free run
+    kinds: tuple[str, ...] = ()  # the --faults kinds explored
+    netlab: bool = False  # every run in network namespaces of its own (network cuts explored)
+    traces: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    facts: Facts = field(default_factory=Facts, repr=False)
+    nodes: int | None = None  # --nodes: every run on that many simulated nodes, one agent each
+    untraced_changes: list[dict[str, Any]] = field(default_factory=list)  # atrest.untraced_changes, fault-free
+
+    def lookup(self, job: JobSpec, point: Point) -> Point:
+        """A replayed point with what the fault-free run did there (any kind, asked for or not).
+
+        A point given with its anchor (``--point rank0:op17:after@write:a.pt:2``, as replay
+        commands give it) is taken as it is: it fires at that event wherever this run's
+        ordinals put it, and keeps the id it was recorded with.
+        """
+        if point.anchored:
+            return point
+        known = {p.id: p for p in self.points}
+        if point.id not in known and point.family not in self.kinds:
+            known = {p.id: p for p in pointset.enumerate_points(job, self.traces, self.facts, (point.family,))}
+        return known.get(point.id, point)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tolerance_mode": self.golden.tolerance, "result_files": self.golden.results,
+                "checkpoints": sorted(self.golden.checkpoints), "acknowledged_saves": self.golden.acks,
+                "loss_steps": {str(r): len(c) for r, c in sorted(self.golden.losses.items())},
+                "notes": self.notes, "seconds": round(self.seconds, 3), "untraced_files": self.untraced,
+                "untraced_changes": self.untraced_changes,
+                "file_events": {str(r): n for r, n in sorted(self.events.items())},
+                "peak_out_bytes": self.facts.peak or None,
+                "network": "each rank in its own network namespace (a NetworkLab per run)" if self.netlab
+                else "each node's torchrun agent in its own network namespace (a NetworkLab per run)"
+                if self.nodes else "the host's"}
+
+
+def enumerate_points(job: JobSpec, traces: dict[tuple[int, int], list[dict[str, Any]]],
+                     facts: Facts | None = None, kinds: tuple[str, ...] = ("kill",)) -> list[Point]:
+    """The points of ``kinds`` (default: the kills) in the fault-free traces (``pointset.enumerate_points``)."""
+    return pointset.enumerate_points(job, traces, facts, kinds)
+
+
+def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | None = None) -> tuple[Reference, Run]:
+    """Two fault-free runs (concurrently when ``jobs`` > 1); JobError if either fails or nothing is traced.
+
+    ``netlab``: run them (and, through ``Reference.netlab``, every point) in network
+    namespaces; None: where network cuts are explored and can be made here.
+    """
+    started = time.monotonic()
+    kinds, left_out = pointset.kinds_to_explore(job)
+    if netlab is None:
+        netlab = "net" in kinds and netcut.usable(job)[0]
+    runs = [_new_run(root, "golden-0"), _new_run(root, "golden-1")]
+    with cf.ThreadPoolExecutor(max_workers=min(2, max(1, jobs))) as pool:
+        try:
+            recs = list(pool.map(lambda r: run_chain(job, r, None, netlab=bool(netlab)), runs))
+        except BaseException:
+            launch.cancel()  # an interrupt: the running fault-free attempt ends now, not when the job does
+            raise
+    for run in runs:
+        a = run.attempts[0]
+        if not a.ok:
+            tail = a.tail(600).strip().splitlines()
+            raise JobError(f"the fault-free run {a.describe}: {tail[-1] if tail else '(no output)'} "
+                           f"(command: {' '.join(a.argv)})")
+    traces = recs[0].traces
+    notes: list[str] = []
+    if not any(a == 0 for (_r, a) in traces):
+        raise JobError("the fault-free run left no trace: the boot path did not run in the job's Python "
+                       "(is COMMAND a Python program, or a launcher that drops PYTHONPATH?)")
+    check_result_globs(job, runs[0].out)
+    results = result_files(job, runs[0].out)
+    tolerance = False
+    for rel in results:
+        other = Path(runs[1].out) / rel
+        diff = "missing" if not other.exists() else first_difference(Path(runs[0].out) / rel, other, None)
+        if diff:
+            tolerance = True
+            notes.append(f"the two fault-free runs differ ({rel}: {diff}): tolerance mode, result files "
+                         f"compared within rtol {job.rtol:g}, never bit for bit")
+            break
+    events = {r: sum(1 for x in recs_ if x.get("event") == "op") for (r, a), recs_ in traces.items() if a == 0}
+    events1 = {r: sum(1 for x in recs_ if x.get("event") == "op") for (r, a), recs_ in recs[1].traces.items()
+               if a == 0}
+    if events != events1:
+        notes.append(f"the two fault-free runs traced different numbers of file events ({events} and {events1}): "
+                     "points are numbered by event; those whose event (kind, path, count on it) both runs had "
+                     "fire at that event (anchored), the others at their number, and one that lands on another "
+                     "event is reported as drifted")
+    changes = untraced_after(job, runs[0], {})  # a fault-free run starts from an empty {out}
+    untraced = sorted({str(u["file"]) for u in changes if u["size_after"] is not None})
+    if changes:
+        notes.append(f"{len(changes)} file(s) under {{out}} changed that no traced event explains (a native "
+                     "writer the tracer does not see, a child process?): "
+                     + "; ".join(f"{u['file']}: {u['how']} ({_size(u['size_before'])} -> {_size(u['size_after'])})"
+                                 for u in changes[:5])
+                     + ". A point's record names such files; power loss keeps them as they were at the cut")
+    acks = any(x.get("name") == "chaos.probe" and x.get("info", {}).get("kind") == "saved"
+               for recs_ in traces.values() for x in recs_)
+    losses, losses1 = losscurve.curves(traces), losscurve.curves(recs[1].traces)
+    if losses != losses1:
+        tolerance = True
+        step = next((s for r in sorted(losses) for s in sorted(losses[r]) if losses1.get(r, {}).get(s) != losses[r][s]),
+                    None)
+        notes.append(f"the two fault-free runs logged different losses (first at step {step}): tolerance mode, "
+                     f"the loss curve judged within {losscurve.band_for(job.loss_band, True):.2%} of the first run's")
+    if job.loss_regex and not losses:
+        notes.append(f"--loss-regex {job.loss_regex!r} matched no line of the fault-free run's output: "
+                     "loss continuity is not judged")
+    golden = Golden(out=runs[0].out, results=results, tolerance=tolerance,
+                    checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses,
+                    last_steps=last_steps(traces))
+    notes += durability_notes(job, golden)
+    facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
+    facts.stable = pointset.stable_events(recs[1].traces)
+    points = pointset.enumerate_points(job, traces, facts, kinds)
+    notes += left_out + pointset.notes(job, traces, facts, kinds, points)
+    return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
+                     traces, facts, job.nodes, changes), runs[0]
+
+
+def _size(n: Any) -> str:
+    return "absent" if n is None else f"{n} bytes"
+
+
+def durability_notes(job: JobSpec, golden: Golden) -> list[str]:
+    """Where lost work will not be judged at any point, and why (one line each, for the run's summary;
+    each point's line says it again). A --checkpoint-glob that matched nothing is refused before
+    this (``pointset.check_checkpoint_glob``)."""
+    named = job.checkpoint_glob is not None and any(step_of(n) is not None for n in golden.checkpoints)
+    if not golden.last_steps and not golden.acks and not named:
+        return ["lost work is not judged: no step is known (the job announced none and no --checkpoint-glob "
+                "match carries one in its name): give --step-regex or --loss-regex, or call chaos.probe.step / "
+                "chaos.probe.saved"]
+    return []
+
+
+@dataclass
+class PointResult:
+    """One point run and judged; ``to_dict`` is a ``scenarios`` entry of the results JSON."""
+
+    job: JobSpec
+    point: Point
+    verdict: PointVerdict
+    record: PointRecord
+    seed: int
+    seconds: float
+
+    @property
+    def replay(self) -> str:
+        return self.job.replay_command(self.point, self.seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        v = self.verdict
+        fired = self.record.fired()
+        drift = None
+        if fired and self.point.kind and fired[0].get("op") not in (self.point.kind, "step"):
+            drift = f"the fault-free run's event {self.point.op} was {self.point.kind}, this run's {fired[0].get('op')}"
+        elif fired and self.point.anchored and fired[0].get("ord") != self.point.op:
+            drift = (f"fired at the anchor ({self.point.anchor}), this run's event {fired[0].get('ord')}; the "
+                     f"fault-free run's was event {self.point.op}: ordinals moved, the event did not")
+        extra: dict[str, Any] = {}
+        if self.point.family in ("corrupt", "power"):
+            extra["seed"] = atrest.point_seed(self.seed, self.point)
+        if self.point.family == "term":
+            extra["grace_s"] = self.job.grace_s
+        if self.point.family == "net":
+            extra["hold_s"] = self.job.net_hold_s
+        if self.point.family == "node" and self.point.mode == "link":
+            extra["hold_s"] = self.job.node_hold_s
+        return {
+            "id": self.point.id, "seed": self.seed, "checkpointer": "job", "backend": "file",
+            "world_size": self.job.world_size, "faults": [self.point.to_fault(**extra)], "fired": fired,
+            "fault_applied": v.fault,
+            "verdict": v.verdict, "outcome": v.outcome, "summary": v.summary,
+            "oracles": {n: o.to_dict() for n, o in v.oracles.items()}, "replay": self.replay,
+            "error": v.summary if v.verdict == "error" else None, "seconds": round(self.seconds, 3),
+            "attempts": [a.to_dict() for a in self.record.attempts], "drift": drift,
+            "untraced_changes": self.record.untraced,
+            "scenario": {"kind": "job", "job": self.job.to_dict(), "point": self.point.replay_id},
+        }
+
+
+@dataclass
+class Exploration:
+    reference: Reference
+    results: list[PointResult]
+    found: int
+    chosen: int
+    budget_s: float | None
+    seconds: float
+    job_faults: tuple[str, ...] | None = None  # --faults as given (None: the default)
+    interrupted: dict[str, Any] | None = None  # an interrupted run: ``interrupt_record`` (None: it ran to its end)
+
+    @property
+    def judged(self) -> list[PointResult]:
+        """The points run to their end and judged: every result but those an interrupt cut short."""
+        return [r for r in self.results if r.verdict.outcome != INTERRUPTED]
+
+    @property
+    def coverage(self) -> float:
+        return len(self.judged) / self.found if self.found else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        ref = self.reference
+        doc = {"points_found": self.found, "points_chosen": self.chosen, "points_tried": len(self.judged),
+               "coverage": round(self.coverage, 4), "budget_s": self.budget_s, "seconds": round(self.seconds, 3),
+               "faults": {"asked": list(self.job_faults) if self.job_faults is not None else "all that apply",
+                          "explored": list(ref.kinds), "found": pointset.by_kind(ref.points),
+                          "tried": pointset.by_kind(r.point for r in self.judged)},
+               "reference": ref.to_dict()}
+        if self.interrupted is not None:
+            doc["interrupted"] = self.interrupted
+        return doc
+
+
+def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budget_s: float | None = None,
+            jobs: int = 1, only: Point | list[Point] | None = None, scratch_base: str | None = None, keep: bool = False,
+            on_reference: Callable[[Reference], None] | None = None,
+            on_result: Callable[[PointResult], None] | None = None) -> Exploration:
+    """The whole exploration in one scratch root (removed afterwards unless ``keep``).
+
+    ``only``: run exactly these points (``--point``, ``chaos replay``) instead of a sample.
+
+    An interrupt (KeyboardInterrupt: Ctrl-C, or ``launch.Interrupt`` for the SIGTERM that
+    ``cli_job`` turns into one) stops every running attempt (``launch.cancel``) and
+    starts no other; a point whose chain it cut short is recorded as *interrupted*
+    (:func:`interrupted_result`), never judged: a resume SIGKILLed by the harness says
+    nothing about the job. Once every copy is gone, every lab torn down and the scratch
+    root removed (this function's ``finally``), :class:`Interrupted` carries what was
+    done to the caller.
+    """
+    root = make_root("chaos-job-", scratch_base, keep=keep)
+    started = time.monotonic()
+    replayed = [] if only is None else only if isinstance(only, list) else [only]
+    netlab = True if any(p.family == "net" for p in replayed) and netcut.usable(job)[0] else None
+    ref: Reference | None = None
+    plan: pointset.Plan | None = None
+    chosen: list[Point] = []
+    results: list[PointResult] = []
+    try:
+        try:
+            ref, _golden_run = reference(job, root, jobs, seed, netlab)
+            # The run order, classes first (every family, each save's end, ...: pointset.plan); what it
+            # covers, and what --max-points leaves out, is a note shown with the fault-free runs'.
+            plan = (None if only is not None or not ref.points else
+                    pointset.plan(ref.points, max_points, seed, pointset.point_classes(job, ref.traces, ref.points)))
+            if plan is not None:
+                ref.notes += plan.planned_notes(max_points, budget_s)
+            if on_reference:
+                on_reference(ref)
+            if only is not None:  # a replay: exactly these points, in this order
+                chosen = [ref.lookup(job, p) for p in (only if isinstance(only, list) else [only])]
+            elif plan is None:
+                raise JobError("the fault-free run showed no point to break: no file event under {out} was "
+                               "traced and no step was announced")
+            else:
+                chosen = plan.points
+            _run_points(job, ref, chosen, root, seed, budget_s, jobs, keep, started, results, on_result)
+            exploration = _exploration(job, ref, chosen, results, budget_s, started)
+            if plan is not None:  # the classes tried, and those the --budget ran out before
+                ref.notes += plan.tried_notes([r.point for r in exploration.results], max_points, budget_s)
+            return exploration
+        except KeyboardInterrupt as exc:
+            launch.cancel()  # idempotent: whatever still runs stops now
+            signum = launch.signal_of(exc)
+            partial = None
+            if ref is not None:
+                partial = _exploration(job, ref, chosen, results, budget_s, started)
+                partial.interrupted = interrupt_record(signum, partial)
+                ref.notes.insert(0, interrupted_line(partial.interrupted))
+            raise Interrupted(signum, partial) from None
+    finally:
+        with launch.shield():  # a signal now would leave what this removes: cli_job's handler waits
+            launch.kill_all()
+            launch.uncancel()
+            netcut.teardown_all()  # a run chain's namespaces, if an interrupt cut its own teardown short
+            disk.unmount_all(root)  # a full-disk point's tmpfs, if an interrupt cut its own unmount short
+            if not keep:
+                shutil.rmtree(root, ignore_errors=True)
+
+
+def _exploration(job: JobSpec, ref: Reference, chosen: list[Point], results: list[PointResult],
+                 budget_s: float | None, started: float) -> Exploration:
+    """What ``explore`` returns (or an interrupt carries): the results in the order of the points found."""
+    order = {p.id: i for i, p in enumerate(ref.points)}
+    done = sorted(results, key=lambda r: order.get(r.point.id, len(order)))
+    return Exploration(ref, done, len(ref.points), len(chosen), budget_s, time.monotonic() - started, job.faults)
+
+
+def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, seed: int, budget_s: float | None,
+                jobs: int, keep: bool, started: float, results: list[PointResult],
+                on_result: Callable[[PointResult], None] | None) -> None:
+    """Run and judge ``chosen``, ``jobs`` at a time, into ``results`` (``on_result`` for each).
+
+    On an interrupt the points not started are cancelled, the running ones stopped
+    (``launch.cancel``), and this returns only once their threads are done, each such
+    point in ``results`` as interrupted; then the interrupt goes on to ``explore``.
+    """
+    lock = threading.Lock()
+    durations: list[float] = []
+
+    def estimate() -> float:
+        return sum(durations) / len(durations) if durations else ref.seconds
+
+    # Points one at a time leave a core idle: the next attempt's interpreter starts there
+    # (launch.prestart, spares.py) while this one runs. Not where every run has a lab of its own.
+    warm = jobs < (os.cpu_count() or 1) and not ref.netlab and launch.can_prestart(job)
+
+    def one(i: int, point: Point) -> PointResult | None:
+        if budget_s is not None and time.monotonic() - started + estimate() > budget_s:
+            return None
+        if launch.cancelled():
+            return None
+        t0 = time.monotonic()
+        run = _new_run(root, f"point-{i:05d}")
+        run.prestart = warm
+        if warm and jobs == 1 and i + 1 < len(chosen):
+            nxt = _new_run(root, f"point-{i + 1:05d}")
+            launch.prestart(job, nxt.out, nxt.scratch, 0, chosen[i + 1], nxt.mark)
+        rec: PointRecord | None = None
+        try:
+            rec = run_chain(job, run, point, seed, ref.netlab)
+        except BaseException:
+            if not launch.cancelled():
+                raise
+            # the interrupt cut the chain short (an attempt not started, a lab torn down under it)
+        finally:
+            spares.drop(run.scratch)
+        if launch.cancelled():  # never judged: what the harness stopped says nothing about the job
+            res = interrupted_result(job, point, run, rec, seed, time.monotonic() - t0)
+            with lock:
+                results.append(res)
+            return res
+        assert rec is not None
+        res = PointResult(job, point, judge(job, ref.golden, rec), rec, seed, time.monotonic() - t0)
+        with lock:
+            durations.append(res.seconds)
+            results.append(res)
+            if on_result:
+                on_result(res)
+        if not keep:
+            shutil.rmtree(os.path.join(root, f"point-{i:05d}"), ignore_errors=True)
+        return res
+
+    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures: list[cf.Future[PointResult | None]] = []
+        try:
+            futures += [pool.submit(one, i, p) for i, p in enumerate(chosen)]
+            for f in futures:
+                f.result()
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            launch.cancel()  # the running chains stop at their next attempt
+            raise  # once the pool's threads are done (its __exit__ waits for them)
+
+
+INTERRUPTED = "interrupted"  # the outcome of a point an interrupt cut short (verdict "skipped": old readers take it)
+
+
+class Interrupted(KeyboardInterrupt):
+    """``explore`` was interrupted and has cleaned up: no copy of the job runs, the scratch root is gone.
+
+    ``exploration``: what was done (its ``interrupted`` record says after how many of how
+    many points, and which were cut short), None when the fault-free runs had not ended.
+    A KeyboardInterrupt, so a caller that knows nothing of it (the pytest plugin) stops as
+    on Ctrl-C. ``cli_job`` writes the results of it and exits 128 + ``signum``.
+    """
+
+    def __init__(self, signum: int, exploration: Exploration | None) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exploration = exploration
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def interrupted_result(job: JobSpec, point: Point, run: Run, rec: PointRecord | None, seed: int,
+                       seconds: float) -> PointResult:
+    """A point an interrupt cut short, recorded as such: verdict ``skipped`` (what every reader of
+    the results schema knows), outcome ``interrupted``, no oracle; its attempts as far as they got."""
+    if rec is None:
+        rec = PointRecord(point, run.out, run.attempts, {}, None, None)
+    ran = "; ".join(f"attempt {a.attempt} {a.describe}" for a in rec.attempts) or "no attempt had started"
+    verdict = PointVerdict("skipped", INTERRUPTED, f"interrupted while this point ran ({ran}): not judged; "
+                           f"rerun it with --point {point.replay_id}", {})
+    return PointResult(job, point, verdict, rec, seed, seconds)
+
+
+def interrupt_record(signum: int, exploration: Exploration) -> dict[str, Any]:
+    """The results JSON's ``job.interrupted``: which signal, after how many judged points of how many chosen,
+    and the points it cut short (recorded as interrupted, not judged)."""
+    cut = [r.point.id for r in exploration.results if r.verdict.outcome == INTERRUPTED]
+    return {"signal": signal.Signals(signum).name, "after": len(exploration.results) - len(cut),
+            "of": exploration.chosen, "points": cut}
+
+
+def interrupted_line(record: dict[str, Any]) -> str:
+    """``interrupted after N of M points`` and why: for the console, the notes and every report."""
+    line = f"interrupted after {record['after']} of {record['of']} points ({record['signal']})"
+    if record.get("points"):
+        line += f"; {', '.join(record['points'])} cut short: recorded as interrupted, not judged"
+    return line

@@ -1,0 +1,88 @@
+"""Boot path of ``chaos run -- COMMAND``: the harness puts this directory first on PYTHONPATH.
+
+Python imports ``sitecustomize`` as every interpreter starts, before the job's own
+code. Here that installs the in-rank I/O interposer (``chaos.target.job.inproc``) when the
+harness's environment says this process is one of the job's ranks; in any other
+process (no ``CHAOS_JOB_OUT``, torchrun's agent, a child of a traced rank) it does
+nothing. Whatever ``sitecustomize`` this one shadows is then imported as usual, and a
+failure here never stops the job: it is reported on stderr and the job runs untraced
+(the judge then finds no trace and says so).
+"""
+
+import os
+import sys
+
+
+def _chain() -> None:
+    """Import the sitecustomize this file shadows, if there is one further down sys.path."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    mod = sys.modules.pop("sitecustomize", None)
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    try:
+        found = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+        if found is not None and found.loader is not None:
+            other = importlib.util.module_from_spec(found)
+            found.loader.exec_module(other)
+    except Exception as exc:  # noqa: BLE001 - another package's start-up hook is not ours to crash
+        print(f"chaos: the shadowed sitecustomize failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        if mod is not None:
+            sys.modules["sitecustomize"] = mod
+
+
+def _gate() -> None:
+    """A spare started ahead of its attempt (``chaos/launch/spares.py``) waits here, before the
+    tracer is installed and before any line of the job: it says it is ready, then blocks
+    until the harness says go. Anything but "go" (the spare was dropped, the harness died)
+    ends the process before the job could run at the wrong time."""
+    gate = os.environ.pop("CHAOS_JOB_GATE", None)  # the job sees the environment a plain launch gives
+    if not gate:
+        return
+    try:
+        go, ready = (int(x) for x in gate.split(","))
+        os.write(ready, b"r")
+        os.close(ready)
+        got = os.read(go, 1)
+        os.close(go)
+    except (OSError, ValueError):
+        got = b""
+    if got != b"g":
+        os._exit(0)
+
+
+def _boot() -> None:
+    if not os.environ.get("CHAOS_JOB_OUT"):
+        return
+    # The tracer's own modules are compiled once per exploration into the harness's scratch
+    # root (CHAOS_JOB_PYCACHE) and read from there by every later process: with
+    # PYTHONDONTWRITEBYTECODE set (common in containers and CI) each rank would otherwise
+    # recompile them, ~50-100 ms a process. Only these imports use the prefix; the job's
+    # own imports keep the interpreter's settings.
+    prefix = os.environ.get("CHAOS_JOB_PYCACHE")
+    saved = (sys.pycache_prefix, sys.dont_write_bytecode)
+    if prefix:
+        sys.pycache_prefix, sys.dont_write_bytecode = prefix, False
+    try:
+        try:
+            try:
+                import chaos.target.job.inproc  # noqa: F401
+            except ImportError:
+                # A job run by another interpreter: make this project importable, last on the path.
+                # (this file is <project>/chaos/target/job/boot/sitecustomize.py)
+                sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+                    os.path.abspath(__file__)))))))
+            from chaos.target.job.inproc import install
+        finally:
+            _gate()  # a spare waits here even when the tracer failed to import
+        install()
+    except Exception as exc:  # noqa: BLE001 - never break the user's job; the judge sees no trace
+        print(f"chaos: could not install the I/O tracer: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        sys.pycache_prefix, sys.dont_write_bytecode = saved
+
+
+_boot()
+_chain()

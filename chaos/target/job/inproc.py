@@ -1,0 +1,431 @@
+"""Inside a job's rank process: trace its file events under {out} and fire one point.
+
+Called by ``boot/sitecustomize.py`` as the interpreter starts, before the job's own
+code runs. Everything it needs comes from the ``ENV_*`` variables of
+:mod:`chaos.model.jobspec`; without ``CHAOS_JOB_OUT`` nothing happens.
+
+The tracer is :class:`faults.interposer.Interposer` with three additions made by
+subclassing, not by editing it:
+
+- every op record carries ``ord``, the ordinal of the rank's file event (0, 1, ...),
+  which is what a point names (``rank0:op17:before``). Ordinals, unlike paths, are
+  stable when a job writes random temp names (``tempfile.mkstemp``); but where ranks
+  race (on creating one directory, say) they move from run to run. An anchored point
+  (``Point.anchored``: its path was the same in both fault-free runs) therefore fires
+  at the ``nth`` event of its kind on its path, counted here per (kind, path) the way
+  ``pointset.enumerate_points`` counts them, whatever that event's ordinal;
+- a point fires *before* event N (the event is not performed), *after* it (its record
+  is on disk, then SIGKILL), or *torn* (a write stores the first half of its bytes,
+  then SIGKILL, through the interposer's own ``short_write`` rule);
+- a corruption or power-loss point *halts* right after event N: the rank records it,
+  leaves a request in the trace directory and waits, frozen, until the launcher has
+  stopped every copy (torchrun's agent included, so it cannot restart the workers
+  before the harness has edited {out}); SIGKILL itself after ``HALT_WAIT_S`` without one;
+- an ``enospc`` / ``eio`` point makes event N raise ``OSError`` instead of being
+  performed, through the interposer's own rule actions (``fsync_fail`` for an fsync);
+  the job sees the error and carries on as it will. EIO is one bad event; a full disk
+  stays full, so after an ``enospc`` every later event that needs space (a write, a
+  file created, mkdir, rename, link) raises ENOSPC too — Python's retry of a failed
+  buffered write at ``close()`` included. If the job is still running at its next
+  announced step, it is killed there, so the restart shows whether what it acknowledged
+  after the error was really saved;
+- a ``term`` step point leaves a request for the launcher (which sends SIGTERM to every
+  copy, then SIGKILL after ``--grace``) and waits, up to ``TERM_WAIT_S``, for its answer,
+  outside the interposer's lock, so the job's own SIGTERM handler runs (and its saves
+  are traced) as it would under a real preemption;
+- a ``net`` point (at an announced step, or right after event N) leaves a request for
+  the launcher (which cuts this rank's network link, ``netcut.py``) and waits, up to
+  ``NET_WAIT_S``, for its answer, so the cut lands exactly there; then the job goes on,
+  its next collective meeting a dead link. It fires once, even where a step is
+  announced twice (``probe.step`` and a ``--loss-regex`` line). At an event the wait
+  holds the interposer's lock (the launcher answers in milliseconds); at a step it
+  does not;
+- ``chaos.probe`` calls and lines of the job's stdout/stderr matching
+  ``--step-regex`` become ``{"event":"phase","name":"chaos.probe",...}`` records in the
+  same trace, in order with the file events; a step point fires at such a record.
+
+Child processes (data-loader workers, helpers) are not traced unless
+``CHAOS_JOB_CHILDREN=1``: a forked child uninstalls the tracer, and a spawned one sees
+``CHAOS_JOB_BOOTED`` and does not install it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+from chaos import phases
+from chaos.model import contract as S
+from faults.interposer import Interposer, IORule
+
+TYPE_CHECKING = False  # imported as every rank starts: no ``typing`` at run time
+if TYPE_CHECKING:
+    from typing import Any
+
+_installed: JobInterposer | None = None
+HALT_WAIT_S = 20.0  # a halted rank waits this long for the launcher to stop it, then SIGKILLs itself
+TERM_WAIT_S = 10.0  # a term point waits this long for the launcher's SIGTERM, then carries on
+NET_WAIT_S = 10.0   # a net point waits this long for the launcher's cut, then carries on
+_FSYNCS = ("fsync", "fdatasync")
+_NEEDS_SPACE = ("write", "mkdir", "rename", "link")  # and an open that creates its file
+
+
+def _rules(mode: str | None) -> list[IORule]:
+    """The interposer rules a point's mode needs; ``_match`` decides when they fire."""
+    if mode == "torn":
+        return [IORule("short_write", op="write", keep=None, then="kill", times=None)]
+    if mode == "enospc":
+        return [IORule("enospc", times=None)]
+    if mode == "eio":
+        return [IORule("eio", times=None), IORule("fsync_fail", times=None)]
+    return []
+
+
+def _let_sigterm_land() -> None:
+    """Return once the job's own SIGTERM handler has run (a term point, ``JobInterposer._term``).
+
+    The launcher writes its answer only after ``kill()`` returned, so SIGTERM is pending
+    or already delivered here. On the main thread the kernel delivers it on the way out of
+    a syscall and Python runs the handler at the next bytecode boundary, so waiting until
+    the kernel no longer holds it pending is enough (a fixed 50 ms sleep cost every term
+    point as much as a whole attempt of a pure-Python job). On another thread the handler
+    runs on the main thread whenever that one gets to it, and a torchrun worker gets the
+    signal only once its agent forwarded it: give those the 50 ms. A signal the job blocks
+    stays pending: after 50 ms the job carries on as it would.
+    """
+    import signal
+    import threading
+
+    forwarded = os.environ.get(S.ENV_RANKS_ONLY) == "1"  # torchrun's agent got the SIGTERM, not this process
+    if forwarded or threading.current_thread() is not threading.main_thread():
+        time.sleep(0.05)
+        return
+    until = time.monotonic() + 0.05
+    while signal.SIGTERM in signal.sigpending() and time.monotonic() < until:
+        time.sleep(0.001)
+
+
+class JobInterposer(Interposer):
+    """The interposer, numbering file events and firing one ``Point`` given as a dict."""
+
+    def __init__(self, root: str, rank: int, trace_path: str, point: dict[str, Any] | None) -> None:
+        super().__init__(root, rank=rank, trace_path=trace_path, rules=_rules(point and point.get("mode")),
+                         keep_records=False)
+        self.point = point
+        self._anchor: tuple[str, str, int] | None = None
+        self._counts: dict[tuple[str, str], int] = {}  # (kind, path key) -> events so far (anchored point)
+        if point is not None and point.get("anchor"):
+            kind, path, nth = point["anchor"]
+            self._anchor = (str(kind), str(path), int(nth))
+            self.point = {**point, "op": None}  # no ordinal matches until the anchor's event comes
+        self._ord = 0
+        self._cur: int | None = None
+        self._errored = False  # an enospc / eio point fired: kill at the next announced step
+        self._net_fired = False  # a net point fires once
+        self._deferred: tuple[str, dict[str, Any]] | None = None  # a corruption waiting for its step (at_step)
+        self._requests = os.path.dirname(trace_path)
+
+    def _target(self, *modes: str) -> bool:
+        p = self.point
+        return p is not None and p.get("mode") in modes and p.get("op") == self._cur
+
+    def _match(self, kind: str, paths: tuple[str, ...], offset: int | None = None,
+               length: int | None = None) -> list[int]:
+        # Called exactly once per traced op, before it is performed, under the lock.
+        self._cur = self._ord
+        self._ord += 1
+        if self._anchor is not None:
+            self._count(kind, paths)
+        if self._target("torn"):
+            if kind == "write" and length and length > 1:
+                return [0]  # _do_write keeps the first half (keep=None), records it, fires, dies
+            self._cut(kind, paths, "before", note="torn point on a non-write or 1-byte event: killed before it")
+        if self._target("before"):
+            self._cut(kind, paths, "before")
+        if self._target("enospc", "eio"):
+            self._errored = True
+            # _act_before / _do_write fire the rule: the op is not performed and raises OSError
+            return [1] if self.point["mode"] == "eio" and kind in _FSYNCS else [0]  # type: ignore[index]
+        if self._errored and self.point["mode"] == "enospc" and (  # type: ignore[index]
+                kind in _NEEDS_SPACE or kind == "open" and paths and not os.path.lexists(paths[0])):
+            return [0]  # the disk is still full
+        return []
+
+    def _count(self, kind: str, paths: tuple[str, ...]) -> None:
+        """Count this event under its (kind, path key) and aim the point at it if it is the anchor's.
+
+        The key is the path its trace record carries (a rename's destination, else its one
+        path), relative to {out} as ``history.read_traces`` makes it: the same key and count
+        ``pointset.enumerate_points`` gave the anchor in the fault-free run.
+        """
+        path = paths[-1] if len(paths) > 1 else paths[0] if paths else None
+        key = (kind, self._rel(path) if path else "")
+        n = self._counts[key] = self._counts.get(key, 0) + 1
+        if (kind, key[1], n) == self._anchor:
+            self.point["op"] = self._cur  # type: ignore[index]
+
+    def _op(self, kind: str, **fields: Any) -> dict[str, Any]:
+        fields.setdefault("ord", self._cur)
+        rec = super()._op(kind, **fields)
+        if fields["ord"] == self._cur:
+            if self._target("after"):
+                self._cut(kind, (fields.get("path"),), "after")
+            elif self._target(*S.HALT_MODES):
+                if self.point.get("at_step") is None:  # type: ignore[union-attr]
+                    self._halt(kind, fields)
+                else:  # the file is complete; the corruption lands once the job has moved on
+                    self._deferred = (kind, {"ord": self._cur, **fields})
+            elif self._target("net"):
+                self._net({"op": kind, "ord": self._cur, "path": fields.get("path"), "dst": fields.get("dst")})
+        return rec
+
+    def _fire(self, i: int, kind: str, paths: tuple[str, ...], **point: Any) -> dict[str, Any]:
+        point.setdefault("ord", self._cur)
+        point.setdefault("when", self.point.get("mode") if self.point else "torn")
+        return super()._fire(i, kind, paths, **point)
+
+    def _request(self, name: str, info: dict[str, Any]) -> None:
+        """Leave a request for the launcher's poll loop (written whole, then renamed into view)."""
+        final = os.path.join(self._requests, f"{name}-r{self.rank}-p{os.getpid()}.json")
+        tmp = final + ".tmp"
+        fd = self._o["open"](tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self._write_all(fd, json.dumps(info, default=str).encode())
+        finally:
+            self._o["close"](fd)
+        self._o["rename"](tmp, final)
+
+    def _halt(self, kind: str, fields: dict[str, Any], step: Any = None) -> None:
+        """Right after event N of a corruption / power-loss point, or at the step a deferred corruption
+        waits for (``step``; ``fields`` then are event N's): freeze until every copy is stopped."""
+        rec = self._emit({"event": "fired", "action": "halt", "op": kind, "when": self.point["mode"],  # type: ignore[index]
+                          "ord": fields.get("ord", self._cur), "path": fields.get("path"), "dst": fields.get("dst"),
+                          **({} if step is None else {"step_n": step, "last_ord": self._cur})})
+        self._request(S.HALT_REQUEST, {"rank": self.rank, "ord": self._cur, "ts": rec["ts"]})
+        deadline = time.monotonic() + HALT_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.005)
+        self._die()
+
+    def _cut(self, kind: str, paths: tuple[Any, ...], when: str, note: str | None = None) -> None:
+        rec: dict[str, Any] = {"event": "fired", "action": "kill", "op": kind, "when": when, "ord": self._cur,
+                               "path": paths[0] if paths else None}
+        if note:
+            rec["note"] = note
+        self._emit(rec)
+        self._die()
+
+    def _on_phase(self, name: str, info: dict[str, Any]) -> None:
+        super()._on_phase(name, info)
+        p = self.point
+        if p is None or name != "chaos.probe" or info.get("kind") not in S.STEP_KINDS:
+            return
+        if self._errored:  # still running after the injected error: crash it at its next step
+            self._enter()
+            try:
+                self._emit({"event": "fired", "action": "kill", "op": "step", "when": "after_error",
+                            "step_n": info.get("n"), "source": info.get("kind")})
+            finally:
+                self._leave()
+            self._die()
+        if self._deferred is not None and info.get("n") == p.get("at_step"):
+            self._enter()  # held until the copies are stopped: no thread writes past the halt
+            self._halt(*self._deferred, step=info.get("n"))
+        if p.get("step") is None or info.get("n") != p["step"]:
+            return
+        if p.get("mode") == "term":
+            self._term(p["step"], info.get("kind"))
+            return
+        if p.get("mode") == "net":
+            self._net({"op": "step", "step_n": p["step"], "source": info.get("kind")})
+            return
+        self._enter()
+        try:
+            self._emit({"event": "fired", "action": "kill", "op": "step", "when": "kill", "step_n": p["step"],
+                        "source": info.get("kind")})
+        finally:
+            self._leave()
+        self._die()
+
+    def _term(self, step: int, source: Any) -> None:
+        """Ask the launcher for SIGTERM and wait for it here, outside the lock (the job's handler runs)."""
+        self._enter()
+        try:
+            rec = self._emit({"event": "fired", "action": "term", "op": "step", "when": "term", "step_n": step,
+                              "source": source})
+            self._request(S.TERM_REQUEST, {"rank": self.rank, "step": step, "ts": rec["ts"]})
+        finally:
+            self._leave()
+        sent = os.path.join(self._requests, S.TERM_SENT)
+        deadline = time.monotonic() + TERM_WAIT_S
+        while time.monotonic() < deadline:
+            if os.path.exists(sent):
+                _let_sigterm_land()
+                return
+            time.sleep(0.005)
+        self._enter()
+        try:
+            self._emit({"event": "note", "note": f"no SIGTERM came within {TERM_WAIT_S:g} s: the job carried on"})
+        finally:
+            self._leave()
+
+    def _net(self, where: dict[str, Any]) -> None:
+        """Ask the launcher to cut this rank's link and wait for the cut; then the job goes on."""
+        if self._net_fired:
+            return
+        self._net_fired = True
+        self._enter()
+        try:
+            rec = self._emit({"event": "fired", "action": "net", "when": "net", **where})
+            self._request(S.NET_REQUEST, {"rank": self.rank, **where, "ts": rec["ts"]})
+        finally:
+            self._leave()
+        answer = os.path.join(self._requests, S.NET_DOWN)
+        deadline = time.monotonic() + NET_WAIT_S
+        note = f"no network cut came within {NET_WAIT_S:g} s: the job carried on"
+        while time.monotonic() < deadline:
+            if os.path.exists(answer):
+                note = "the launcher answered the network cut request"
+                break
+            time.sleep(0.005)
+        self._enter()
+        try:
+            self._emit({"event": "note", "note": note})
+        finally:
+            self._leave()
+
+
+class _OutputScanner:
+    """A stand-in for sys.stdout/sys.stderr that announces the lines matching ``--step-regex``
+    (``regex``: where a step ran) and ``--loss-regex`` (``loss``: a step's loss) as probes.
+
+    Everything is passed through to the real stream unchanged; attributes it does not
+    define (``buffer``, ``fileno``, ``encoding``, ...) are the real stream's.
+    """
+
+    def __init__(self, stream: Any, step: re.Pattern[str] | None, loss: re.Pattern[str] | None) -> None:
+        self._stream = stream
+        self._step, self._loss = step, loss
+        self._groups = S.loss_groups(loss.pattern) if loss is not None else None
+        self._partial = ""
+
+    def write(self, s: str) -> int:
+        n = self._stream.write(s)
+        self._partial += s
+        if "\n" in self._partial:
+            *lines, self._partial = self._partial.split("\n")
+            for line in lines:
+                self._scan(line)
+        if len(self._partial) > 65536:
+            self._partial = self._partial[-4096:]
+        return n
+
+    def _scan(self, line: str) -> None:
+        for m in self._step.finditer(line) if self._step is not None else ():
+            try:
+                value = int(m.group(1))
+            except (TypeError, ValueError):
+                continue
+            phases.phase("chaos.probe", kind="regex", n=value)
+        for m in self._loss.finditer(line) if self._loss is not None else ():
+            step, loss = self._groups
+            try:
+                n, value = int(m.group(step)), float(m.group(loss))
+            except (TypeError, ValueError):
+                continue
+            phases.phase("chaos.probe", kind="loss", n=n, loss=value)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _rank_attempt(env: os._Environ[str] | dict[str, str]) -> tuple[int, int]:
+    """(rank, attempt). A torchrun worker's attempt is torchelastic's restart count, offset by
+    ``TORCHRUN_STRIDE`` per relaunch of torchrun itself by the harness."""
+    rank = env.get("RANK", env.get(S.ENV_RANK, "0"))
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", env.get(S.ENV_ATTEMPT, "0"))
+    n = int(attempt) if attempt.isdigit() else 0
+    base = env.get(S.ENV_ATTEMPT, "0")
+    if env.get(S.ENV_RANKS_ONLY) == "1" and "TORCHELASTIC_RESTART_COUNT" in env and base.isdigit():
+        n += S.TORCHRUN_STRIDE * int(base)
+    return (int(rank) if rank.isdigit() else 0, n)
+
+
+def should_install(env: os._Environ[str] | dict[str, str]) -> bool:
+    """This process is one the harness traces: a job process, a rank, and no traced ancestor."""
+    if not env.get(S.ENV_OUT) or not env.get(S.ENV_TRACE_DIR):
+        return False
+    if env.get(S.ENV_RANKS_ONLY) == "1" and "RANK" not in env:
+        return False  # torchrun's agent: only its workers are ranks
+    if env.get(S.ENV_BOOTED) and env.get(S.ENV_CHILDREN) != "1":
+        return False  # a child of a traced rank (a data-loader worker): not unless asked
+    return True
+
+
+def _own_temp_dir(env: os._Environ[str] | dict[str, str], rank: int) -> None:
+    """TMPDIR = a folder of the point's temp dir for this rank alone (``ENV_TMP``/rank<R>).
+
+    The interposer traces the temp dir too (a file written there and moved into {out} is
+    part of a save), and event ordinals are point identities: ranks sharing one temp
+    dir race for what lands there first (torch's import makes its cache folder in
+    whichever rank gets there first), which would shift every later ordinal of the
+    loser between runs.
+    """
+    base = env.get(S.ENV_TMP)
+    if not base:
+        return
+    own = os.path.join(base, f"rank{rank}")
+    os.makedirs(own, exist_ok=True)
+    env["TMPDIR"] = own
+    if "tempfile" in sys.modules:
+        sys.modules["tempfile"].tempdir = None  # re-read TMPDIR on next use
+
+
+def install() -> JobInterposer | None:
+    """Install the tracer in this process if the environment says so; None otherwise."""
+    global _installed
+    env = os.environ
+    if _installed is not None or not should_install(env):
+        return None
+    rank, attempt = _rank_attempt(env)
+    _own_temp_dir(env, rank)
+    point: dict[str, Any] | None = None
+    if env.get(S.ENV_POINT):
+        p = json.loads(env[S.ENV_POINT])
+        if p.get("rank") == rank and attempt == 0:
+            point = p
+    tdir = env[S.ENV_TRACE_DIR]
+    pid = os.getpid()
+    trace = os.path.join(tdir, f"trace-r{rank}-a{attempt}-p{pid}.jsonl")
+    ix = JobInterposer(env[S.ENV_OUT], rank, trace, point).install()
+    _installed = ix
+    env[S.ENV_BOOTED] = str(pid)
+    env[S.PROBE_FILE_ENV] = os.path.join(tdir, f"probe-r{rank}-a{attempt}-p{pid}.jsonl")
+    if env.get(S.ENV_CHILDREN) != "1":
+        os.register_at_fork(after_in_child=_forget)
+    step_rx, loss_rx = env.get(S.ENV_STEP_REGEX), env.get(S.ENV_LOSS_REGEX)
+    if step_rx or loss_rx:
+        step, loss = (re.compile(step_rx) if step_rx else None), (re.compile(loss_rx) if loss_rx else None)
+        sys.stdout = _OutputScanner(sys.stdout, step, loss)
+        sys.stderr = _OutputScanner(sys.stderr, step, loss)
+    return ix
+
+
+def _forget() -> None:
+    """In a forked child of a traced rank: stop tracing (its records would be the rank's)."""
+    global _installed
+    if _installed is not None:
+        _installed.uninstall()
+        _installed = None
