@@ -96,7 +96,7 @@ def _bench_on_gpus(tmp_path, world_size):
     never asserted; what is asserted is that every load gave back the saved bytes and where ranks ran."""
     from chaos.bench import checkpoint as bench
     from chaos.bench import ranks as bench_ranks
-    from chaos.cli.commands import bench as bench_cmd
+    from chaos.bench import save as bench_cmd
 
     cfg = bench.BenchConfig(size_mb=8, world_size=world_size, repeats=2, root=str(tmp_path), device="cuda",
                             checkpointers=("reference", "reference-async", "reference-async-trust", "dcp", "dcp-async"))

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
+from chaos.bench import scale as scalebench
 from chaos.cli import main as cli
-from chaos.cli.commands import scalebench
 from chaos.errors import ConfigError
 
 

@@ -15,9 +15,9 @@ import json
 import pytest
 
 from chaos.bench import checkpoint as bench
+from chaos.bench import save as bench_cmd
 from chaos.bench import sharded as bench_sharded
 from chaos.cli import main as cli
-from chaos.cli.commands import bench as bench_cmd
 from chaos.errors import ConfigError
 
 EXISTING_KEYS = {"config", "payload_bytes", "raw", "results", "ratios", "targets", "meets_target"}

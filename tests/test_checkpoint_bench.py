@@ -18,8 +18,8 @@ import pytest
 
 from chaos.bench import checkpoint as bench
 from chaos.bench import ranks as bench_ranks
+from chaos.bench import save as bench_cmd
 from chaos.cli import main as cli
-from chaos.cli.commands import bench as bench_cmd
 from chaos.errors import ConfigError
 
 

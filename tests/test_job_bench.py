@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cli.commands import jobbench
+from chaos.bench import job as jobbench
 from chaos.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent

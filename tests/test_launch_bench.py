@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from chaos.cli.commands.launchbench import aggregate, group_of, scenario_phases
+from chaos.bench.launch import aggregate, group_of, scenario_phases
 
 
 def _ev(ev: str, t: float, **fields) -> dict:

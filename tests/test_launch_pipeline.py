@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from chaos.cli.commands.launchbench import aggregate, scenario_phases
+from chaos.bench.launch import aggregate, scenario_phases
 from chaos.errors import ConfigError
 from chaos.plan.scenario import Scenario, parse_fault
 from chaos.run import campaign, runner

@@ -266,7 +266,7 @@ def test_bench_crashstates_command(capsys: pytest.CaptureFixture[str], tmp_path:
     """`chaos bench-crashstates` end to end (a benchmark: prints the rate, asserts no timing)."""
     import argparse
 
-    from chaos.cli.commands import crashbench
+    from chaos.bench import crashstates as crashbench
 
     parser = argparse.ArgumentParser()
     crashbench.add_arguments(parser)

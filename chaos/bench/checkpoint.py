@@ -47,9 +47,9 @@ DCP; reference async stall <= 0.5x DCP async's; verified load <= 1.2x DCP's load
 Missing checkpointers are skipped with a note; every load is checked bit-exact on
 every rank.
 
-Who calls what: ``chaos.cli.commands.bench`` validates a config and runs :func:`run_bench`
+Who calls what: ``chaos.bench.save`` validates a config and runs :func:`run_bench`
 (``parallel=ddp``) or ``chaos.bench.sharded.run`` (``parallel=fsdp``, whose report is
-built on :func:`make_report`); ``chaos.cli.commands.scalebench`` runs :func:`run_bench` at
+built on :func:`make_report`); ``chaos.bench.scale`` runs :func:`run_bench` at
 several sizes. Rank processes come from ``chaos.bench.ranks``.
 """
 
@@ -143,7 +143,7 @@ def validate(cfg: BenchConfig) -> None:
     ``cuda`` needs the replicated (ddp) bench, CUDA, and one GPU per rank
     (``chaos.target.workload.device.unavailable`` says which is missing; the same text
     ``chaos run --device cuda`` gives), and a ``CUDA_VISIBLE_DEVICES`` that lists enough.
-    Called by ``chaos.cli.commands.bench.run_bench`` and :func:`run_bench`.
+    Called by ``chaos.bench.save.run_bench`` and :func:`run_bench`.
     """
     if cfg.parallel == "ddp" and cfg.workload:
         raise ConfigError(f"chaos bench: --workload {', '.join(sorted(cfg.workload))} apply to parallel=fsdp only "
@@ -511,12 +511,12 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the replicated benchmark in ``cfg.world_size`` fresh rank processes; return the report.
 
     A config that cannot run raises ConfigError before any process starts. Sharded state
-    (``parallel=fsdp``) is ``chaos.bench.sharded.run``; ``chaos.cli.commands.bench.run_bench``
+    (``parallel=fsdp``) is ``chaos.bench.sharded.run``; ``chaos.bench.save.run_bench``
     picks between the two.
     """
     if cfg.parallel != "ddp":
         raise ConfigError(f"chaos.bench.checkpoint.run_bench measures parallel=ddp; parallel={cfg.parallel} is "
-                          "chaos.cli.commands.bench.run_bench's to dispatch")
+                          "chaos.bench.save.run_bench's to dispatch")
     validate(cfg)
     envs = bench_ranks.rank_envs(cfg.device, cfg.world_size)
     base = make_root("chaos-bench-", cfg.root)

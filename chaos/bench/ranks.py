@@ -5,7 +5,7 @@ state, ``chaos bench --workload parallel=fsdp``) both start a fresh gloo group o
 processes, time collective saves and loads as the slowest rank saw them, sample the
 disk's raw ``write + fsync`` bandwidth beside every save, and run the two checkpointers
 they compare back to back in each repeat, alternating which goes first. That machinery
-lives here so neither bench module imports the other; ``chaos.cli.commands.bench`` picks
+lives here so neither bench module imports the other; ``chaos.bench.save`` picks
 which one runs.
 
 Parent side: :func:`launch`, :func:`rank_envs`. In the ranks: :func:`max_all`,

@@ -1,6 +1,6 @@
 """`chaos bench --workload parallel=fsdp`: the reference checkpointer against DCP on sharded FSDP2 state.
 
-``chaos.cli.commands.bench.run_bench`` hands a ``parallel=fsdp`` config here. The ranks hold the real
+``chaos.bench.save.run_bench`` hands a ``parallel=fsdp`` config here. The ranks hold the real
 workload's state (``chaos.target.workload.train.Trainer`` with ``parallel=fsdp``: per-block
 ``fully_shard`` on gloo/CPU, parameters and AdamW moments as DTensors, after one training
 step), its model sized so the whole state (all ranks together) is about ``size_mb``. That
@@ -25,7 +25,7 @@ is faster), reported with min / median / max over the repeats. The report keeps
 ``chaos.bench.checkpoint``'s keys (``results``, ``ratios``: medians of per-repeat ratios, ``raw`` ...)
 and adds ``fsdp``.
 
-Who calls what: ``chaos.cli.commands.bench.run_bench`` calls :func:`validate` and :func:`run`
+Who calls what: ``chaos.bench.save.run_bench`` calls :func:`validate` and :func:`run`
 for a ``parallel=fsdp`` config and renders :func:`markdown` / :func:`print_section`
 beside ``chaos.bench.checkpoint``'s tables. Rank machinery is ``chaos.bench.ranks``'s.
 """

@@ -22,9 +22,11 @@ from chaos.plan.scenario import Scenario, key_values, parse_fault
 from chaos.run.campaign import DEFAULT_BUDGET_S
 from chaos.target.workload.config import DEVICES, WorkloadConfig
 
-# Modules under chaos.cli.commands that add a subcommand; missing ones are skipped.
-EXTRA_COMMANDS = ("interval", "bench", "launchbench", "report", "crashbench", "selfcheck", "engine", "certify",
-                  "jobbench", "repro", "findings", "scalebench", "clean")
+# Modules that add a subcommand (each has NAME, HELP, add_arguments and run), in help order.
+EXTRA_COMMANDS = ("chaos.cli.commands.interval", "chaos.bench.save", "chaos.bench.launch", "chaos.cli.commands.report",
+                  "chaos.bench.crashstates", "chaos.cli.commands.selfcheck", "chaos.cli.commands.engine",
+                  "chaos.cli.commands.certify", "chaos.bench.job", "chaos.cli.commands.repro",
+                  "chaos.cli.commands.findings", "chaos.bench.scale", "chaos.cli.commands.clean")
 
 
 def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:
@@ -159,11 +161,8 @@ def make_parser() -> argparse.ArgumentParser:
     replay.add_argument("--dry-run", action="store_true", help="print what the replay would run, run nothing")
     _add_run_options(replay)
 
-    for name in EXTRA_COMMANDS:
-        try:
-            module = importlib.import_module(f"chaos.cli.commands.{name}")
-        except ImportError:
-            continue
+    for name in EXTRA_COMMANDS:  # a module that fails to import is a broken install: said, never skipped
+        module = importlib.import_module(name)
         extra = sub.add_parser(module.NAME, help=module.HELP)
         module.add_arguments(extra)
         extra.set_defaults(handler=module.run)

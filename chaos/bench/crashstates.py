@@ -36,7 +36,7 @@ from chaos.scratch import make_root
 NAME = "bench-crashstates"
 HELP = "record one save, explore its power-loss crash states and report states/s"
 
-CAREFUL = str(Path(__file__).resolve().parents[3] / "tests" / "checkpointers" / "careful.py") + ":CarefulCheckpointer"
+CAREFUL = str(Path(__file__).resolve().parents[2] / "tests" / "checkpointers" / "careful.py") + ":CarefulCheckpointer"
 
 
 def default_checkpointer() -> str:

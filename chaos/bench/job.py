@@ -52,7 +52,7 @@ from chaos.scratch import make_root
 NAME = "bench-job"
 HELP = "run our job mode and the peer ckpt-chaos on the same scripts, side by side, and compare"
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DEFAULT_SCRIPTS = (EXAMPLES / "careless_job.py", EXAMPLES / "careful_job.py")
 PEER = "ckpt-chaos"
 PEER_MODULE = "ckpt_chaos"

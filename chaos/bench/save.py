@@ -12,7 +12,7 @@ Compared checkpointers run back to back in every repeat (which goes first altern
 and every ratio is computed per repeat pair, then reported as min / median / max.
 This module picks the bench (:func:`run_bench`: ``chaos.bench.checkpoint`` for replicated state,
 ``chaos.bench.sharded`` for ``parallel=fsdp``) and renders both reports; ``chaos
-bench-scale`` (``chaos.cli.commands.scalebench``) calls :func:`run_bench` too.
+bench-scale`` (``chaos.bench.scale``) calls :func:`run_bench` too.
 """
 
 from __future__ import annotations

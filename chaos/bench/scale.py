@@ -3,15 +3,15 @@
 Four measurements, each made by the bench that owns it (nothing is re-implemented here):
 
 * **kill scenario by world size** (1, 2, 4, 8 ranks): ``chaos bench-launch``'s scenario
-  (``run_scenario`` with the golden run cached, as ``chaos.cli.commands.launchbench`` runs it)
+  (``run_scenario`` with the golden run cached, as ``chaos.bench.launch`` runs it)
   at each world size, its verdicts shown beside the seconds. On a machine with fewer
   cores than ranks the ranks are oversubscribed, and the table says so per row;
 * **save, stall and load by state size** (10 MB, 100 MB, 1 GB): ``chaos bench``
-  (``chaos.cli.commands.bench.run_bench``) with the reference sync and async saves against
+  (``chaos.bench.save.run_bench``) with the reference sync and async saves against
   DCP's ``save`` and ``async_save``, every figure min / median / max over the repeats,
   ratios per repeat pair;
 * **crash states by shard count** (2, 4, 8 ranks, one shard each): ``chaos
-  bench-crashstates`` (``chaos.cli.commands.crashbench``) on the reference's save at each
+  bench-crashstates`` (``chaos.bench.crashstates``) on the reference's save at each
   world size, sampling the same number of states at every size (``--exhaustive-limit 0``)
   so the rates compare; ``--crash-exhaustive`` keeps that bench's own default;
 * **campaign scenarios per minute**: the bare ``chaos run`` family campaign (one
@@ -169,12 +169,12 @@ def measure_kill(world_sizes: tuple[int, ...], checkpointer: str, repeats: int, 
                  work: str) -> list[dict[str, Any]]:
     """One kill scenario per world size, golden run cached: ``chaos bench-launch``'s scenario, timed the same way.
 
-    ``run_scenario`` directly, as ``chaos.cli.commands.launchbench`` does (a kill of the last
+    ``run_scenario`` directly, as ``chaos.bench.launch`` does (a kill of the last
     rank at 57.5 % of the steps; the first run computes and caches the golden run, the
     next ``repeats`` are timed), but a scenario whose verdict is not ``pass`` is timed
     too and its verdict shown: its cost is still the cost (bench-launch stops there).
     """
-    from chaos.cli.commands.launchbench import kill_scenario, kill_step
+    from chaos.bench.launch import kill_scenario, kill_step
     from chaos.run.runner import RunOptions, run_scenario
 
     cores = os.cpu_count() or 1
@@ -217,7 +217,7 @@ def measure_save(sizes_mb: tuple[float, ...], repeats: int, world_size: int, dev
                  root: str | None) -> list[dict[str, Any]]:
     """``chaos bench`` at each size: reference sync/async against DCP save/async_save."""
     from chaos.bench import checkpoint as bench
-    from chaos.cli.commands import bench as bench_cmd
+    from chaos.bench import save as bench_cmd
 
     rows = []
     for mb in sizes_mb:
@@ -247,7 +247,7 @@ def _by(row: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def measure_crash(shards: tuple[int, ...], max_states: int, exhaustive: bool, work: str) -> list[dict[str, Any]]:
     """Crash states of one reference save per shard count, by ``chaos bench-crashstates``."""
-    from chaos.cli.commands import crashbench
+    from chaos.bench import crashstates as crashbench
 
     rows = []
     for n in shards:
@@ -358,7 +358,7 @@ def _size(mb: float) -> str:
 
 def to_markdown(doc: dict[str, Any]) -> str:
     """The tables README's *How cost grows* shows, with the date, the machine and each bench's command."""
-    from chaos.cli.commands.launchbench import kill_step
+    from chaos.bench.launch import kill_step
 
     m = doc["machine"]
     st = doc["settings"]
