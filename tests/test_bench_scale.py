@@ -1,4 +1,4 @@
-"""``chaos bench-scale``: settings, the tables it renders, and a tiny real run of every section.
+"""``chaos bench scale``: settings, the tables it renders, and a tiny real run of every section.
 
 Nothing here is timed: the real run (``slow``) checks that each section came from the
 bench that owns it and that its numbers are consistent (min <= median <= max, checked +
@@ -51,7 +51,7 @@ def test_impossible_settings_are_config_errors(argv, message):
 def test_cli_says_a_bad_option_in_one_line(capsys):
     assert cli.main(["bench-scale", "--sections", "nothing"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("chaos: error: chaos bench-scale: unknown --sections nothing") and "Traceback" not in err
+    assert err.startswith("chaos: error: chaos bench scale: unknown --sections nothing") and "Traceback" not in err
 
 
 def _doc() -> dict:

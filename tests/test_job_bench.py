@@ -1,4 +1,4 @@
-"""``chaos bench-job``: our job mode and the peer ckpt-chaos, side by side on the same script.
+"""``chaos bench job``: our job mode and the peer ckpt-chaos, side by side on the same script.
 
 Real runs of both tools on the shipped careless example. No timing is asserted: the
 tests check the report's structure, that both tools really ran (points and fault

@@ -1,4 +1,4 @@
-"""``chaos bench-launch``'s breakdown: a scenario's wall time split into phases that add up to it.
+"""``chaos bench launch``'s breakdown: a scenario's wall time split into phases that add up to it.
 
 Built here from a hand-made record (times in seconds on a made-up clock), so every
 boundary is known: the runner's stages, each attempt's bounds, rank 0's events, the

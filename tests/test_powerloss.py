@@ -263,7 +263,7 @@ def test_pool_times_out_a_hang_restarts_and_leaves_nothing(tmp_path: Path) -> No
 
 @pytest.mark.bench
 def test_bench_crashstates_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """`chaos bench-crashstates` end to end (a benchmark: prints the rate, asserts no timing)."""
+    """`chaos bench crashstates` end to end (a benchmark: prints the rate, asserts no timing)."""
     import argparse
 
     from chaos.bench import crashstates as crashbench

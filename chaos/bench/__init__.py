@@ -3,10 +3,10 @@
 The ``chaos bench-*`` subcommands (NAME, HELP, add_arguments, run; registered by ``chaos.cli.main``):
 
 save.py         ``chaos bench``: the reference checkpointer against DCP, DCP async, torch.save, the disk
-launch.py       ``chaos bench-launch``: one kill scenario's wall time, phase by phase, beside torchrun
-crashstates.py  ``chaos bench-crashstates``: power-loss crash states checked per second
-job.py          ``chaos bench-job``: our job mode beside the peer ckpt-chaos on the same scripts
-scale.py        ``chaos bench-scale``: how the harness's costs grow
+launch.py       ``chaos bench launch``: one kill scenario's wall time, phase by phase, beside torchrun
+crashstates.py  ``chaos bench crashstates``: power-loss crash states checked per second
+job.py          ``chaos bench job``: our job mode beside the peer ckpt-chaos on the same scripts
+scale.py        ``chaos bench scale``: how the harness's costs grow
 
 and what they measure with:
 

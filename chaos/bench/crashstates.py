@@ -1,12 +1,12 @@
-"""`chaos bench-crashstates`: how fast power-loss crash states are checked.
+"""`chaos bench crashstates`: how fast power-loss crash states are checked.
 
 Records one real save of a checkpointer (2 gloo ranks, a small model), builds its
 crash states and runs the checkpointer's recovery on each distinct tree in warm worker
 groups, then prints the state counts, states per second and the class counts::
 
-    chaos bench-crashstates                                   # the reference checkpointer
-    chaos bench-crashstates --checkpointer tests/checkpointers/no_fsync.py:NoFsyncCheckpointer
-    chaos bench-crashstates --max-states 1000 --seed 3 --json out.json
+    chaos bench crashstates                                   # the reference checkpointer
+    chaos bench crashstates --checkpointer tests/checkpointers/no_fsync.py:NoFsyncCheckpointer
+    chaos bench crashstates --max-states 1000 --seed 3 --json out.json
 
 The counts are kept apart: states *generated* (distinct combinations of crash point
 and choices, every one a crash state of the model), *distinct* trees among them,
@@ -33,7 +33,7 @@ from typing import Any
 
 from chaos.scratch import make_root
 
-NAME = "bench-crashstates"
+NAME = "crashstates"  # `chaos bench crashstates`
 HELP = "record one save, explore its power-loss crash states and report states/s"
 
 CAREFUL = str(Path(__file__).resolve().parents[2] / "tests" / "checkpointers" / "careful.py") + ":CarefulCheckpointer"

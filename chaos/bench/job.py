@@ -1,4 +1,4 @@
-"""``chaos bench-job``: our job mode side by side with the peer tool ckpt-chaos, on the same scripts.
+"""``chaos bench job``: our job mode side by side with the peer tool ckpt-chaos, on the same scripts.
 
 Both tools put the same unmodified command (``python SCRIPT --out {out}``) under
 chaos: ours as ``chaos run -- COMMAND``, theirs as ``ckpt-chaos run -- COMMAND``
@@ -8,8 +8,8 @@ same point concurrency. Each repeat runs both back to back (which one goes first
 alternates), so the ratio ours/theirs of a repeat compares two runs made at the same
 moment of a shared machine::
 
-    chaos bench-job                                    # both shipped pure-Python examples, 3 repeats
-    chaos bench-job --script train.py --repeat 5 --markdown bench.md --json bench.json
+    chaos bench job                                    # both shipped pure-Python examples, 3 repeats
+    chaos bench job --script train.py --repeat 5 --markdown bench.md --json bench.json
 
 Per script and tool it reports wall time (total, and per point run: min / median /
 max over the repeats), points run, the fault kinds explored (ours: each scenario's
@@ -49,7 +49,7 @@ from typing import Any
 from chaos.errors import ConfigError
 from chaos.scratch import make_root
 
-NAME = "bench-job"
+NAME = "job"  # `chaos bench job`
 HELP = "run our job mode and the peer ckpt-chaos on the same scripts, side by side, and compare"
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -1,4 +1,4 @@
-"""``chaos bench-launch``: the wall time of one kill scenario, where it goes, and a plain ``torchrun`` beside it.
+"""``chaos bench launch``: the wall time of one kill scenario, where it goes, and a plain ``torchrun`` beside it.
 
 The golden run is cached first, so the figure is what a user pays per scenario in a
 campaign. Every timed scenario is split into phases, measured, not estimated: the
@@ -24,7 +24,7 @@ from typing import Any
 
 from chaos.scratch import make_root
 
-NAME = "bench-launch"
+NAME = "launch"  # `chaos bench launch`
 HELP = "time one kill scenario (golden cached), phase by phase, against a plain torchrun launch"
 
 # The interval that ends at a rank event, by the event's name: what the rank was doing.
@@ -165,7 +165,7 @@ def kill_step(steps: int) -> int:
 
 
 def kill_scenario(checkpointer: str, world_size: int, steps: int) -> Any:
-    """The bench's scenario: the last rank SIGKILLed at :func:`kill_step` (also ``chaos bench-scale``'s)."""
+    """The bench's scenario: the last rank SIGKILLed at :func:`kill_step` (also ``chaos bench scale``'s)."""
     from chaos.plan.scenario import Scenario, parse_fault
     from chaos.target.workload.config import WorkloadConfig
 

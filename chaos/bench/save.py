@@ -23,7 +23,7 @@ from typing import Any
 from chaos.bench import checkpoint as bench
 from chaos.bench import sharded as bench_sharded
 
-NAME = "bench"
+NAME = "save"  # `chaos bench save`, and a bare `chaos bench`
 HELP = "benchmark save/load of the reference checkpointer against DCP, torch.save and raw disk"
 
 

@@ -1,8 +1,8 @@
-"""``chaos bench-scale``: how the harness's costs grow, as one Markdown table set for README.
+"""``chaos bench scale``: how the harness's costs grow, as one Markdown table set for README.
 
 Four measurements, each made by the bench that owns it (nothing is re-implemented here):
 
-* **kill scenario by world size** (1, 2, 4, 8 ranks): ``chaos bench-launch``'s scenario
+* **kill scenario by world size** (1, 2, 4, 8 ranks): ``chaos bench launch``'s scenario
   (``run_scenario`` with the golden run cached, as ``chaos.bench.launch`` runs it)
   at each world size, its verdicts shown beside the seconds. On a machine with fewer
   cores than ranks the ranks are oversubscribed, and the table says so per row;
@@ -20,13 +20,13 @@ Four measurements, each made by the bench that owns it (nothing is re-implemente
 
 ::
 
-    chaos bench-scale --markdown scale.md --json scale.json     # everything (~10-15 min on 2 idle cores)
-    chaos bench-scale --quick                                    # 1-2 ranks, 10 MB, 2 shards, a short campaign
-    chaos bench-scale --sections save --sizes-mb 10,100 --repeats 7
+    chaos bench scale --markdown scale.md --json scale.json     # everything (~10-15 min on 2 idle cores)
+    chaos bench scale --quick                                    # 1-2 ranks, 10 MB, 2 shards, a short campaign
+    chaos bench scale --sections save --sizes-mb 10,100 --repeats 7
 
 Exit 0 when every measurement ran and every check in it held (scenarios passed, loads
 bit-exact, no crash-state violation), 1 otherwise (the row says which); bad options are
-a ConfigError (exit 2). Called by ``chaos.cli.main`` as the ``bench-scale`` subcommand;
+a ConfigError (exit 2). Called by ``chaos.cli.main`` as the ``bench scale`` subcommand;
 :func:`measure` and :func:`to_markdown` are what a test or a script uses.
 """
 
@@ -50,7 +50,7 @@ from chaos.bench.ranks import spread, triple
 from chaos.errors import ConfigError
 from chaos.scratch import make_root
 
-NAME = "bench-scale"
+NAME = "scale"  # `chaos bench scale`
 HELP = "how cost grows: kill scenario by world size, save/stall/load by size, crash states by shards, campaign rate"
 
 SECTIONS = ("kill", "save", "crash", "campaign")
@@ -79,9 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-sizes", type=_ints, default=None, metavar="N,N",
                    help="kill scenario world sizes (default 1,2,4,8)")
     p.add_argument("--kill-checkpointer", default="torch-save",
-                   help="checkpointer of the kill scenario (default torch-save, as chaos bench-launch)")
+                   help="checkpointer of the kill scenario (default torch-save, as chaos bench launch)")
     p.add_argument("--kill-repeats", type=int, default=None, help="timed kill scenarios per world size (default 3)")
-    p.add_argument("--kill-steps", type=int, default=40, help="steps of the kill scenario's job (default 40, as chaos bench-launch)")
+    p.add_argument("--kill-steps", type=int, default=40, help="steps of the kill scenario's job (default 40, as chaos bench launch)")
     p.add_argument("--sizes-mb", type=_floats, default=None, metavar="MB,MB",
                    help="state sizes for save/stall/load (default 10,100,1000)")
     p.add_argument("--repeats", type=int, default=None, help="chaos bench repeats per size (default 7)")
@@ -92,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="crash states: world sizes of the recorded reference save, one shard per rank (default 2,4,8)")
     p.add_argument("--max-states", type=int, default=None, help="crash states sampled per save (default 500)")
     p.add_argument("--crash-exhaustive", action="store_true",
-                   help="let chaos bench-crashstates enumerate every state where it would (its default limit) "
+                   help="let chaos bench crashstates enumerate every state where it would (its default limit) "
                         "instead of the same sample size at every shard count")
     p.add_argument("--campaign-args", default=None, metavar="ARGS",
                    help="extra `chaos run` arguments for the campaign, one string (default: none, the bare "
@@ -109,27 +109,27 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown or not sections:
-        raise ConfigError(f"chaos bench-scale: unknown --sections {', '.join(unknown) or '(none)'}: "
+        raise ConfigError(f"chaos bench scale: unknown --sections {', '.join(unknown) or '(none)'}: "
                           f"choose from {', '.join(SECTIONS)}")
     if any(n < 1 for n in chosen["world_sizes"]) or not chosen["world_sizes"]:
-        raise ConfigError("chaos bench-scale: --world-sizes must be positive integers")
+        raise ConfigError("chaos bench scale: --world-sizes must be positive integers")
     if any(s <= 0 for s in chosen["sizes_mb"]) or not chosen["sizes_mb"]:
-        raise ConfigError("chaos bench-scale: --sizes-mb must be positive")
+        raise ConfigError("chaos bench scale: --sizes-mb must be positive")
     if any(n < 1 for n in chosen["shards"]) or not chosen["shards"]:
-        raise ConfigError("chaos bench-scale: --shards must be positive integers")
+        raise ConfigError("chaos bench scale: --shards must be positive integers")
     for key in ("repeats", "kill_repeats", "max_states"):
         if chosen[key] < 1:
-            raise ConfigError(f"chaos bench-scale: --{key.replace('_', '-')} must be at least 1")
+            raise ConfigError(f"chaos bench scale: --{key.replace('_', '-')} must be at least 1")
     if args.bench_world_size < 1:
-        raise ConfigError("chaos bench-scale: --bench-world-size must be at least 1")
+        raise ConfigError("chaos bench scale: --bench-world-size must be at least 1")
     try:
         campaign = shlex.split(chosen["campaign_args"])
     except ValueError as exc:
-        raise ConfigError(f"chaos bench-scale: --campaign-args: {exc}") from None
+        raise ConfigError(f"chaos bench scale: --campaign-args: {exc}") from None
     if "--" in campaign or any(a in ("--json", "--scratch", "--cache-dir") for a in campaign):
-        raise ConfigError("chaos bench-scale: --campaign-args sets the campaign, not a job (--) or where results go")
+        raise ConfigError("chaos bench scale: --campaign-args sets the campaign, not a job (--) or where results go")
     if args.kill_steps < 2:
-        raise ConfigError("chaos bench-scale: --kill-steps must be at least 2 (the kill comes after a save)")
+        raise ConfigError("chaos bench scale: --kill-steps must be at least 2 (the kill comes after a save)")
     return {**chosen, "sections": sections, "campaign": campaign, "kill_checkpointer": args.kill_checkpointer,
             "kill_steps": args.kill_steps,
             "bench_world_size": args.bench_world_size, "device": args.device,
@@ -167,7 +167,7 @@ def _tail(text: str, lines: int = 3) -> str:
 
 def measure_kill(world_sizes: tuple[int, ...], checkpointer: str, repeats: int, steps: int,
                  work: str) -> list[dict[str, Any]]:
-    """One kill scenario per world size, golden run cached: ``chaos bench-launch``'s scenario, timed the same way.
+    """One kill scenario per world size, golden run cached: ``chaos bench launch``'s scenario, timed the same way.
 
     ``run_scenario`` directly, as ``chaos.bench.launch`` does (a kill of the last
     rank at 57.5 % of the steps; the first run computes and caches the golden run, the
@@ -246,7 +246,7 @@ def _by(row: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def measure_crash(shards: tuple[int, ...], max_states: int, exhaustive: bool, work: str) -> list[dict[str, Any]]:
-    """Crash states of one reference save per shard count, by ``chaos bench-crashstates``."""
+    """Crash states of one reference save per shard count, by ``chaos bench crashstates``."""
     from chaos.bench import crashstates as crashbench
 
     rows = []
@@ -265,7 +265,7 @@ def measure_crash(shards: tuple[int, ...], max_states: int, exhaustive: bool, wo
             row["cpu_ms_per_state"] = cpu.get("per_state_ms")
             row["load_avg_1m"] = cpu.get("load_avg_1m")
         if not row["ok"]:
-            row["error"] = _tail(printed) or f"chaos bench-crashstates exited {rc}"
+            row["error"] = _tail(printed) or f"chaos bench crashstates exited {rc}"
         _progress(f"crash states, {n} shards: {row.get('states_per_s')} states/s"
                   + ("" if row["ok"] else f" ({row['error']})"))
         rows.append(row)
@@ -305,7 +305,7 @@ def measure_campaign(extra: list[str], work: str) -> dict[str, Any]:
 
 
 def _progress(line: str) -> None:
-    print(f"bench-scale: {line}", file=sys.stderr, flush=True)
+    print(f"bench scale: {line}", file=sys.stderr, flush=True)
 
 
 def measure(s: dict[str, Any]) -> dict[str, Any]:
@@ -362,12 +362,12 @@ def to_markdown(doc: dict[str, Any]) -> str:
 
     m = doc["machine"]
     st = doc["settings"]
-    lines = [f"### How cost grows (`chaos bench-scale`, {doc['date']})", "",
+    lines = [f"### How cost grows (`chaos bench scale`, {doc['date']})", "",
              f"{m['cpus']} CPU core(s), torch {m.get('torch', '?')}; load average {m['load_avg_before']} before, "
              f"{m['load_avg_after']} after; {doc.get('seconds', '?')} s in all. Every figure is min / median / max "
              f"over its repeats.", ""]
     if "kill" in doc:
-        lines += [f"**One kill scenario, golden run cached** (chaos bench-launch's scenario: `chaos run --checkpointer "
+        lines += [f"**One kill scenario, golden run cached** (chaos bench launch's scenario: `chaos run --checkpointer "
                   f"{st['kill_checkpointer']} --steps {st['kill_steps']} --world-size N --fault "
                   f"kill:rank=N-1,step={kill_step(st['kill_steps'])}`, {st['kill_repeats']} timed "
                   f"run{'s' * (st['kill_repeats'] != 1)} after the one that computes the golden run: launch, kill, "
@@ -422,8 +422,8 @@ def to_markdown(doc: dict[str, Any]) -> str:
                          f"{_ratio(row, 'async_stall_vs_dcp_async')} | {_ratio(row, 'verified_load_vs_dcp_load')} |")
         lines.append("")
     if "crash" in doc:
-        how = ("`chaos bench-crashstates --world-size N`" if st["crash_exhaustive"] else
-               f"`chaos bench-crashstates --world-size N --max-states {st['max_states']} --exhaustive-limit 0`: the "
+        how = ("`chaos bench crashstates --world-size N`" if st["crash_exhaustive"] else
+               f"`chaos bench crashstates --world-size N --max-states {st['max_states']} --exhaustive-limit 0`: the "
                f"same sample size at every shard count")
         names = sorted({str(r.get("checkpointer")).rsplit(":", 1)[-1] for r in doc["crash"] if r.get("checkpointer")})
         lines += [f"**Power-loss crash states of one save** ({', '.join(names) or 'reference'}, {how}; every state "

@@ -23,10 +23,9 @@ from chaos.run.campaign import DEFAULT_BUDGET_S
 from chaos.target.workload.config import DEVICES, WorkloadConfig
 
 # Modules that add a subcommand (each has NAME, HELP, add_arguments and run), in help order.
-EXTRA_COMMANDS = ("chaos.cli.commands.interval", "chaos.bench.save", "chaos.bench.launch", "chaos.cli.commands.report",
-                  "chaos.bench.crashstates", "chaos.cli.commands.selfcheck", "chaos.cli.commands.engine",
-                  "chaos.cli.commands.certify", "chaos.bench.job", "chaos.cli.commands.repro",
-                  "chaos.cli.commands.findings", "chaos.bench.scale", "chaos.cli.commands.clean")
+EXTRA_COMMANDS = ("chaos.cli.commands.interval", "chaos.bench.command", "chaos.cli.commands.report",
+                  "chaos.cli.commands.selfcheck", "chaos.cli.commands.engine", "chaos.cli.commands.certify",
+                  "chaos.cli.commands.repro", "chaos.cli.commands.findings", "chaos.cli.commands.clean")
 
 
 def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:
@@ -114,7 +113,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chaos", description="Chaos harness for training-checkpoint recovery.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from chaos.cli.job import help_epilog
 
@@ -166,7 +165,21 @@ def make_parser() -> argparse.ArgumentParser:
         extra = sub.add_parser(module.NAME, help=module.HELP)
         module.add_arguments(extra)
         extra.set_defaults(handler=module.run)
+    from chaos.bench.command import ALIASES
+    from chaos.bench.command import module as bench_module
+
+    for old, new in ALIASES.items():  # `chaos bench job` ...: hidden aliases of `chaos bench job` for a release
+        bench = bench_module(new)
+        alias = sub.add_parser(old)
+        bench.add_arguments(alias)
+        alias.set_defaults(handler=bench.run)
+    _hide(sub, set(ALIASES))
     return parser
+
+
+def _hide(sub: Any, names: set[str]) -> None:
+    """Leave subcommands ``names`` out of ``chaos --help`` (argparse lists every one it has)."""
+    sub._choices_actions[:] = [a for a in sub._choices_actions if a.dest not in names]
 
 
 def _read_results(args: argparse.Namespace) -> dict[str, Any]:

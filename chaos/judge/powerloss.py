@@ -50,7 +50,7 @@ everything issued persisted): the same classification, the control experiment th
 shows a checkpointer without fsync passing an ordinary kill.
 
 :func:`record_save` produces a :class:`PowerLossInput` from a real multi-rank run
-(tests, ``chaos bench-crashstates``)::
+(tests, ``chaos bench crashstates``)::
 
     inp = record_save("/dev/shm/x/ckpt", "/dev/shm/x/rec",
                       checkpointer="tests/checkpointers/careful.py:CarefulCheckpointer")

@@ -50,7 +50,7 @@ class ScenarioResult:
     golden_cached: bool = False
     scratch: str | None = None
     # Where the harness's own time went: (name, start, end) in time.time(), in order, for
-    # ``chaos bench-launch`` (which lines them up with the ranks' events). Not in to_dict.
+    # ``chaos bench launch`` (which lines them up with the ranks' events). Not in to_dict.
     spans: list[tuple[str, float, float]] = field(default_factory=list)
 
     @property
