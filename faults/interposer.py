@@ -299,6 +299,7 @@ class Interposer:
         keep_records: bool = True,
         extra_roots: Iterable[str | os.PathLike[str]] | None = None,
         native: bool = True,
+        trace_reads: bool = False,
     ) -> None:
         self.root = os.path.realpath(os.fspath(root))
         self._root_sep = self.root.rstrip(os.sep) + os.sep
@@ -307,6 +308,9 @@ class Interposer:
         self.extra_roots: tuple[str, ...] = ()
         self._tracked: set[str] = set()  # files and dirs under extra roots, traced since their creation
         self.native = native
+        # Read-only opens of files under root as ``{"event":"read",...}`` records, never ops (no
+        # ordinal, no rule, no crash state): who read a file the harness planted something in.
+        self.trace_reads = trace_reads
         self._native: Any = None
         self.rank = rank
         self.trace_path = os.path.abspath(os.fspath(trace_path)) if trace_path else None
@@ -768,6 +772,8 @@ class Interposer:
         if opener is not None and not isinstance(file, int):
             return self._open_with_opener(args, via)
         if not (_WRITE_MODES & set(mode)):
+            if self.trace_reads and not isinstance(file, int):
+                self._note_read(file, via)
             return self._o_open(*args)
         path = self._resolve(file, follow=True, create="w" in mode or "x" in mode or "a" in mode)
         if path is None or "t" in mode and "b" in mode:
@@ -801,6 +807,18 @@ class Interposer:
         finally:
             self._leave()
         return self._wrap(raw, mode, buffering, encoding, errors, newline)
+
+    def _note_read(self, file: Any, via: str) -> None:
+        """A read-only open of a file under root (``trace_reads``): recorded before the open, never
+        counted as an op; an open that then fails is recorded too (a reader that tried)."""
+        p = self._norm(file, follow=True)
+        if p is None or not (p.startswith(self._root_sep) and os.path.isfile(p)):
+            return
+        self._enter()
+        try:
+            self._emit({"event": "read", "path": p, "via": via})
+        finally:
+            self._leave()
 
     def _open_with_opener(self, args: tuple[Any, ...], via: str) -> Any:
         """``open(file, mode, ..., opener=opener)``: trace the file the opener really opened.

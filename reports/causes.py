@@ -51,13 +51,15 @@ from typing import Any
 from reports.cases import Case, check_document, dotted_classname, printable, scenario_case
 from reports.cases import cases as point_cases
 
-OUTCOME_ORDER = ("hard_failure", "silent_divergence", "lost_work")
+OUTCOME_ORDER = ("code_execution", "hard_failure", "silent_divergence", "lost_work")  # chaos.judge.job.FAILURES
 # chaos.model.jobspec.Point.to_fault's ``kind`` -> the family a user names with --faults
 FAMILY = {"crash": "kill", "kill": "kill", "corrupt": "corrupt", "powerloss": "power", "ioerror": "errno",
-          "term": "term", "diskfull": "diskfull", "netcut": "net", "node_loss": "node",
+          "term": "term", "diskfull": "diskfull", "netcut": "net", "node_loss": "node", "stale": "stale",
+          "swap": "swap", "payload": "payload",
           "rendezvous_host_loss": "node", "node_link_cut": "node"}
 # Which family's point best shows a cause: a plain kill replays with nothing else going on.
-REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "corrupt", "net", "node")
+REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "corrupt", "stale", "swap", "payload", "net",
+                        "node")
 FAMILY_ORDER = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node")  # as chaos.model.jobspec lists them
 POINTS_SHOWN = 8  # point ids a console block lists before "and N more"
 NO_FIX = "no fix known for this kind: see the representative's evidence"
@@ -94,6 +96,16 @@ KINDS: dict[str, Kind] = {
     "no_fallback": Kind("a damaged or missing {file} loses the work it held",
                         "there is no older checkpoint to fall back to — keep the previous checkpoint until the new "
                         "one is verified, and fall back to it"),
+    "unpickles_checkpoint": Kind("loading {file} runs code planted in it",
+                                 "the checkpoint is unpickled with code execution allowed — load with "
+                                 "torch.load(weights_only=True), or store tensors in safetensors and the rest in "
+                                 "JSON; never pickle.load a file others can write"),
+    "stale_accepted": Kind("an older copy of {file} loads as the newest",
+                           "nothing ties the file to its save — record each file's hash (and step) in the "
+                           "checkpoint's manifest, verify on load and fall back"),
+    "swap_accepted": Kind("another rank's {file} loads as this rank's",
+                          "nothing ties the file to its rank — record the rank and hash of each shard in the "
+                          "manifest and verify on load"),
     "torn_accepted": Kind("after a power cut a torn or stale {file} loads as good",
                           "fsync it before the save is trusted, and store a hash to verify on load"),
     "ignores_newest": Kind("the resume ignores the newest complete checkpoint",
@@ -108,10 +120,12 @@ KINDS: dict[str, Kind] = {
     "term_exit0": Kind("a SIGTERMed job exits 0 before its last step",
                        "no supervisor restarts a job that exited 0 — on SIGTERM save, then exit non-zero (143)"),
 }
-_OUTCOME_WORDS = {"hard_failure": "the resume fails", "silent_divergence": "the resumed run diverges",
+_OUTCOME_WORDS = {"code_execution": "loading the checkpoint runs code planted in it",
+                  "hard_failure": "the resume fails", "silent_divergence": "the resumed run diverges",
                   "lost_work": "the resume loses work"}
 _FAMILY_WORDS = {"kill": "a kill", "corrupt": "a corruption", "power": "a power cut", "errno": "an I/O error",
-                 "term": "a SIGTERM", "diskfull": "a full disk", "net": "a network cut", "node": "a node fault"}
+                 "term": "a SIGTERM", "diskfull": "a full disk", "net": "a network cut", "node": "a node fault",
+                 "stale": "a stale copy", "swap": "a swap of two ranks' files", "payload": "a planted payload"}
 
 # A line of output that quotes an exception (``[rank0]: ValueError: ...``); its type (``EOFError`` too).
 # Every pattern here runs in time linear in its input: a results file is untrusted.
@@ -464,6 +478,15 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
                                                       params.get("at_step") is not None else "")
         kind = {"hard_failure": "corrupt_fatal", "silent_divergence": "no_checksum",
                 "lost_work": "no_fallback"}.get(outcome)
+        return (family, kind, key, "", landed) if kind else unknown(landed)
+    if family in ("stale", "swap", "payload"):
+        key = file_key(_s(applied.get("file")) or path)
+        landed = {"stale": "stale copy of", "swap": "swap of", "payload": "payload in"}[family] + f" {key}" + (
+            " at rest" if params.get("at_step") is not None else "")
+        if family == "payload" and outcome == "code_execution":
+            return family, "unpickles_checkpoint", key, "", landed
+        kind = {"hard_failure": "corrupt_fatal", "lost_work": "no_fallback",
+                "silent_divergence": {"stale": "stale_accepted", "swap": "swap_accepted"}.get(family)}.get(outcome)
         return (family, kind, key, "", landed) if kind else unknown(landed)
     if family in ("errno", "diskfull"):
         code = when.upper() if when in ("enospc", "eio") else (when or "errno")

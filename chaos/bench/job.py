@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ConfigError
+from chaos.judge.job import FAILURES
 from chaos.scratch import make_root
 
 NAME = "job"  # `chaos bench job`
@@ -107,7 +108,7 @@ class ToolRun:
     outcomes: dict[str, int] = field(default_factory=dict)  # in ours: pass, hard_failure, ...
     not_fired: int = 0               # points whose fault did nothing (ours: skipped; theirs: crashed false)
     failing: int = 0
-    example_failure: str | None = None   # the first failing point, in the tool's own words
+    example_failure: str | None = None   # the worst failing point (ours) or the first (theirs), in the tool's words
     example_evidence: str | None = None  # ... and why it failed (ours: the summary; theirs: the resume's last line)
     error: str | None = None
 
@@ -191,7 +192,9 @@ def read_ours(doc: dict[str, Any], run: ToolRun) -> ToolRun:
     run.verdicts = {k: v for k, v in doc.get("summary", {}).items() if k != "total" and v}
     run.outcomes = dict(sorted(Counter(s.get("outcome", s["verdict"]) for s in scenarios).items()))
     run.not_fired = sum(1 for s in scenarios if s["verdict"] == "skipped")
-    bad = [s for s in scenarios if s["verdict"] == "fail"]
+    # the worst first (chaos.judge.job.FAILURES' order), then in the document's order
+    bad = sorted((s for s in scenarios if s["verdict"] == "fail"),
+                 key=lambda s: FAILURES.index(s["outcome"]) if s.get("outcome") in FAILURES else len(FAILURES))
     run.failing = len(bad)
     if bad:
         params = (bad[0].get("faults") or [{}])[0].get("params") or {}

@@ -32,16 +32,18 @@ from typing import Any
 
 import chaos
 from chaos.errors import ConfigError
+from chaos.judge.job import FAILURES
+from chaos.model.jobspec import FAULT_KINDS
 from reports.cases import cut_words, printable
 from reports.summary import cell, code
 
 DEFAULT_ANNOTATIONS = Path(chaos.__file__).resolve().parent / "examples" / "frameworks" / "findings.json"
-FAMILIES = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node")  # chaos.model.jobspec.FAULT_KINDS
+FAMILIES = FAULT_KINDS
 FAMILY_WORDS = {"kill": "kill", "corrupt": "corruption at rest", "power": "power loss",
                 "errno": "I/O error (ENOSPC / EIO)", "term": "SIGTERM", "diskfull": "disk full (real ENOSPC)",
-                "net": "network cut", "node": "node loss"}
-FAILURES = ("hard_failure", "silent_divergence", "lost_work")  # chaos.judge.job.OUTCOMES less pass
-VERDICT_WORDS = {"hard_failure": "hard failure", "silent_divergence": "silent divergence", "lost_work": "lost work",
+                "net": "network cut", "node": "node loss", "stale": "stale copy of an older save",
+                "swap": "two ranks' files swapped", "payload": "code planted in the checkpoint"}
+VERDICT_WORDS = {"code_execution": "code execution", "hard_failure": "hard failure", "silent_divergence": "silent divergence", "lost_work": "lost work",
                  "pass": "held", "error": "harness error", "skipped": "not tested"}
 PEER_ANSWERS = ("yes", "no", "partly")
 EVIDENCE_LIMIT = 150  # characters of a point's evidence in its cell

@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 
+from chaos.judge.job import FAILURES
 from chaos.plan.scenario import Scenario, parse_fault
 from chaos.run.runner import RunOptions, ScenarioResult, run_scenario
 from chaos.target.workload.config import WorkloadConfig
@@ -103,7 +104,7 @@ class JobFailed(ChaosVerdictError):
 
 
 _JOB_TYPES: dict[tuple[str, ...], type[JobFailed]] = {}
-JOB_OUTCOMES = ("hard_failure", "silent_divergence", "lost_work")
+JOB_OUTCOMES = FAILURES  # chaos.judge.job's failing outcomes, worst first
 
 
 def job_failed(*outcomes: str) -> type[JobFailed]:
@@ -112,7 +113,7 @@ def job_failed(*outcomes: str) -> type[JobFailed]:
     As ``oracle_failed``: several outcomes give a type derived from each one's own, so
     ``raises=job_failed("hard_failure")`` matches a run with hard failures (and maybe
     lost work too) and nothing else. Outcomes are ``chaos.judge.job``'s failing ones:
-    hard_failure, silent_divergence, lost_work.
+    code_execution, hard_failure, silent_divergence, lost_work.
     """
     key = tuple(sorted(set(outcomes)))
     if not key:

@@ -1,8 +1,8 @@
-"""One point's verdict, from its record only: pass, hard_failure, silent_divergence, lost_work.
+"""One point's verdict, from its record only: pass, code_execution, hard_failure, silent_divergence, lost_work.
 
 Called by ``explore.py`` after a point's last attempt with the ``PointRecord`` (what
 each attempt did, each rank's trace) and the ``Golden`` facts of the fault-free runs.
-Five oracles, each with its evidence, named as the built-in workload's are:
+Six oracles, each with its evidence, named as the built-in workload's are:
 
 - ``liveness``: the job finished (every copy of the last attempt exited 0) within its
   restarts. Otherwise *hard_failure*: the resume raised or never finished; the
@@ -38,7 +38,11 @@ Five oracles, each with its evidence, named as the built-in workload's are:
 - ``preemption_exit`` (term points): the SIGTERMed attempt exits non-zero unless it had
   finished; a job that exits 0 mid-run is never restarted by a supervisor that restarts
   failed jobs. Otherwise *hard_failure*: the job is down until someone notices.
+- ``no_code_execution`` (payload points): loading the checkpoint never ran the code planted
+  in it. Otherwise *code_execution*, named before every other outcome: the job unpickles its
+  checkpoint with code execution allowed (``torch.load(weights_only=False)``, ``pickle.load``).
   Each is judged only with what it needs; without it the summary says what is missing.
+  When several fail, the first in ``VERDICT_ORDER`` names the outcome.
 
 What the harness did besides the kill is evidence too, and bounds what the job could
 rely on. A corrupted file (``atrest.corrupt``) is no checkpoint to rely on: a
@@ -88,7 +92,19 @@ from chaos.nemesis import nodes
 from chaos.nemesis.atrest import halt_record, opens_for_writing, untraced_line
 from chaos.record.jobhistory import PointRecord
 
-OUTCOMES = ("pass", "hard_failure", "silent_divergence", "lost_work")
+# Which outcome a failing point gets: that of the first failing oracle in this order. Code run
+# from a checkpoint comes first (the job may well crash afterwards: the crash is not the news); a
+# job that did not finish is down whatever else it got wrong; a wrong result outranks lost work.
+VERDICT_ORDER = (
+    ("no_code_execution", "code_execution"),
+    ("liveness", "hard_failure"),
+    ("result_files", "silent_divergence"),
+    ("loss_continuity", "silent_divergence"),
+    ("durability", "lost_work"),
+    ("preemption_exit", "hard_failure"),
+)
+FAILURES = tuple(dict.fromkeys(outcome for _oracle, outcome in VERDICT_ORDER))  # worst first
+OUTCOMES = ("pass", *FAILURES)
 
 
 @dataclass
@@ -571,6 +587,36 @@ def last_steps(traces: dict[tuple[int, int], list[dict[str, Any]]], attempt: int
     return out
 
 
+def _no_code_execution(rec: PointRecord) -> Oracle:
+    """A payload point: loading the checkpoint never ran the code planted in it.
+
+    ``atrest.payload`` planted, in the file's own format (a pickle, a ``torch.save`` zip), data
+    whose unpickling creates a marker file; ``explore`` looked for it after every restart
+    (``marker.checks``) and recorded which traced processes opened the file again. The marker
+    existing fails: the job unpickles its checkpoint with code execution allowed
+    (``torch.load(weights_only=False)``, ``pickle.load``), so whoever can write the file can
+    run code as the job. A marker never looked for is not judged, never passed.
+    """
+    record = rec.applied.record if rec.applied is not None else {}
+    marker = record.get("marker") if isinstance(record.get("marker"), dict) else None
+    rel = record.get("file")
+    evidence = {"file": rel, "format": record.get("format"), "marker": marker,
+                "opened_after_planting": record.get("opened_after_planting", [])}
+    if marker is None or not marker.get("checks"):
+        return Oracle("no_code_execution", "not_judged", f"the payload's marker in {rel} was never looked for "
+                      "(no restart ran after the planting)", evidence)
+    readers = sorted({f"rank {o['rank']}" for o in evidence["opened_after_planting"] if isinstance(o, dict)})
+    if marker.get("exists"):
+        who = f" ({', '.join(readers)} opened it)" if readers else ""
+        return Oracle("no_code_execution", "fail", f"loading {rel} ran the code planted in it{who}: its marker "
+                      f"appeared after {marker.get('first_seen')}; the job unpickles its checkpoint with code "
+                      "execution allowed (torch.load(weights_only=False) or pickle.load): whoever can write the "
+                      "file runs code as the job", evidence)
+    how = (f"{' and '.join(readers)} opened it again and the loader refused it" if readers else
+           "no traced process opened it again")
+    return Oracle("no_code_execution", "pass", f"the payload planted in {rel} never ran ({how})", evidence)
+
+
 def _preemption_exit(golden: Golden, rec: PointRecord) -> Oracle | None:
     """A term point: the SIGTERMed attempt must not exit 0 unless it had finished.
 
@@ -602,7 +648,7 @@ def _preemption_exit(golden: Golden, rec: PointRecord) -> Oracle | None:
 @dataclass
 class PointVerdict:
     verdict: str   # pass | fail | skipped | error (the results schema's)
-    outcome: str   # pass | hard_failure | silent_divergence | lost_work | not_reached | no_effect | unsupported | error
+    outcome: str   # pass | code_execution | hard_failure | silent_divergence | lost_work | not_reached | no_effect | unsupported | error
     summary: str
     oracles: dict[str, Oracle]
     fault: dict[str, Any] | None = None  # what the harness did beyond the kill (corruption, crash state, ...)
@@ -678,6 +724,8 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
         oracles["liveness"].evidence["fault"] = fault
     if rec.untraced:
         oracles["liveness"].evidence["untraced_changes"] = rec.untraced[:20]
+    if p.mode == "payload":
+        oracles["no_code_execution"] = _no_code_execution(rec)
 
     def verdict(v: str, outcome: str, summary: str) -> PointVerdict:
         line = f"{what}; then {summary}" if what else summary
@@ -689,21 +737,17 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
         oracles["result_files"] = Oracle("result_files", "not_judged", "the job did not finish")
         oracles["durability"] = _durability(job, golden, rec) if rec.attempts else Oracle(
             "durability", "not_judged", "the job did not finish")
-        return verdict("fail", "hard_failure", oracles["liveness"].summary)
-    oracles["result_files"] = _results(job, golden, rec)
-    oracles["loss_continuity"] = _loss(job, golden, rec)
-    oracles["durability"] = _durability(job, golden, rec)
-    preempted = _preemption_exit(golden, rec)
-    if preempted is not None:
-        oracles["preemption_exit"] = preempted
-    if oracles["result_files"].failed:
-        return verdict("fail", "silent_divergence", oracles["result_files"].summary)
-    if oracles["loss_continuity"].failed:
-        return verdict("fail", "silent_divergence", oracles["loss_continuity"].summary)
-    if oracles["durability"].failed:
-        return verdict("fail", "lost_work", oracles["durability"].summary)
-    if preempted is not None and preempted.failed:
-        return verdict("fail", "hard_failure", preempted.summary)
+    else:
+        oracles["result_files"] = _results(job, golden, rec)
+        oracles["loss_continuity"] = _loss(job, golden, rec)
+        oracles["durability"] = _durability(job, golden, rec)
+        preempted = _preemption_exit(golden, rec)
+        if preempted is not None:
+            oracles["preemption_exit"] = preempted
+    failing = next(((name, outcome) for name, outcome in VERDICT_ORDER
+                    if name in oracles and oracles[name].failed), None)
+    if failing is not None:
+        return verdict("fail", failing[1], oracles[failing[0]].summary)
     if p.family == "net" and rec.attempts[0].ok:
         return PointVerdict("skipped", "no_effect", f"{what}: every copy finished within the hold and every oracle "
                             "passed: the cut did nothing to judge", oracles, fault)

@@ -17,12 +17,16 @@ from chaos.errors import ConfigError
 OUT = "{out}"
 MODES = ("before", "after", "torn")  # kill points at a file event (``--modes``); a step point's mode is kill or term
 CORRUPT_FAMILIES = ("bitflip", "truncate", "zero", "delete")  # at-rest corruption of a file the job completed
+# At-rest faults of a file the job completed that are each their own ``--faults`` kind (mode = family):
+# a payload planted in its own format, a stale copy of an older version, two ranks' files swapped.
+AT_REST_KINDS = ("stale", "swap", "payload")
+ROT_MODES = (*CORRUPT_FAMILIES, *AT_REST_KINDS)  # edit a completed file; may wait for a later step (:stepS)
 ERRNO_MODES = ("enospc", "eio")          # the event raises OSError instead of being performed (fsync: fsync_fail)
-HALT_MODES = (*CORRUPT_FAMILIES, "power")  # every copy is stopped right after the event, then {out} is edited
-OP_MODES = (*MODES, *CORRUPT_FAMILIES, "power", *ERRNO_MODES, "net")
+HALT_MODES = (*ROT_MODES, "power")  # every copy is stopped right after the event, then {out} is edited
+OP_MODES = (*MODES, *ROT_MODES, "power", *ERRNO_MODES, "net")
 STEP_MODES = ("kill", "term", "net")
 # ``--faults``: the families a job is explored with (default: every one that applies here).
-FAULT_KINDS = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net")
+FAULT_KINDS = ("kill", "corrupt", *AT_REST_KINDS, "power", "errno", "term", "diskfull", "net")
 DEFAULT_GRACE_S = 5.0
 DEFAULT_NET_HOLD_S = 5.0  # --net-hold: how long a cut rank's link stays down before the copies are SIGKILLed
 

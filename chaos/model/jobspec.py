@@ -3,13 +3,14 @@
 A *job* is a user's own training command: the second kind of target beside a
 checkpointer in the built-in workload. ``JobSpec`` says how to launch and judge it;
 ``Point`` is one place to break it: a kill before, after or in the middle of one traced
-file event of one rank; a corruption of the file an event completed; a power loss
-there; an injected ENOSPC / EIO at an event; a SIGKILL or a SIGTERM with a grace period
+file event of one rank; a corruption of the file an event completed (or, each its own
+kind, a payload planted in it in its own format, its replacement by an older version of
+it, or its swap with another rank's file of the same checkpoint); a power loss there; an injected ENOSPC / EIO at an event; a SIGKILL or a SIGTERM with a grace period
 at a step; a real full disk; a network cut between the ranks (a rank's link down for
 ``--net-hold`` seconds) at a step or a file event; on simulated nodes (``--nodes N``,
 ``nodes.py``) a node's loss, its link cut for ``--node-hold`` seconds, or the loss of the
 rendezvous host, at a step. Both round-trip through text: a
-point's ``id`` (``rank0:op17:before``, ``rank0:op9:bitflip``, ``rank1:step6:net``,
+point's ``id`` (``rank0:op17:before``, ``rank0:op9:bitflip``, ``rank0:op9:payload:step4``, ``rank1:step6:net``,
 ``disk:full:8192``, ``node1:step3:loss``) is what ``--point``
 takes, so every failing point's replay command reruns exactly that point.
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from chaos.errors import ConfigError
 from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for the harness's side
+    AT_REST_KINDS,
     CORRUPT_FAMILIES,
     DEFAULT_GRACE_S,
     DEFAULT_NET_HOLD_S,
@@ -56,6 +58,7 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     OP_MODES,
     OUT,
     PROBE_FILE_ENV,
+    ROT_MODES,
     STEP_KINDS,
     STEP_MODES,
     TERM_REQUEST,
@@ -90,7 +93,9 @@ class Point:
       some un-fsynced data or directory entries kept, a write torn), ``enospc`` / ``eio`` (the event
       raises instead of being performed); a corruption with ``at_step`` S waits until the rank
       announces step S (the save that wrote the file is over and the job trusts it: bit rot
-      at rest), then stops every copy and corrupts the file event N completed;
+      at rest), then stops every copy and corrupts the file event N completed; ``payload``,
+      ``stale`` and ``swap`` strike the same file at the same moments, each its own family
+      (``atrest.payload`` / ``stale`` / ``swap``);
     - ``step`` with mode ``kill`` (SIGKILL) or ``term`` (SIGTERM, SIGKILL after the grace);
     - ``step`` or ``op`` with mode ``net``: the rank's network link is cut there (after the
       event, for an op) for ``--net-hold`` seconds while the job goes on (``netcut.py``);
@@ -160,6 +165,8 @@ class Point:
             return "net"
         if self.mode in CORRUPT_FAMILIES:
             return "corrupt"
+        if self.mode in AT_REST_KINDS:
+            return self.mode
         if self.mode == "power":
             return "power"
         if self.mode in ERRNO_MODES:
@@ -186,15 +193,17 @@ class Point:
     def to_fault(self, **extra: Any) -> dict[str, Any]:
         """The point as an entry of the results' ``faults`` list (the existing schema).
 
-        ``kind``: crash (before/after/torn), kill, term, corrupt, powerloss, ioerror,
-        diskfull or netcut; ``params.when`` the finer mode (``corrupt`` + ``bitflip``, ...).
+        ``kind``: crash (before/after/torn), kill, term, corrupt, stale, swap, payload,
+        powerloss, ioerror, diskfull or netcut; ``params.when`` the finer mode (``corrupt`` +
+        ``bitflip``, ...).
         """
         fam = self.family
         if fam == "node":
             return _node_fault(self, extra)
         kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
-                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut"}[fam]
-        when = None if fam in ("power", "diskfull", "net") else self.mode
+                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut",
+                **{k: k for k in AT_REST_KINDS}}[fam]
+        when = None if fam in ("power", "diskfull", "net", *AT_REST_KINDS) else self.mode
         params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
                                     ("path", self.path), ("seq", self.seq), ("nth", self.nth),
                                     ("size_bytes", self.size), ("at_step", self.at_step)) if v is not None}
@@ -205,6 +214,7 @@ class Point:
 
 def parse_point(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
+    ``rank0:op9:payload`` | ``rank0:op9:stale:step6`` | ``rank1:op4:swap`` |
     ``rank0:op9:power:s2`` | ``rank1:op3:truncate:step5`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
     ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``_parse_node_point``).
 
@@ -233,9 +243,9 @@ def parse_point(text: str) -> Point:
         return Point(int(srank), smode, step=int(step))
     if state is not None and (mode != "power" or int(state) < 1):
         raise ConfigError(f"malformed --point {text!r}: only a power point names a crash state (:s1, :s2, ...)")
-    if at_step is not None and mode not in CORRUPT_FAMILIES:
-        raise ConfigError(f"malformed --point {text!r}: only a corruption waits for a step (:stepN): "
-                          f"{', '.join(CORRUPT_FAMILIES)}")
+    if at_step is not None and mode not in ROT_MODES:
+        raise ConfigError(f"malformed --point {text!r}: only a fault at rest waits for a step (:stepN): "
+                          f"{', '.join(ROT_MODES)}")
     return Point(int(rank), mode, op=int(op), state=None if state is None else int(state),
                  at_step=None if at_step is None else int(at_step))
 

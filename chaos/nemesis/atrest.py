@@ -40,6 +40,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -156,6 +157,390 @@ def _describe(family: str, rec: C.CorruptionRecord) -> str:
     if family == "zero":
         return f"bytes [{p['start']}, {p['end']}) zeroed"
     return f"deleted ({rec.size_before} bytes)"
+
+
+# -- stale, swap, payload: at-rest faults of a completed file, each its own --faults kind
+
+MARKERS = "payload-markers"  # in a point's scratch folder: where a planted payload's marker would appear
+_DIGITS = re.compile(r"\d+")
+
+
+def digit_key(rel: str) -> str:
+    """``rel`` with every run of digits as ``*``: ``ckpt-rank1-6.pt`` -> ``ckpt-rank*-*.pt`` (the same
+    file of another save or another rank)."""
+    return _DIGITS.sub("*", rel)
+
+
+def _when(point: Point) -> str:
+    if point.at_step is None:
+        return f"after event {point.op} completed it"
+    return f"at rest, once rank {point.rank} announced step {point.at_step} (event {point.op} completed it)"
+
+
+@dataclass
+class Version:
+    """One completed version of a file under {out} (:func:`file_versions`): who completed it, when,
+    and its bytes as the trace rebuilds them (None: the trace cannot, ``why`` says why)."""
+
+    rel: str
+    rank: int
+    ord: int | None
+    ts: float
+    data: bytes | None = None
+    why: str | None = None
+
+
+def trace_root(records: Iterable[dict[str, Any]]) -> str | None:
+    """{out} as the records' absolute paths spell it (the prefix ``read_traces`` cut off as ``rel``)."""
+    for r in records:
+        rel, path = r.get("rel"), r.get("path")
+        if rel and isinstance(path, str) and path.endswith(os.sep + rel):
+            return path[: len(path) - len(rel) - 1]
+    return None
+
+
+def file_versions(records: list[dict[str, Any]], root: str | None) -> dict[str, list[Version]]:
+    """Every version of every file under ``root`` ({out}) that the traced events completed, in time
+    order: a close after the file changed, or a rename (or link) that put it, or a directory holding
+    it, in place. Each version's bytes are rebuilt by replaying the writes, truncations and moves of
+    ``records`` (all ranks, one attempt, in time order, each with ``rank``): exact where every write
+    kept its data (``merged_records``), None where one did not or the file existed before any traced
+    event (``why``). Called by :func:`stale` and :func:`swap` on a point's attempt 0 up to its halt,
+    and by ``pointset`` (records without data) to know which files had an older version, and which
+    rank completed each, in the fault-free run.
+    """
+    bufs: dict[str, bytearray | None] = {}
+    why: dict[str, str] = {}
+    dirty: set[str] = set()
+    found: dict[str, list[Version]] = {}
+
+    def rel_of(path: Any) -> str | None:
+        if root and isinstance(path, str) and path.startswith(root + os.sep):
+            return path[len(root) + 1:]
+        return None
+
+    def under(k: str, top: str) -> bool:
+        return k == top or k.startswith(top.rstrip(os.sep) + os.sep)
+
+    def done(path: str, r: dict[str, Any]) -> None:
+        rel = rel_of(path)
+        if rel is None:
+            return
+        b = bufs.get(path)
+        found.setdefault(rel, []).append(Version(rel, int(r.get("rank") or 0), r.get("ord"), float(r.get("ts") or 0.0),
+                                                 None if b is None else bytes(b),
+                                                 None if b is not None else why.get(path, "unknown bytes")))
+
+    def lose(path: str, reason: str) -> None:
+        bufs[path] = None
+        why[path] = reason
+
+    for r in records:
+        if r.get("event") != "op" or r.get("error") is not None:
+            continue
+        op, p = r.get("op"), r.get("path")
+        if not isinstance(p, str):
+            continue
+        if op == "open" and not r.get("is_dir"):
+            if opens_for_writing(r):
+                if r.get("trunc") or r.get("created"):
+                    bufs[p] = bytearray()
+                    dirty.add(p)
+                elif p not in bufs:
+                    lose(p, "it existed before any traced event wrote it")
+        elif op == "write":
+            b, data, off = bufs.get(p), r.get("data"), r.get("offset")
+            if p not in bufs:
+                lose(p, "it existed before any traced event wrote it")
+            elif b is not None and (data is None or off is None):
+                lose(p, "the trace kept no data of one of its writes")
+            elif b is not None:
+                if len(b) < off:
+                    b.extend(bytes(off - len(b)))
+                b[off:off + len(data)] = data
+            dirty.add(p)
+        elif op == "truncate":
+            b, n = bufs.get(p), r.get("length")
+            if b is not None and isinstance(n, int):
+                del b[n:]
+                b.extend(bytes(max(0, n - len(b))))
+            dirty.add(p)
+        elif op == "close":
+            if p in dirty:
+                dirty.discard(p)
+                done(p, r)
+        elif op in ("rename", "link"):
+            src, dst = r.get("src"), r.get("dst") or p
+            if not isinstance(dst, str):
+                continue
+            moved = {k: v for k, v in bufs.items() if isinstance(src, str) and under(k, src)}
+            for k in [k for k in bufs if under(k, dst)]:
+                del bufs[k]
+            for k, v in moved.items():
+                new = dst + k[len(src):]  # type: ignore[arg-type]
+                if op == "rename":
+                    bufs.pop(k, None)
+                bufs[new] = None if v is None else bytearray(v)
+                if v is None:
+                    why[new] = why.get(k, "unknown bytes")
+                done(new, r)
+            if not moved and r.get("src_kind") != "dir":
+                data = r.get("data")
+                if isinstance(data, bytes):
+                    bufs[dst] = bytearray(data)
+                else:
+                    lose(dst, "it was moved into place from a file no traced event wrote")
+                done(dst, r)
+        elif op in ("unlink", "rmdir"):
+            for k in [k for k in bufs if under(k, p)]:
+                del bufs[k]
+            dirty.discard(p)
+    return found
+
+
+def older_versions(rel: str, versions: dict[str, list[Version]], before: float) -> list[Version]:
+    """The versions of ``rel`` completed before ``before``, newest first: of ``rel`` itself (a file
+    saved again under its name), then of the file of its name in another checkpoint directory of
+    the same pattern (``checkpoint-4/model.pt`` for ``checkpoint-8/model.pt``, as the built-in's
+    stale copy takes the older sibling directory's file). Called by :func:`stale` and ``pointset``."""
+    same = [v for v in versions.get(rel, []) if v.ts < before]
+    parent, name = os.path.split(rel)
+    siblings = [v for other, vs in versions.items() if other != rel and parent
+                and os.path.basename(other) == name and os.path.dirname(other) != parent
+                and digit_key(os.path.dirname(other)) == digit_key(parent) for v in vs if v.ts < before]
+    return sorted(same, key=lambda v: -v.ts) + sorted(siblings, key=lambda v: -v.ts)
+
+
+def swap_partners(rel: str, rank: int, completers: dict[str, int], files: Iterable[str]) -> list[str]:
+    """Files of ``files`` that are another rank's file of the same checkpoint as ``rel`` (completed by
+    ``rank``): the same name but for one run of digits, last completed by another rank
+    (``completers``); those whose differing number is each file's own rank first (``rank0.pt`` and
+    ``rank1.pt``), when any are. Never two saves of one rank (``ckpt-3.pt``, ``ckpt-6.pt``).
+    Called by :func:`swap` (the files under {out} at the halt) and ``pointset`` (the fault-free run)."""
+    mine = _DIGITS.findall(rel)
+    found: list[tuple[bool, str]] = []
+    for f in sorted(set(files)):
+        other = completers.get(f)
+        if f == rel or other is None or other == rank or digit_key(f) != digit_key(rel):
+            continue
+        theirs = _DIGITS.findall(f)
+        diff = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if int(a) != int(b)]
+        if len(diff) != 1:
+            continue
+        i = diff[0]
+        found.append((int(mine[i]) == rank and int(theirs[i]) == other, f))
+    best = [f for ok, f in found if ok]
+    return best or [f for _ok, f in found]
+
+
+def _site_file(point: Point, halt: dict[str, Any], out: str, seed: int,
+               what: str) -> tuple[str, dict[str, Any]] | Applied:
+    """The file the point strikes and the start of its record (family, file, the point's seed), or
+    the Applied that skips it (no file, or none there now). Called by :func:`stale`, :func:`swap`
+    and :func:`payload`."""
+    rel = _target(point, halt, out)
+    if rel is None:
+        return Applied(f"{point.mode} of nothing", skipped=f"event {point.op} ({halt.get('op')}) completed no "
+                       f"file under {{out}}: nothing to {what}")
+    if not os.path.isfile(os.path.join(out, rel)):
+        return Applied(f"{point.mode} of {rel}", {"family": point.mode, "file": rel},
+                       skipped=f"{rel} was absent when the job stopped {_when(point)}: nothing to {what}",
+                       excluded=[rel])
+    return rel, {"family": point.mode, "file": rel, "seed": point_seed(seed, point)}
+
+
+def _relative(record: dict[str, Any], out: str) -> dict[str, Any]:
+    """A corruption record with its absolute paths (under {out}) made relative to {out}."""
+    root = os.path.realpath(out)
+
+    def rel(x: Any) -> Any:
+        return os.path.relpath(x, root) if isinstance(x, str) and x.startswith(root + os.sep) else x
+
+    record["path"] = rel(record.get("path"))
+    record["params"] = {k: rel(v) for k, v in (record.get("params") or {}).items()}
+    if isinstance(record.get("other"), dict):
+        record["other"] = _relative(record["other"], out)
+    return record
+
+
+def payload_format(path: str) -> str | None:
+    """The payload format a file speaks: ``torchzip`` for a zip (``torch.save``'s format), ``pickle``
+    for a pickle or a DCP data file with byte items; None for anything else (JSON, safetensors...:
+    its loader unpickles nothing). Called by :func:`payload` and ``pointset.gather``."""
+    from faults.payload import speaks
+
+    if not speaks(path, "pickle"):
+        return None
+    with open(path, "rb") as f:
+        return "torchzip" if f.read(4) == b"PK\x03\x04" else "pickle"
+
+
+def payload(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
+    """Plant ``faults.payload``'s payload in the file the point's event completed, in the file's own
+    format (:func:`payload_format`): loading it creates a marker under ``scratch``/``MARKERS``, which
+    ``explore`` looks for after every restart (:func:`check_marker`) and the judge's
+    ``no_code_execution`` oracle reads. A file that is no pickle and no torch zip is skipped."""
+    from faults import payload as P
+
+    site = _site_file(point, halt, out, seed, "plant a payload in")
+    if isinstance(site, Applied):
+        return site
+    rel, base = site
+    s = base["seed"]
+    path = os.path.join(out, rel)
+    fmt = payload_format(path)
+    if fmt is None:
+        with open(path, "rb") as f:
+            head = f.read(8)
+        return Applied(f"payload in {rel}", base, outcome="unsupported", excluded=[rel],
+                       skipped=f"{rel} is neither a pickle nor a torch zip (it starts {head!r}): its loader "
+                               "unpickles nothing, so no payload can be planted in its own format")
+    marker_dir = os.path.join(scratch, MARKERS)
+    os.makedirs(marker_dir, exist_ok=True)
+    marker = os.path.join(marker_dir, re.sub(r"[^\w.-]", "_", point.id))
+    size = os.path.getsize(path)
+    try:
+        rec = P.plant(path, fmt, marker, seed=s, scratch_root=out, marker_root=scratch)
+    except FaultError as exc:
+        return Applied(f"payload in {rel}", base, skipped=f"{rel}: {exc}", outcome="unsupported", excluded=[rel])
+    record = {**base, "format": fmt, "corruption": _relative(rec.to_dict(), out),
+              "marker": {"path": marker, "exists": os.path.exists(marker), "checks": [], "first_seen": None}}
+    if not rec.changed:
+        return Applied(f"payload in {rel}", record, skipped=f"{rel}: the payload is byte for byte what was there",
+                       excluded=[rel])
+    return Applied(f"{rel}: a {fmt} payload planted in place of its {size} bytes {_when(point)} (loading it "
+                   f"runs code that creates the marker {os.path.basename(marker)})", record, excluded=[rel])
+
+
+def check_marker(applied: Applied, when: str) -> None:
+    """Whether a planted payload has run so far (its marker exists), recorded in ``applied.record``'s
+    ``marker`` (``checks``, ``exists``, ``first_seen``). Called by ``explore`` after every attempt
+    that follows the planting, and once more after the last."""
+    m = applied.record.get("marker")
+    if not isinstance(m, dict):
+        return
+    exists = os.path.exists(m["path"])
+    m["checks"].append({"after": when, "exists": exists})
+    if exists and m.get("first_seen") is None:
+        m["first_seen"] = when
+    m["exists"] = bool(m.get("exists")) or exists
+
+
+def _reads(r: dict[str, Any]) -> bool:
+    mode = r.get("mode")
+    if isinstance(mode, str):
+        return "r" in mode or "+" in mode
+    return "wronly" not in (r.get("flags") or ())
+
+
+def payload_reads(applied: Applied, traces: dict[tuple[int, int], list[dict[str, Any]]], since: int) -> None:
+    """Record which traced processes opened the planted file to read it in attempts ``since`` and later
+    (the restarts), and make the point *idle* (``Applied.idle``: skipped as no_effect if every other
+    oracle passes) where none did and the marker never appeared: the resume never read the file, so
+    the payload tested nothing. Called by ``explore`` after a payload point's last attempt."""
+    rel = applied.record.get("file")
+    opened = [{"rank": rk, "attempt": a, "event": r.get("ord"), "via": r.get("via")}
+              for (rk, a), recs in sorted(traces.items()) if a >= since for r in recs
+              if r.get("rel") == rel and (r.get("event") == "read" or r.get("event") == "op" and r.get("op") == "open"
+                                          and r.get("error") is None and not r.get("is_dir") and _reads(r))]
+    applied.record["opened_after_planting"] = opened[:20]
+    marker = applied.record.get("marker") or {}
+    if not opened and not marker.get("exists"):
+        applied.idle = (f"no traced process opened {rel} after the payload was planted, and its marker never "
+                        "appeared: the resume never read the file (it loaded another checkpoint, or started "
+                        "over), so the payload tested nothing")
+
+
+def stale(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
+    """Replace the file the point's event completed by an older version of it from the same run
+    (:func:`older_versions`): the newest whose bytes differ, taken from {out} where it is still
+    there (another checkpoint directory's file), else rebuilt from attempt 0's trace up to the halt
+    (:func:`file_versions`). Skipped where the run completed no older version, where every older one
+    is byte for byte the same, or where the trace cannot rebuild the file (a writer it does not see)."""
+    site = _site_file(point, halt, out, seed, "replace by an older version")
+    if isinstance(site, Applied):
+        return site
+    rel, base = site
+    s = base["seed"]
+    path = os.path.join(out, rel)
+    cut = halt.get("ts")
+    records = merged_records(scratch, 0, cut)
+    versions = file_versions(records, trace_root(records) or os.path.realpath(out))
+    with open(path, "rb") as f:
+        current = f.read()
+    mine = versions.get(rel, [])
+    if not mine:
+        return Applied(f"stale {rel}", base, outcome="unsupported", excluded=[rel],
+                       skipped=f"no traced event completed {rel} before the halt: its versions cannot be known")
+    latest = mine[-1]
+    olders = older_versions(rel, versions, latest.ts)
+    if not olders:
+        return Applied(f"stale {rel}", base, excluded=[rel],
+                       skipped=f"{rel} has no older version in this run: it was completed once, and no other "
+                               "checkpoint directory holds a file of its name")
+    unknown: list[str] = []
+    for v in olders:
+        src_path = os.path.join(out, v.rel)
+        if v.rel != rel and os.path.isfile(src_path):
+            with open(src_path, "rb") as f:
+                data, source = f.read(), "on disk"
+        elif v.data is not None and (v.rel != rel or latest.data == current):
+            data, source = v.data, "rebuilt from the trace"
+        else:
+            unknown.append(f"{v.rel} of rank {v.rank}'s event {v.ord}: "
+                           + (v.why or "the trace does not explain the file's bytes now (a writer it does not see)"))
+            continue
+        if data == current:
+            continue
+        aside = os.path.join(scratch, "stale-source", v.rel)
+        os.makedirs(os.path.dirname(aside), exist_ok=True)
+        with open(aside, "wb") as f:
+            f.write(data)
+        rec = C.stale_copy(path, aside, scratch_root=scratch)
+        rec.seed = s
+        record = {**base, "corruption": _relative(rec.to_dict(), out),
+                  "source": {"file": v.rel, "rank": v.rank, "event": v.ord, "bytes": len(data), "from": source}}
+        record["corruption"]["params"]["source"] = v.rel
+        older = "its older version" if v.rel == rel else f"the older {v.rel}"
+        return Applied(f"{rel}: replaced by {older} (completed at rank {v.rank}'s event {v.ord}; {len(data)} bytes, "
+                       f"{source}, where it held {len(current)}) {_when(point)}", record, excluded=[rel])
+    if unknown:
+        return Applied(f"stale {rel}", base, outcome="unsupported", excluded=[rel],
+                       skipped=f"{rel}: no older version's bytes are known: {'; '.join(unknown[:3])}")
+    return Applied(f"stale {rel}", base, excluded=[rel],
+                   skipped=f"{rel}: every older version ({len(olders)}) is byte for byte what it holds now")
+
+
+def swap(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
+    """Swap the file the point's event completed with another rank's file of the same checkpoint
+    (:func:`swap_partners`: ``rank0.pt`` <-> ``rank1.pt``), chosen with the point's seed among the
+    files under {out} at the halt. Skipped where there is none (one rank, or ranks that share one
+    file) or the two are byte for byte the same."""
+    site = _site_file(point, halt, out, seed, "swap")
+    if isinstance(site, Applied):
+        return site
+    rel, base = site
+    s = base["seed"]
+    records = merged_records(scratch, 0, halt.get("ts"))
+    versions = file_versions(records, trace_root(records) or os.path.realpath(out))
+    completers = {f: vs[-1].rank for f, vs in versions.items()}
+    completers.setdefault(rel, point.rank)
+    on_disk = [os.path.relpath(p, out) for p in _files(out) if os.path.isfile(p) and not os.path.islink(p)]
+    partners = swap_partners(rel, completers[rel], completers, on_disk)
+    if not partners:
+        return Applied(f"swap of {rel}", base, excluded=[rel],
+                       skipped=f"no other rank's file of the same checkpoint as {rel} is under {{out}} to swap it "
+                               "with (a file of the same name but for its rank's number, completed by that rank)")
+    other = random.Random(s).choice(partners)
+    rec = C.swap(os.path.join(out, rel), os.path.join(out, other), scratch_root=out)
+    rec.seed = s
+    record = {**base, "other": other, "other_rank": completers[other], "candidates": partners[:8],
+              "corruption": _relative(rec.to_dict(), out)}
+    if not rec.changed:
+        return Applied(f"swap of {rel} and {other}", record, excluded=[rel, other],
+                       skipped=f"{rel} and {other} are byte for byte the same: swapping them changes nothing")
+    return Applied(f"{rel} (rank {completers[rel]}) and {other} (rank {completers[other]}) swapped {_when(point)}",
+                   record, excluded=[rel, other])
 
 
 def _trace_files(scratch: str, attempt: int) -> list[str]:

@@ -16,6 +16,13 @@ of those, so the same run and seed always give the same points in the same order
   the rank announced after that event (``rankR:opN:MODE:stepS``): by then the save is
   over (its commit marker, checksum file or ``probe.saved`` written) and the job trusts
   the file, which is when bit rot at rest strikes;
+- ``stale``, ``swap``, ``payload``: at the same moments, of the same checkpoint files but the
+  ``--result-file`` ones, each where it can do something (:func:`at_rest_points`): ``stale``
+  where the run completed an older version of the file before (saved again under its name,
+  or the file of its name in an older checkpoint directory), ``swap`` where another rank
+  completed its own file of the same checkpoint (``rank0.pt`` / ``rank1.pt``), ``payload``
+  where the file is a pickle or a torch zip (``atrest.payload_format`` of the fault-free
+  run's file, or of one of the same name but for its numbers);
 - ``power``: every event after which something was pending (unsynced data, an
   un-fsynced directory entry), so a power loss there differs from a kill; every event
   when the crash-state model cannot say (each point then finds out at its own cut).
@@ -50,6 +57,7 @@ from typing import Any
 
 from chaos.errors import ConfigError
 from chaos.model.jobspec import (
+    AT_REST_KINDS,
     CORRUPT_FAMILIES,
     ERRNO_MODES,
     FAULT_KINDS,
@@ -76,6 +84,8 @@ class Facts:
     # (rank, kind, path key, nth) of every attempt-0 event of the second fault-free run
     # (:func:`stable_events`); a point there is ``anchored``. None: no second run to compare.
     stable: frozenset[tuple[int, str, str, int]] | None = None
+    # file -> the payload format it speaks (``atrest.payload_format``), for the files of ``files`` that do
+    formats: dict[str, str] = field(default_factory=dict)
 
 
 def event_keys(traces: Traces) -> list[tuple[int, dict[str, Any], str, int]]:
@@ -134,6 +144,8 @@ def gather(job: JobSpec, out: str, scratch: str, kinds: Iterable[str], seed: int
     facts = Facts(seed=seed)
     facts.files = sorted(os.path.relpath(os.path.join(d, f), out) for d, _s, names in os.walk(out) for f in names)
     check_checkpoint_glob(job, facts.files)
+    if "payload" in kinds:
+        facts.formats = {rel: fmt for rel in facts.files if (fmt := atrest.payload_format(os.path.join(out, rel)))}
     if kinds & {"power", "diskfull"}:
         records = atrest.merged_records(scratch, 0)
         if "power" in kinds:
@@ -357,13 +369,81 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
         for ev, rel, step in rot_sites(traces):
             if job.checkpoint_glob is None or _is_checkpoint(job, rel):
                 corrupt += [at_completer(ev, fam, rel, at_step=step) for fam in CORRUPT_FAMILIES]
+    rest: list[Point] = []
+    if kinds & set(AT_REST_KINDS) and facts is not None:
+        rest = [at_completer(ev, fam, rel, **({} if step is None else {"at_step": step}))
+                for fam in AT_REST_KINDS if fam in kinds
+                for ev, rel, step in at_rest_points(job, traces, facts, fam)]
     disk: list[Point] = []
     if "diskfull" in kinds and facts is not None:
         size = diskfull.choose_size(facts.peak, facts.seed)
         if size is not None:
             disk.append(Point(0, "diskfull", size=size))
     node = nodes.points(job, traces) if "node" in kinds else []
-    return kill_ops + kill_steps + terms + errnos + corrupt + power + disk + net_ops + net_steps + node
+    return kill_ops + kill_steps + terms + errnos + corrupt + rest + power + disk + net_ops + net_steps + node
+
+
+def _op_records(traces: Traces) -> list[dict[str, Any]]:
+    """Every rank's attempt-0 file events, in time order, each with its ``rank``."""
+    return sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
+                   if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None),
+                  key=lambda r: r.get("ts", 0.0))
+
+
+def _sites(job: JobSpec, traces: Traces, facts: Facts) -> list[tuple[dict[str, Any], str, int | None]]:
+    """Where a ``stale``, ``swap`` or ``payload`` point can strike: (completing event, file, step or None)
+    for each checkpoint file the fault-free run left, at the event that completed it, then each
+    :func:`rot_sites` site; checkpoint files as for corruption but never a ``--result-file``."""
+    results = job.relative_globs(job.result_globs)
+
+    def wanted(rel: str) -> bool:
+        if job.checkpoint_glob is not None:
+            return _is_checkpoint(job, rel)
+        return not any(fnmatch.fnmatchcase(rel, g) for g in results)
+
+    done = completions(traces)
+    out: list[tuple[dict[str, Any], str, int | None]] = []
+    for rel in facts.files:
+        ev = _completer(done, rel) if wanted(rel) else None
+        if ev is not None:
+            out.append((ev, rel, None))
+    out += [(ev, rel, step) for ev, rel, step in rot_sites(traces) if wanted(rel)]
+    return out
+
+
+def at_rest_points(job: JobSpec, traces: Traces, facts: Facts,
+                   kind: str) -> list[tuple[dict[str, Any], str, int | None]]:
+    """The sites of :func:`_sites` where a ``kind`` fault (stale, swap, payload) can do something in
+    the fault-free run: ``stale``, the file had an older version completed before this one
+    (``atrest.older_versions``); ``swap``, another rank had completed its file of the same checkpoint
+    by the moment the point strikes (``atrest.swap_partners``); ``payload``, the file (or, rotated
+    away by the end, a file of its name but for its numbers) is a pickle or a torch zip. A point
+    whose run differs there is skipped with the reason when it runs (``atrest``)."""
+    records = _op_records(traces)
+    versions = atrest.file_versions(records, atrest.trace_root(records))
+    steps = _step_announcements(traces)
+    by_key: dict[str, str] = {}
+    for rel, fmt in facts.formats.items():
+        by_key.setdefault(atrest.digit_key(rel), fmt)
+    out = []
+    for ev, rel, step in _sites(job, traces, facts):
+        ts = ev.get("ts", 0.0)
+        if kind == "stale":
+            ok = bool(atrest.older_versions(rel, versions, ts))
+        elif kind == "swap":
+            when = ts
+            if step is not None:
+                moments, numbers = steps.get(ev["rank"], ([], []))
+                when = moments[numbers.index(step)] if step in numbers else ts
+            completers = {f: [v for v in vs if v.ts <= when][-1].rank for f, vs in versions.items()
+                          if any(v.ts <= when for v in vs)}
+            completers.setdefault(rel, ev["rank"])
+            ok = bool(atrest.swap_partners(rel, completers[rel], completers, completers))
+        else:
+            ok = rel in facts.formats or atrest.digit_key(rel) in by_key
+        if ok:
+            out.append((ev, rel, step))
+    return out
 
 
 def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], points: list[Point]) -> list[str]:
@@ -380,6 +460,14 @@ def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], poin
         if job.checkpoint_glob is not None and orphans:
             out.append(f"{len(orphans)} checkpoint file(s) were completed by no traced event and are not corrupted: "
                        f"{', '.join(orphans[:5])}")
+    for kind, why in (("stale", "no checkpoint file was completed again after an earlier version of it (saved again "
+                                "under its name, or in another checkpoint directory of the same name)"),
+                      ("swap", "no two ranks each completed their own file of one checkpoint (rank0.pt / rank1.pt)"),
+                      ("payload", "no checkpoint file the job left is a pickle or a torch zip (torch.save), so "
+                                  "nothing it loads unpickles")):
+        one_rank = not job.torchrun and (job.ranks or 1) < 2 and job.nodes is None
+        if kind in kinds and not any(p.family == kind for p in points) and not (kind == "swap" and one_rank):
+            out.append(f"{kind} is not explored: {why}")  # one process has no other rank's file: nothing to say
     if "diskfull" in kinds and not any(p.family == "diskfull" for p in points):
         out.append(f"a real full disk is not explored: {{out}} never held more than {facts.peak} byte(s) of tmpfs "
                    "pages, too little to fill a smaller one")

@@ -67,7 +67,7 @@ from chaos.judge.job import Golden, PointVerdict, judge, last_steps, step_of
 from chaos.launch import job as launch
 from chaos.launch import spares
 from chaos.launch.output import cause, clip
-from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
+from chaos.model.jobspec import AT_REST_KINDS, HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
 from chaos.nemesis import atrest, diskfull, netcut, nodes
 from chaos.plan import pointset
 from chaos.plan.pointset import Facts
@@ -157,28 +157,36 @@ def _new_run(root: str, name: str) -> Run:
     return Run(scratch, out, scratch)
 
 
-def _restarts(job: JobSpec, run: Run, point: Point) -> None:
+def _restarts(job: JobSpec, run: Run, point: Point, watch: Callable[[int], None] | None = None) -> None:
     """The harness's restarts: none for a torchrun COMMAND its agent restarts by itself, except
     after a SIGTERM, a corruption or a power loss, which stopped torchrun too, and after a
     full disk: the agent's own restarts met the same full disk, and a job that gave up on it
     is relaunched once the disk has room again, as whoever freed the space would. A
-    SIGTERM'd job is restarted even when it exited 0: it was preempted, not finished."""
+    SIGTERM'd job is restarted even when it exited 0: it was preempted, not finished.
+    ``watch(attempt)`` runs after each restart (a planted payload's marker is looked for)."""
     if job.torchrun and not (point.mode in HALT_MODES or point.mode == "term" or point.family in ("node", "diskfull")):
         return  # a node point's agents that all failed are relaunched, as a scheduler restarts a failed job
     for attempt in range(1, job.max_restarts + 1):
         if run.attempts[-1].ok and not (attempt == 1 and point.mode == "term"):
             break
         run.attempt(job, attempt, None)
+        if watch is not None:
+            watch(attempt)
+
+
+# The harness-side edit of {out} each halting mode makes once every copy is stopped (power: power_loss)
+_EDITS = {"stale": atrest.stale, "swap": atrest.swap, "payload": atrest.payload}
 
 
 def _at_rest(run: Run, point: Point, base: Snapshot | None, seed: int) -> atrest.Applied | None:
-    """After a halted attempt 0: the corruption or the power loss; None when the point never fired."""
+    """After a halted attempt 0: the corruption, stale copy, swap, payload or power loss; None when the
+    point never fired."""
     halt = atrest.halt_record(read_traces(run.scratch, run.out), point.rank)
     if halt is None:
         return None
     if point.mode == "power":
         return atrest.power_loss(point, run.out, run.scratch, halt, base or Snapshot(), seed)
-    return atrest.corrupt(point, run.out, run.scratch, halt, seed)
+    return _EDITS.get(point.mode, atrest.corrupt)(point, run.out, run.scratch, halt, seed)
 
 
 def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
@@ -359,9 +367,19 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
         applied = _node_applied(job, run, point)
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
     if point is not None and not (applied is not None and applied.skipped):
-        _restarts(job, run, point)
+        planted = applied if point.mode == "payload" else None
+        _restarts(job, run, point, _marker_watch(planted))
+        if planted is not None:
+            atrest.payload_reads(planted, read_traces(run.scratch, run.out), since=1)
     return PointRecord(point or Point(0, "none"), run.out, run.attempts, read_traces(run.scratch, run.out),
                        after_kill, applied, before_fault, untraced)
+
+
+def _marker_watch(planted: atrest.Applied | None) -> Callable[[int], None] | None:
+    """After each restart of a payload point: whether the planted payload has run (``atrest.check_marker``)."""
+    if planted is None:
+        return None
+    return lambda attempt: atrest.check_marker(planted, f"attempt {attempt}")
 
 
 @dataclass
@@ -534,7 +552,7 @@ class PointResult:
             drift = (f"fired at the anchor ({self.point.anchor}), this run's event {fired[0].get('ord')}; the "
                      f"fault-free run's was event {self.point.op}: ordinals moved, the event did not")
         extra: dict[str, Any] = {}
-        if self.point.family in ("corrupt", "power"):
+        if self.point.family in ("corrupt", "power", *AT_REST_KINDS):
             extra["seed"] = atrest.point_seed(self.seed, self.point)
         if self.point.family == "term":
             extra["grace_s"] = self.job.grace_s

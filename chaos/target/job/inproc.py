@@ -113,7 +113,7 @@ class JobInterposer(Interposer):
 
     def __init__(self, root: str, rank: int, trace_path: str, point: dict[str, Any] | None) -> None:
         super().__init__(root, rank=rank, trace_path=trace_path, rules=_rules(point and point.get("mode")),
-                         keep_records=False)
+                         keep_records=False, trace_reads=True)
         self.point = point
         self._anchor: tuple[str, str, int] | None = None
         self._counts: dict[tuple[str, str], int] = {}  # (kind, path key) -> events so far (anchored point)
