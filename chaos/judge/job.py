@@ -135,6 +135,7 @@ class Golden:
     acks: bool                              # the fault-free run called chaos.probe.saved
     losses: dict[int, dict[int, float]] = field(default_factory=dict)  # rank -> step -> loss, fault-free run
     last_steps: dict[int, int] = field(default_factory=dict)  # rank -> the last step it announced, fault-free
+    loss_source: str | None = None  # which announcements carry the losses (losscurve.source): step | loss
 
 
 def _liveness(job: JobSpec, rec: PointRecord) -> Oracle:
@@ -569,7 +570,7 @@ def _loss(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
                "no loss seen: call chaos.probe.step(n, loss) or give --loss-regex")
         return Oracle("loss_continuity", "not_judged", why)
     band = losscurve.band_for(job.loss_band, golden.tolerance)
-    got = losscurve.continuity(golden.losses, job.world_size, rec.traces, band)
+    got = losscurve.continuity(golden.losses, job.world_size, rec.traces, band, golden.loss_source)
     summary = got.summary
     if band == 0.0:
         summary = summary.replace(f"within {band:.3%} of the golden loss", "equal to the fault-free loss")

@@ -26,18 +26,31 @@ def _probes(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r["info"] for r in recs if r.get("event") == "phase" and r.get("name") == "chaos.probe"]
 
 
-def curve(recs: list[dict[str, Any]]) -> dict[int, float]:
-    """Step -> loss of one rank's attempt; a step announced twice keeps its last loss."""
+def source(traces: Traces) -> str | None:
+    """Which announcements carry the job's losses, for every curve of one run: ``step``
+    (``chaos.probe.step(n, loss)``, the exact float) where the fault-free run made any, else
+    ``loss`` (``--loss-regex`` lines, as printed); None: neither. A job that does both says
+    each step's loss twice, and the two differ by the printed rounding: a halted attempt that
+    announced its last step only by its printed line would otherwise be compared, rounded,
+    against the exact golden value. Called by ``explore.reference`` (``Golden.loss_source``)."""
+    kinds = {i.get("kind") for recs in traces.values() for i in _probes(recs) if i.get("loss") is not None}
+    return "step" if "step" in kinds else "loss" if "loss" in kinds else None
+
+
+def curve(recs: list[dict[str, Any]], kind: str | None = None) -> dict[int, float]:
+    """Step -> loss of one rank's attempt, from ``kind``'s announcements (None: both); a step
+    announced twice keeps its last loss."""
+    kinds = ("step", "loss") if kind is None else (kind,)
     out: dict[int, float] = {}
     for info in _probes(recs):
-        if info.get("kind") in ("step", "loss") and info.get("loss") is not None:
+        if info.get("kind") in kinds and info.get("loss") is not None:
             out[int(info["n"])] = float(info["loss"])
     return out
 
 
-def curves(traces: Traces, attempt: int = 0) -> dict[int, dict[int, float]]:
+def curves(traces: Traces, attempt: int = 0, kind: str | None = None) -> dict[int, dict[int, float]]:
     """Rank -> step -> loss of one attempt (the fault-free runs have only attempt 0)."""
-    return {rank: c for (rank, a), recs in sorted(traces.items()) if a == attempt and (c := curve(recs))}
+    return {rank: c for (rank, a), recs in sorted(traces.items()) if a == attempt and (c := curve(recs, kind))}
 
 
 def band_for(explicit: float | None, tolerance: bool) -> float:
@@ -57,8 +70,10 @@ def _resume_step(recs: list[dict[str, Any]]) -> int | None:
     return steps[0] - 1 if steps else None
 
 
-def continuity(golden: dict[int, dict[int, float]], world_size: int, traces: Traces, band: float) -> OracleResult:
-    """Judge every attempt's loss curve of a point against ``golden`` (rank -> step -> loss)."""
+def continuity(golden: dict[int, dict[int, float]], world_size: int, traces: Traces, band: float,
+               kind: str | None = None) -> OracleResult:
+    """Judge every attempt's loss curve of a point against ``golden`` (rank -> step -> loss),
+    each read from ``kind``'s announcements, as the golden curve was (:func:`source`)."""
     gold = GoldenRun("job", world_size, {r: {s: float(v).hex() for s, v in c.items()} for r, c in golden.items()},
                      {}, {})
     attempts = sorted({a for (_r, a) in traces})
@@ -70,7 +85,7 @@ def continuity(golden: dict[int, dict[int, float]], world_size: int, traces: Tra
         for rank in range(world_size):
             evs = [{"ev": "resume", "step": min(starts)}] if starts and a != attempts[0] else []
             evs += [{"ev": "step", "step": s, "loss": v, "loss_hex": float(v).hex()}
-                    for s, v in sorted(curve(ranks.get(rank, [])).items())]
+                    for s, v in sorted(curve(ranks.get(rank, []), kind).items())]
             events.setdefault(a, {})[rank] = evs
     record = RunRecord(world_size, [{"attempt": a, "world_size": world_size} for a in attempts], events)
     return loss_continuity(gold, record, band)

@@ -489,7 +489,8 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                      + ". A point's record names such files; power loss keeps them as they were at the cut")
     acks = any(x.get("name") == "chaos.probe" and x.get("info", {}).get("kind") == "saved"
                for recs_ in traces.values() for x in recs_)
-    losses, losses1 = losscurve.curves(traces), losscurve.curves(recs[1].traces)
+    loss_source = losscurve.source(traces)
+    losses, losses1 = losscurve.curves(traces, kind=loss_source), losscurve.curves(recs[1].traces, kind=loss_source)
     if losses != losses1:
         tolerance = True
         step = next((s for r in sorted(losses) for s in sorted(losses[r]) if losses1.get(r, {}).get(s) != losses[r][s]),
@@ -501,7 +502,7 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                      "loss continuity is not judged")
     golden = Golden(out=runs[0].out, results=results, tolerance=tolerance,
                     checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses,
-                    last_steps=last_steps(traces))
+                    last_steps=last_steps(traces), loss_source=loss_source)
     notes += durability_notes(job, golden)
     facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
     facts.stable = pointset.stable_events(recs[1].traces)

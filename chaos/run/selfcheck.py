@@ -46,6 +46,7 @@ from typing import Any
 
 from chaos.errors import ConfigError
 from chaos.judge.oracles import ORACLES
+from chaos.model.jobspec import FAULT_KINDS
 from chaos.plan.scenario import Fault, Scenario, parse_fault
 from chaos.run.runner import RunOptions, ScenarioResult, run_scenario
 from chaos.target.protocol import BUILTIN_CHECKPOINTERS, validate_spec
@@ -325,28 +326,47 @@ def expected_catch(spec: str) -> dict[str, tuple[str, ...]]:
     against the battery and the oracles; a missing or malformed declaration is a
     ConfigError naming the file, since a defect without one cannot be judged.
     """
-    path = _module_file(validate_spec(spec))
-    where = f"{path}: {EXPECTED_NAME}"
-    form = f"expected {EXPECTED_NAME} = {{probe: (oracle, ...)}}, e.g. {{'powerloss': ('{POWERLOSS_ORACLE}',)}}"
-    tree = ast.parse(path.read_text(), filename=str(path))
+    return read_expected(_module_file(validate_spec(spec)), PROBES, known_oracles(),
+                         example={"powerloss": (POWERLOSS_ORACLE,)})
+
+
+def module_literal(path: Path, name: str) -> tuple[bool, Any]:
+    """(declared, value) of the module-level ``name = <literal>`` in the source at ``path``, read
+    with :mod:`ast` (nothing imported). ConfigError naming the file where the value is no literal.
+    Called by :func:`read_expected` and ``jobselfcheck`` (a job's ``CHAOS_JOB``)."""
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc}") from None
     nodes = [n.value for n in tree.body if isinstance(n, ast.Assign)
-             and any(isinstance(t, ast.Name) and t.id == EXPECTED_NAME for t in n.targets)]
+             and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
     nodes += [n.value for n in tree.body if isinstance(n, ast.AnnAssign) and n.value is not None
-              and isinstance(n.target, ast.Name) and n.target.id == EXPECTED_NAME]
+              and isinstance(n.target, ast.Name) and n.target.id == name]
     if not nodes:
+        return False, None
+    try:
+        return True, ast.literal_eval(nodes[-1])
+    except ValueError:
+        raise ConfigError(f"{path}: {name} is not a literal") from None
+
+
+def read_expected(path: Path, probes: Collection[str], oracles: Collection[str],
+                  example: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """A planted defect's ``EXPECTED_CATCH = {probe: (oracle, ...)}`` in the source at ``path``,
+    checked against ``probes`` (the battery's, or a job's fault families) and ``oracles``.
+    Called by :func:`expected_catch` and ``jobselfcheck``."""
+    where = f"{path}: {EXPECTED_NAME}"
+    form = f"expected {EXPECTED_NAME} = {{probe: (oracle, ...)}}, e.g. {example!r}"
+    declared, raw = module_literal(path, EXPECTED_NAME)
+    if not declared:
         raise ConfigError(f"{path}: a planted defect must declare the probe(s) and oracle(s) meant to catch it "
                           f"({form})")
-    try:
-        raw = ast.literal_eval(nodes[-1])
-    except ValueError:
-        raise ConfigError(f"{where} is not a literal ({form})") from None
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(f"{where} must be a non-empty dict ({form})")
     out: dict[str, tuple[str, ...]] = {}
-    oracles = known_oracles()
     for probe, names in raw.items():
-        if probe not in PROBES:
-            raise ConfigError(f"{where}: unknown probe {probe!r}; the battery has {', '.join(PROBES)}")
+        if probe not in probes:
+            raise ConfigError(f"{where}: unknown probe {probe!r}; known: {', '.join(probes)}")
         names = (names,) if isinstance(names, str) else names
         if not isinstance(names, (tuple, list)) or not names or not all(isinstance(n, str) for n in names):
             raise ConfigError(f"{where}[{probe!r}] must be a non-empty tuple of oracle names ({form})")
@@ -430,7 +450,8 @@ STYLES = {CAUGHT: "green", PASSES: "green", INCONCLUSIVE: "yellow"}
 def render(report: SelfCheckReport, console: Any = None) -> None:
     """A rich table (one row per checkpointer), what caught or failed each one, and the score line.
 
-    The ``probes`` column has one mark per probe of the battery, in order: ``.`` pass,
+    The ``probes`` column has one mark per probe of the battery (then per fault family of a
+    job corpus, :mod:`chaos.run.jobselfcheck`), in order: ``.`` pass,
     ``X`` fail, ``s`` skipped (the fault could not apply), ``E`` harness error, ``-`` not
     run (fail-fast stopped after the intended catch). ``intended`` is the defect's
     declared catch; ``failed`` lists every failing probe with its oracles, the intended
@@ -441,7 +462,9 @@ def render(report: SelfCheckReport, console: Any = None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    order = [p.name for p in BATTERY if any(o.probe == p.name for c in report.checkpointers for o in c.outcomes)]
+    ran = {o.probe for c in report.checkpointers for o in c.outcomes}
+    # the battery's probes, then a job corpus's fault families (chaos.run.jobselfcheck), in their order
+    order = [p.name for p in BATTERY if p.name in ran] + [f for f in FAULT_KINDS if f in ran]
     table = Table(title="chaos self-check", caption="probes: " + " ".join(f"{i + 1}={n}" for i, n in enumerate(order)))
     for col in ("checkpointer", "expect", "probes", "intended (probe: oracle)", "failed (probe: oracles)", "result"):
         table.add_column(col, overflow="fold")

@@ -1,9 +1,10 @@
 """`chaos selfcheck`: run the fault battery against a corpus of planted defects and a correct checkpointer.
 
-    chaos selfcheck                                   # the corpus in tests/checkpointers/selfcheck
+    chaos selfcheck                                   # the corpus in tests/checkpointers/selfcheck (and jobs/)
     chaos selfcheck --corpus DIR --fail-fast --json selfcheck.json
     chaos selfcheck --checkpointer mine=pkg.mod:Mine --correct mine     # add your own (repeatable)
     chaos selfcheck --only no_fsync,correct --probe powerloss
+    chaos selfcheck --only job:correct,job:unpickles --max-points 12   # the job oracles' corpus
 
 Every module of the corpus directory defining a ``*Checkpointer`` class is one
 checkpointer, named by its file; those named ``correct*`` (or given with ``--correct``)
@@ -14,6 +15,11 @@ score line. Exit status 0 only when every planted defect is caught by its intend
 oracle in its intended probe and no correct checkpointer fails a probe; 1 otherwise (a
 defect that only other oracles failed is a miss); 2 on bad input, a missing or
 malformed ``EXPECTED_CATCH`` included.
+
+The job corpus (``jobs/`` beside the checkpointer corpus, or ``--job-corpus DIR``) scores the
+oracles a user's job is judged by the same way: each module is a small training job declaring
+how it is run (``CHAOS_JOB``) and, a defect, the fault family and job oracle meant to catch it
+(:mod:`chaos.run.jobselfcheck`). Its rows are named ``job:<file>``; ``--no-jobs`` leaves it out.
 """
 
 from __future__ import annotations
@@ -36,7 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="add a checkpointer (pkg.module:Class or file.py:Class); repeatable")
     parser.add_argument("--correct", action="append", default=[], metavar="NAME",
                         help="a checkpointer expected to pass (default: names starting with 'correct'); repeatable")
-    parser.add_argument("--only", default=None, metavar="NAMES", help="comma-separated checkpointers to run")
+    parser.add_argument("--only", default=None, metavar="NAMES",
+                        help="comma-separated checkpointers (and job:NAME jobs) to run")
+    parser.add_argument("--job-corpus", metavar="DIR", default=None,
+                        help="directory of planted-defect training jobs (default: jobs/ in the corpus, if there)")
+    parser.add_argument("--no-jobs", action="store_true", help="leave the job corpus out")
+    parser.add_argument("--max-points", type=int, default=None, metavar="N",
+                        help="at most N points per job of the job corpus (default: each job's own, else all)")
     parser.add_argument("--probe", action="append", default=[], metavar="NAME",
                         help="run only these probes of the battery (repeatable; default: all)")
     parser.add_argument("--fail-fast", action="store_true",
@@ -48,50 +60,71 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help="golden-run cache (default ~/.cache/chaos/golden)")
 
 
-def _corpus(args: argparse.Namespace) -> dict[str, str]:
+def _corpus(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Path]]:
+    """The checkpointers and the jobs to run: (name -> spec, job:name -> path), --only applied."""
+    from chaos.run.jobselfcheck import default_corpus, discover_jobs
     from chaos.run.selfcheck import discover
 
     found: dict[str, str] = {}
+    jobs_dir: Path | None = None
     if args.corpus is not None:
         if not Path(args.corpus).is_dir():
             raise ConfigError(f"--corpus {args.corpus}: not a directory")
         found = discover(args.corpus)
         if not found:
             raise ConfigError(f"--corpus {args.corpus}: no module defines a *Checkpointer class")
+        jobs_dir = default_corpus(args.corpus)
     elif DEFAULT_CORPUS.is_dir() and not args.checkpointer:
         found = discover(DEFAULT_CORPUS)
+        jobs_dir = default_corpus(DEFAULT_CORPUS)
     for item in args.checkpointer:
         name, eq, spec = item.partition("=")
         if not eq or not name or not spec:
             raise ConfigError(f"malformed --checkpointer {item!r}: expected NAME=SPEC")
         found[name] = spec
+    jobs: dict[str, Path] = {}
+    if args.job_corpus is not None:
+        if not Path(args.job_corpus).is_dir():
+            raise ConfigError(f"--job-corpus {args.job_corpus}: not a directory")
+        jobs = discover_jobs(args.job_corpus)
+        if not jobs:
+            raise ConfigError(f"--job-corpus {args.job_corpus}: no module declares CHAOS_JOB")
+    elif jobs_dir is not None and jobs_dir.is_dir():
+        jobs = discover_jobs(jobs_dir)
+    if args.no_jobs:
+        jobs = {}
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
-        missing = [n for n in wanted if n not in found]
+        missing = [n for n in wanted if n not in found and n not in jobs]
         if missing:
-            raise ConfigError(f"--only: unknown checkpointer(s) {', '.join(missing)}; known: {', '.join(found)}")
-        found = {n: found[n] for n in wanted}
-    if not found:
+            raise ConfigError(f"--only: unknown checkpointer(s) {', '.join(missing)}; known: "
+                              f"{', '.join([*found, *jobs])}")
+        found = {n: found[n] for n in wanted if n in found}
+        jobs = {n: jobs[n] for n in wanted if n in jobs}
+    if not found and not jobs:
         raise ConfigError(f"no checkpointers: give --corpus DIR or --checkpointer NAME=SPEC "
                           f"(./{DEFAULT_CORPUS} does not exist here)")
-    return found
+    return found, jobs
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from chaos.run.jobselfcheck import JobSelfCheckOptions, run_job_selfcheck
     from chaos.run.runner import RunOptions
-    from chaos.run.selfcheck import PROBES, SelfCheckOptions, render, run_selfcheck
+    from chaos.run.selfcheck import PROBES, SelfCheckOptions, SelfCheckReport, render, run_selfcheck
 
-    checkpointers = _corpus(args)
+    checkpointers, jobs = _corpus(args)
     unknown = [p for p in args.probe if p not in PROBES]
     if unknown:
         raise ConfigError(f"unknown --probe {', '.join(unknown)}; the battery has {', '.join(PROBES)}")
-    unknown = [n for n in args.correct if n not in checkpointers]
+    unknown = [n for n in args.correct if n not in checkpointers and n not in jobs]
     if unknown:
         raise ConfigError(f"--correct names no checkpointer being run: {', '.join(unknown)}")
     if args.powerloss_states < 1:
         raise ConfigError(f"--powerloss-states {args.powerloss_states}: must be at least 1")
+    if args.max_points is not None and args.max_points < 1:
+        raise ConfigError(f"--max-points {args.max_points}: must be at least 1")
     console = Console()
 
     def progress(name: str, outcome) -> None:  # noqa: ANN001 - ProbeOutcome
@@ -105,7 +138,13 @@ def run(args: argparse.Namespace) -> int:
         probes=tuple(args.probe) or None, fail_fast=args.fail_fast, powerloss_states=args.powerloss_states,
         progress=progress)
     correct = set(args.correct) if args.correct else None
-    report = run_selfcheck(checkpointers, options, correct=correct)
+    report = SelfCheckReport([], 0.0)
+    if checkpointers:
+        report = run_selfcheck(checkpointers, options, correct=correct)
+    if jobs:
+        job_options = JobSelfCheckOptions(max_points=args.max_points, scratch_base=args.scratch, progress=progress)
+        part = run_job_selfcheck(jobs, job_options, correct=correct & set(jobs) if correct is not None else None)
+        report = SelfCheckReport(report.checkpointers + part.checkpointers, report.seconds + part.seconds)
     if args.json:  # the results first: nothing the rendering does can lose them
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=2))
     render(report, console)
