@@ -66,57 +66,22 @@ from chaos.model.jobspec import (
     Point,
 )
 from chaos.nemesis import atrest, diskfull, netcut, nodes
+from chaos.nemesis.sites import (  # noqa: F401 - Facts, event_keys, stable_events, rot_sites: re-exported
+    Facts,
+    Traces,
+    checkpoint_sites,
+    completer,
+    completions,
+    event_keys,
+    is_checkpoint,
+    op_records,
+    rot_sites,
+    stable_events,
+    step_announcements,
+)
 
 ENOSPC_EVENTS = ("write", "mkdir", "rename", "link")  # plus an open that creates its file
 POWER_STATES = 3  # mixed power-loss states per cut (``rankR:opN:power:sK``), beside everything-lost
-Traces = dict[tuple[int, int], list[dict[str, Any]]]
-
-
-@dataclass
-class Facts:
-    """What the fault-free run shows beyond its traces' events (for corrupt, power, diskfull)."""
-
-    files: list[str] = field(default_factory=list)  # files left under {out}, relative, sorted
-    # (rank, ord) with something pending -> the crash states the model counts at that cut, or why unknown
-    pending: dict[tuple[int, int], int] | str | None = None
-    peak: int = 0                                   # tmpfs bytes {out} needed at its fullest
-    seed: int = 0
-    # (rank, kind, path key, nth) of every attempt-0 event of the second fault-free run
-    # (:func:`stable_events`); a point there is ``anchored``. None: no second run to compare.
-    stable: frozenset[tuple[int, str, str, int]] | None = None
-    # file -> the payload format it speaks (``atrest.payload_format``), for the files of ``files`` that do
-    formats: dict[str, str] = field(default_factory=dict)
-
-
-def event_keys(traces: Traces) -> list[tuple[int, dict[str, Any], str, int]]:
-    """``(rank, record, path key, nth)`` of every attempt-0 file event, rank by rank, in trace order.
-
-    The path key is the record's path relative to {out} (``rel``), else its absolute path;
-    ``nth`` counts this rank's events of the same kind on the same key, from 1. The
-    rank's tracer counts the same way when it looks for an anchored point's event
-    (``inproc.JobInterposer._count``).
-    """
-    out: list[tuple[int, dict[str, Any], str, int]] = []
-    for (rank, attempt), recs in sorted(traces.items()):
-        if attempt != 0:
-            continue
-        seen: dict[tuple[str, str], int] = {}
-        for r in recs:
-            if r.get("event") == "op" and r.get("ord") is not None:
-                key = (r["op"], r.get("rel") or r.get("path") or "")
-                seen[key] = seen.get(key, 0) + 1
-                out.append((rank, r, key[1], seen[key]))
-    return out
-
-
-def stable_events(traces: Traces) -> frozenset[tuple[int, str, str, int]]:
-    """The events of another fault-free run as ``(rank, kind, path key, nth)`` (``Facts.stable``).
-
-    A point whose event has the same identity in both runs names a path the job chooses
-    the same way every time (no random temp name), so it can fire by that identity
-    (``Point.anchored``) where ranks racing each other move ordinals between runs.
-    """
-    return frozenset((rank, r["op"], key, nth) for rank, r, key, nth in event_keys(traces))
 
 
 def kinds_to_explore(job: JobSpec) -> tuple[tuple[str, ...], list[str]]:
@@ -155,23 +120,6 @@ def gather(job: JobSpec, out: str, scratch: str, kinds: Iterable[str], seed: int
     return facts
 
 
-def _is_checkpoint(job: JobSpec, rel: str) -> bool:
-    """``rel`` matches ``--checkpoint-glob``, or lies in a directory that does.
-
-    Matched as ``glob.glob`` matches (``explore.checkpoint_state``, whose matches the
-    lost-work oracle compares): component by component, a ``*`` never crossing a ``/``
-    and never matching a leading dot the pattern does not spell. So the files corrupted
-    are the files the oracle counts as checkpoints, no more.
-    """
-    pattern = (job.checkpoint_glob or "").replace("{out}/", "").replace("{out}", "")
-    want = [c for c in pattern.split("/") if c]
-    parts = rel.split(os.sep)
-    if not want or len(want) > len(parts):
-        return False
-    return all(fnmatch.fnmatchcase(name, pat) and (pat.startswith(".") or not name.startswith("."))
-               for name, pat in zip(parts, want, strict=False))
-
-
 def check_checkpoint_glob(job: JobSpec, files: Iterable[str]) -> None:
     """ConfigError (exit 2) where ``--checkpoint-glob`` matches no file the fault-free run left.
 
@@ -185,104 +133,12 @@ def check_checkpoint_glob(job: JobSpec, files: Iterable[str]) -> None:
     if job.checkpoint_glob is None:
         return
     files = sorted(files)
-    if any(_is_checkpoint(job, f) for f in files):
+    if any(is_checkpoint(job, f) for f in files):
         return
     left = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "") if files else "nothing"
     raise ConfigError(f"--checkpoint-glob {job.checkpoint_glob!r} matched no file the fault-free run left under "
                       f"{{out}} (it left {left}): no checkpoint to judge lost work by or to corrupt; give a pattern "
                       "relative to {out} (a directory that matches stands for every file in it)")
-
-
-def completions(traces: Traces) -> dict[str, dict[str, Any]]:
-    """file (relative to {out}) -> the attempt-0 event that last completed it: a close of it, or a
-    rename whose destination is it or a directory holding it (``rank`` added to the record)."""
-    events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
-                     if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None
-                     and r.get("op") in ("close", "rename") and r.get("rel")), key=lambda r: r.get("ts", 0))
-    done: dict[str, dict[str, Any]] = {}
-    for r in events:
-        done[r["rel"]] = r  # for a rename, rel is its destination
-    return done
-
-
-def _step_announcements(traces: Traces) -> dict[int, tuple[list[float], list[int]]]:
-    """Rank -> (moments, steps) of every step it announced in attempt 0, in time order (for bisection)."""
-    out: dict[int, tuple[list[float], list[int]]] = {}
-    for (rank, a), recs in traces.items():
-        if a != 0:
-            continue
-        found = sorted((r.get("ts", 0.0), int(r["info"]["n"])) for r in recs if r.get("event") == "phase"
-                       and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS)
-        out[rank] = ([t for t, _ in found], [n for _, n in found])
-    return out
-
-
-def rot_sites(traces: Traces) -> list[tuple[dict[str, Any], str, int]]:
-    """Where corruption at rest can strike mid-run: (completing event, file, step) for each file
-    under {out} a close or a rename put in place (from {out} or from outside it), at the first
-    step its rank announced after, when the file was still there then (not removed, renamed
-    away or rewritten in between; of several completions before the same step, the last). A
-    file written again later (a ``last.ckpt``, a rotated ``checkpoint-N``) gets a site per
-    version the job trusted, which is how a restart meets an older checkpoint corrupted. A
-    directory renamed into place is not a file to corrupt (its files were completed under
-    their temporary names)."""
-    events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
-                     if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None),
-                    key=lambda r: r.get("ts", 0.0))
-    root = next((r["path"][: len(r["path"]) - len(r["rel"])] for r in events
-                 if r.get("rel") and isinstance(r.get("path"), str) and r["path"].endswith(r["rel"])), None)
-
-    def rel_of(path: Any) -> str | None:
-        return path[len(root):] if root and isinstance(path, str) and path.startswith(root) else None
-
-    steps = _step_announcements(traces)
-    closed: set[str] = set()  # files (not directories) completed so far
-    dirs: set[str] = set()
-    sites: dict[tuple[str, int, int], tuple[dict[str, Any], float]] = {}
-    # what ends a version of a file: removed, renamed away (it or a directory above it), opened to be rewritten
-    unlinked: dict[str, list[float]] = {}
-    renamed_away: list[tuple[float, str]] = []
-    rewritten: dict[str, list[float]] = {}
-    for ev in events:
-        rel, op, ts = ev.get("rel"), ev.get("op"), ev.get("ts", 0.0)
-        src = rel_of(ev.get("src")) if op == "rename" else None
-        if op == "unlink" and rel:
-            unlinked.setdefault(rel, []).append(ts)
-        if src is not None:
-            renamed_away.append((ts, src))
-        if op == "open" and rel and (ev.get("trunc") or {"wronly", "rdwr"} & set(ev.get("flags") or ())):
-            rewritten.setdefault(rel, []).append(ts)
-        if op == "open" and ev.get("is_dir") and rel:
-            dirs.add(rel)
-        # a rename completes a file written under another name in {out}, or moved in from outside
-        # (Lightning's _atomic_save writes in $TMPDIR, then moves the file into place)
-        moved_in = op == "rename" and (src in closed or src is None)
-        if not rel or rel in dirs or not (op == "close" or moved_in):
-            continue
-        closed.add(rel)
-        moments, numbers = steps.get(ev["rank"], ([], []))
-        i = bisect.bisect_right(moments, ts)
-        if i < len(moments):
-            sites[(rel, ev["rank"], numbers[i])] = (ev, moments[i])
-
-    def between(times: list[float], since: float, until: float) -> bool:
-        return bisect.bisect_right(times, since) < bisect.bisect_left(times, until)
-
-    def gone(rel: str, since: float, until: float) -> bool:
-        return (between(unlinked.get(rel, []), since, until) or between(rewritten.get(rel, []), since, until)
-                or any(since < t < until and (src == rel or rel.startswith(src.rstrip(os.sep) + os.sep))
-                       for t, src in renamed_away))
-
-    out = [(ev, rel, step) for (rel, _rank, step), (ev, until) in sites.items()
-           if not gone(rel, ev.get("ts", 0.0), until)]
-    return sorted(out, key=lambda x: (x[0].get("ts", 0.0), x[1]))
-
-
-def _completer(done: dict[str, dict[str, Any]], rel: str) -> dict[str, Any] | None:
-    parts = rel.split(os.sep)
-    cands = [done[p] for p in (os.sep.join(parts[:i]) for i in range(len(parts), 0, -1)) if p in done
-             and (p == rel or done[p]["op"] == "rename")]
-    return max(cands, key=lambda r: r.get("ts", 0)) if cands else None
 
 
 def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
@@ -359,15 +215,15 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
     if "corrupt" in kinds and facts is not None:
         done = completions(traces)
         for rel in facts.files:
-            if job.checkpoint_glob is not None and not _is_checkpoint(job, rel):
+            if job.checkpoint_glob is not None and not is_checkpoint(job, rel):
                 continue
-            ev = _completer(done, rel)
+            ev = completer(done, rel)
             if ev is None:
                 continue
             corrupt += [at_completer(ev, fam, rel) for fam in CORRUPT_FAMILIES]
         # the same files, and every earlier version of a checkpoint file, once the job trusts them
         for ev, rel, step in rot_sites(traces):
-            if job.checkpoint_glob is None or _is_checkpoint(job, rel):
+            if job.checkpoint_glob is None or is_checkpoint(job, rel):
                 corrupt += [at_completer(ev, fam, rel, at_step=step) for fam in CORRUPT_FAMILIES]
     rest: list[Point] = []
     if kinds & set(AT_REST_KINDS) and facts is not None:
@@ -383,50 +239,22 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
     return kill_ops + kill_steps + terms + errnos + corrupt + rest + power + disk + net_ops + net_steps + node
 
 
-def _op_records(traces: Traces) -> list[dict[str, Any]]:
-    """Every rank's attempt-0 file events, in time order, each with its ``rank``."""
-    return sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
-                   if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None),
-                  key=lambda r: r.get("ts", 0.0))
-
-
-def _sites(job: JobSpec, traces: Traces, facts: Facts) -> list[tuple[dict[str, Any], str, int | None]]:
-    """Where a ``stale``, ``swap`` or ``payload`` point can strike: (completing event, file, step or None)
-    for each checkpoint file the fault-free run left, at the event that completed it, then each
-    :func:`rot_sites` site; checkpoint files as for corruption but never a ``--result-file``."""
-    results = job.relative_globs(job.result_globs)
-
-    def wanted(rel: str) -> bool:
-        if job.checkpoint_glob is not None:
-            return _is_checkpoint(job, rel)
-        return not any(fnmatch.fnmatchcase(rel, g) for g in results)
-
-    done = completions(traces)
-    out: list[tuple[dict[str, Any], str, int | None]] = []
-    for rel in facts.files:
-        ev = _completer(done, rel) if wanted(rel) else None
-        if ev is not None:
-            out.append((ev, rel, None))
-    out += [(ev, rel, step) for ev, rel, step in rot_sites(traces) if wanted(rel)]
-    return out
-
-
 def at_rest_points(job: JobSpec, traces: Traces, facts: Facts,
                    kind: str) -> list[tuple[dict[str, Any], str, int | None]]:
-    """The sites of :func:`_sites` where a ``kind`` fault (stale, swap, payload) can do something in
+    """The sites of :func:`checkpoint_sites` where a ``kind`` fault (stale, swap, payload) can do something in
     the fault-free run: ``stale``, the file had an older version completed before this one
     (``atrest.older_versions``); ``swap``, another rank had completed its file of the same checkpoint
     by the moment the point strikes (``atrest.swap_partners``); ``payload``, the file (or, rotated
     away by the end, a file of its name but for its numbers) is a pickle or a torch zip. A point
     whose run differs there is skipped with the reason when it runs (``atrest``)."""
-    records = _op_records(traces)
+    records = op_records(traces)
     versions = atrest.file_versions(records, atrest.trace_root(records))
-    steps = _step_announcements(traces)
+    steps = step_announcements(traces)
     by_key: dict[str, str] = {}
     for rel, fmt in facts.formats.items():
         by_key.setdefault(atrest.digit_key(rel), fmt)
     out = []
-    for ev, rel, step in _sites(job, traces, facts):
+    for ev, rel, step in checkpoint_sites(job, traces, facts):
         ts = ev.get("ts", 0.0)
         if kind == "stale":
             ok = bool(atrest.older_versions(rel, versions, ts))
@@ -455,8 +283,8 @@ def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], poin
                    "every event gets a power point, skipped where its own cut cannot be modelled either")
     if "corrupt" in kinds:
         done = completions(traces)
-        ckpts = [f for f in facts.files if job.checkpoint_glob is None or _is_checkpoint(job, f)]
-        orphans = [f for f in ckpts if _completer(done, f) is None]
+        ckpts = [f for f in facts.files if job.checkpoint_glob is None or is_checkpoint(job, f)]
+        orphans = [f for f in ckpts if completer(done, f) is None]
         if job.checkpoint_glob is not None and orphans:
             out.append(f"{len(orphans)} checkpoint file(s) were completed by no traced event and are not corrupted: "
                        f"{', '.join(orphans[:5])}")
@@ -578,7 +406,7 @@ def _save_sites(job: JobSpec, traces: Traces) -> tuple[list[dict[str, Any]], dic
         if not n or os.path.isabs(n):
             return False
         if job.checkpoint_glob is not None:
-            return _is_checkpoint(job, n)
+            return is_checkpoint(job, n)
         return not any(fnmatch.fnmatchcase(n, g) for g in results)
 
     writes: dict[str, list[dict[str, Any]]] = {}
@@ -643,7 +471,7 @@ def point_classes(job: JobSpec, traces: Traces, points: list[Point]) -> list[Poi
         t_last = last.get("ts", 0.0)
         ts_of = {(rank, r["ord"]): r.get("ts", 0.0) for (rank, a), recs in traces.items() if a == 0 for r in recs
                  if r.get("event") == "op" and r.get("ord") is not None}
-        steps = _step_announcements(traces)
+        steps = step_announcements(traces)
 
         def moment(p: Point) -> tuple[float, bool] | None:
             """When ``p`` strikes: the time of its event or step, and whether it is after that event."""
