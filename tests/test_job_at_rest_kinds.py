@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from chaos.model.jobspec import parse_point
-from chaos.nemesis import atrest
+from chaos.nemesis import atrest, stale, swap
 
 REPO = Path(__file__).resolve().parent.parent
 STEP = r"step (\d+) "
@@ -339,7 +339,7 @@ def test_file_versions_rebuild_each_completed_version_from_the_trace() -> None:
             _op("write", "/o/b", 10, offset=0, data=b"x")]
     versions = atrest.file_versions(recs, r)
     assert [v.data for v in versions["a"]] == [b"v1", b"v2!"]
-    assert [v.ord for v in atrest.older_versions("a", versions, 8)] == [4]
+    assert [v.ord for v in stale.older_versions("a", versions, 8)] == [4]
     assert "b" not in versions  # appended to a file from before, never completed
     recs.append(_op("close", "/o/b", 11))
     assert atrest.file_versions(recs, r)["b"][0].data is None  # its bytes before the trace are unknown
@@ -348,5 +348,5 @@ def test_file_versions_rebuild_each_completed_version_from_the_trace() -> None:
 def test_swap_partners_are_other_ranks_files_of_one_checkpoint_never_two_saves() -> None:
     files = ["ckpt/rank0.pt", "ckpt/rank1.pt", "ckpt-3.pt", "ckpt-6.pt"]
     completers = {"ckpt/rank0.pt": 0, "ckpt/rank1.pt": 1, "ckpt-3.pt": 0, "ckpt-6.pt": 0}
-    assert atrest.swap_partners("ckpt/rank1.pt", 1, completers, files) == ["ckpt/rank0.pt"]
-    assert atrest.swap_partners("ckpt-6.pt", 0, completers, files) == []
+    assert swap.swap_partners("ckpt/rank1.pt", 1, completers, files) == ["ckpt/rank0.pt"]
+    assert swap.swap_partners("ckpt-6.pt", 0, completers, files) == []

@@ -396,14 +396,14 @@ def render(found: Findings) -> str:
         verdict = cell(r.verdict(), None)  # a skipped row names the points' recorded outcome
         if r.key in FAILURES:
             verdict = f"**{verdict}**"
-        lines.append(f"| {cell(r.framework)} | {cell(r.versions)} | {r.ranks} | {cell(FAMILY_WORDS[r.family])} | "
+        lines.append(f"| {cell(r.framework)} | {cell(r.versions)} | {r.ranks} | {cell(FAMILY_WORDS.get(r.family, r.family))} | "
                      f"{verdict} | {example} | {meaning} | {issue} | {r.peer} |")
     lines += ["", *_peer_section(found), "", "Replay an example (from the directory the runs ran in):", ""]
     seen: set[tuple[str, str]] = set()
     for r in found.rows:
         if r.key in FAILURES and r.example.replay and (r.example.id, r.example.replay) not in seen:
             seen.add((r.example.id, r.example.replay))
-            lines.append(f"- {cell(r.framework)}, {r.ranks} rank(s), {FAMILY_WORDS[r.family]}, "
+            lines.append(f"- {cell(r.framework)}, {r.ranks} rank(s), {FAMILY_WORDS.get(r.family, r.family)}, "
                          f"{VERDICT_WORDS[r.key]}: {code(r.example.replay)}")
     if not seen:
         lines.append("- (no failing point)")
@@ -437,11 +437,11 @@ def _peer_section(found: Findings) -> list[str]:
         bad = [r for r in beyond if r.key in FAILURES]
         held = [r for r in beyond if r.key == "pass"]
         if bad:
-            what = "; ".join(f"{FAMILY_WORDS[r.family]}: {VERDICT_WORDS[r.key]} ({r.count} of {r.judged}, "
+            what = "; ".join(f"{FAMILY_WORDS.get(r.family, r.family)}: {VERDICT_WORDS[r.key]} ({r.count} of {r.judged}, "
                              f"{r.ranks} rank(s))" for r in bad)
             out.append(f"- {cell(framework)}: {cell(what, None)}")
         elif held:
-            what = "; ".join(f"{FAMILY_WORDS[r.family]} ({r.judged} point(s), {r.ranks} rank(s))" for r in held)
+            what = "; ".join(f"{FAMILY_WORDS.get(r.family, r.family)} ({r.judged} point(s), {r.ranks} rank(s))" for r in held)
             out.append(f"- {cell(framework)}: held in every such family tried: {cell(what, None)}")
         else:
             out.append(f"- {cell(framework)}: no point tried in such a family")

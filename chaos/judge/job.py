@@ -45,7 +45,7 @@ Six oracles, each with its evidence, named as the built-in workload's are:
   When several fail, the first in ``VERDICT_ORDER`` names the outcome.
 
 What the harness did besides the kill is evidence too, and bounds what the job could
-rely on. A corrupted file (``atrest.corrupt``) is no checkpoint to rely on: a
+rely on. A corrupted file (``chaos.nemesis.corrupt``) is no checkpoint to rely on: a
 ``--checkpoint-glob`` match holding it does not count, nor does any file its rank wrote
 for the same step (its checksum file, a pointer to it), nor an acknowledgement the
 rank made at or after the step it was saving when it stopped (a careful job that
@@ -591,7 +591,7 @@ def last_steps(traces: dict[tuple[int, int], list[dict[str, Any]]], attempt: int
 def _no_code_execution(rec: PointRecord) -> Oracle:
     """A payload point: loading the checkpoint never ran the code planted in it.
 
-    ``atrest.payload`` planted, in the file's own format (a pickle, a ``torch.save`` zip), data
+    ``chaos.nemesis.payload`` planted, in the file's own format (a pickle, a ``torch.save`` zip), data
     whose unpickling creates a marker file; ``explore`` looked for it after every restart
     (``marker.checks``) and recorded which traced processes opened the file again. The marker
     existing fails: the job unpickles its checkpoint with code execution allowed

@@ -17,16 +17,23 @@ from chaos.errors import ConfigError
 OUT = "{out}"
 MODES = ("before", "after", "torn")  # kill points at a file event (``--modes``); a step point's mode is kill or term
 CORRUPT_FAMILIES = ("bitflip", "truncate", "zero", "delete")  # at-rest corruption of a file the job completed
-# At-rest faults of a file the job completed that are each their own ``--faults`` kind (mode = family):
-# a payload planted in its own format, a stale copy of an older version, two ranks' files swapped.
-AT_REST_KINDS = ("stale", "swap", "payload")
-ROT_MODES = (*CORRUPT_FAMILIES, *AT_REST_KINDS)  # edit a completed file; may wait for a later step (:stepS)
+# The at-rest families (``chaos.nemesis.family``: each one module), one line a family: its ``--faults``
+# kind -> the point modes it carries. Each strikes a file the job completed, right after the event
+# that completed it or once a later step is announced (:stepS), with every copy stopped.
+AT_REST_FAMILIES: dict[str, tuple[str, ...]] = {
+    "corrupt": CORRUPT_FAMILIES,   # bit rot: a bit flipped, truncated, zeroed, deleted
+    "stale": ("stale",),           # an older version of the file put back in its place
+    "swap": ("swap",),             # two ranks' files of one checkpoint swapped
+    "payload": ("payload",),       # code planted in the file, in its own format (pickle, torch zip)
+}
+AT_REST_KINDS = tuple(k for k in AT_REST_FAMILIES if k != "corrupt")  # families whose mode is their name
+ROT_MODES = tuple(m for modes in AT_REST_FAMILIES.values() for m in modes)  # every at-rest point mode
 ERRNO_MODES = ("enospc", "eio")          # the event raises OSError instead of being performed (fsync: fsync_fail)
 HALT_MODES = (*ROT_MODES, "power")  # every copy is stopped right after the event, then {out} is edited
 OP_MODES = (*MODES, *ROT_MODES, "power", *ERRNO_MODES, "net")
 STEP_MODES = ("kill", "term", "net")
 # ``--faults``: the families a job is explored with (default: every one that applies here).
-FAULT_KINDS = ("kill", "corrupt", *AT_REST_KINDS, "power", "errno", "term", "diskfull", "net")
+FAULT_KINDS = ("kill", *AT_REST_FAMILIES, "power", "errno", "term", "diskfull", "net")
 DEFAULT_GRACE_S = 5.0
 DEFAULT_NET_HOLD_S = 5.0  # --net-hold: how long a cut rank's link stays down before the copies are SIGKILLed
 

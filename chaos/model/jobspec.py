@@ -31,6 +31,7 @@ from typing import Any
 
 from chaos.errors import ConfigError
 from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for the harness's side
+    AT_REST_FAMILIES,
     AT_REST_KINDS,
     CORRUPT_FAMILIES,
     DEFAULT_GRACE_S,
@@ -95,7 +96,7 @@ class Point:
       announces step S (the save that wrote the file is over and the job trusts it: bit rot
       at rest), then stops every copy and corrupts the file event N completed; ``payload``,
       ``stale`` and ``swap`` strike the same file at the same moments, each its own family
-      (``atrest.payload`` / ``stale`` / ``swap``);
+      (``chaos.nemesis.payload`` / ``stale`` / ``swap``);
     - ``step`` with mode ``kill`` (SIGKILL) or ``term`` (SIGTERM, SIGKILL after the grace);
     - ``step`` or ``op`` with mode ``net``: the rank's network link is cut there (after the
       event, for an op) for ``--net-hold`` seconds while the job goes on (``netcut.py``);
@@ -163,10 +164,9 @@ class Point:
             return "term"
         if self.mode == "net":
             return "net"
-        if self.mode in CORRUPT_FAMILIES:
-            return "corrupt"
-        if self.mode in AT_REST_KINDS:
-            return self.mode
+        for family, modes in AT_REST_FAMILIES.items():
+            if self.mode in modes:
+                return family
         if self.mode == "power":
             return "power"
         if self.mode in ERRNO_MODES:
@@ -202,7 +202,7 @@ class Point:
             return _node_fault(self, extra)
         kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
                 "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut",
-                **{k: k for k in AT_REST_KINDS}}[fam]
+                **{k: k for k in AT_REST_KINDS}}[fam]  # an at-rest family's kind is its name
         when = None if fam in ("power", "diskfull", "net", *AT_REST_KINDS) else self.mode
         params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
                                     ("path", self.path), ("seq", self.seq), ("nth", self.nth),

@@ -1,7 +1,12 @@
 """Fault families as the harness carries them out around a target's processes (Jepsen's nemesis).
 
 environment.py  what a built-in scenario's faults need around the ranks (mounts, labs, corruption)
-atrest.py       a job's {out} edited between attempts: corruption, power-loss crash states
+family.py       the protocol of a family that edits a stopped job's {out}, and the registry of them
+corrupt.py      bit rot in a completed file: a bit flipped, truncated, zeroed, deleted
+stale.py        an older version of a completed file put back in its place
+swap.py         two ranks' files of one checkpoint swapped
+payload.py      code planted in a completed file, in its own format (pickle, torch zip)
+atrest.py       what those share (Applied, the file a point strikes, file versions), and power loss
 sites.py        where an at-rest fault can strike in a fault-free trace (completed files, later steps)
 diskfull.py     a real full disk: {out} on a size-limited tmpfs
 netcut.py       a network cut between a job's ranks

@@ -6,12 +6,11 @@ Each function edits {out} in place and returns an :class:`Applied` record (what 
 done, exactly, with the seed), or a reason why the fault would change nothing or
 cannot be made, which makes the point *skipped*, never passed.
 
-- :func:`corrupt` — one seeded ``faults.corrupt`` family on the file event N completed
-  (right after it, or for ``rankR:opN:MODE:stepS`` once rank R announced step S):
-  ``bitflip`` (one bit, anywhere in the file), ``truncate`` (to a seeded length shorter
-  than the file), ``zero`` (up to 64 bytes from a seeded offset), ``delete``. Example:
-  ``rank0:op14:bitflip`` on a 71-byte ``ckpt.json`` with seed 3 might flip bit 5 of
-  byte 40, recorded as ``changes: [{"start": 40, "end": 41, "old": "36", "new": "16"}]``.
+- the at-rest families (``corrupt.py``, ``stale.py``, ``swap.py``, ``payload.py``, each one
+  module following :mod:`chaos.nemesis.family`) strike the file event N completed; what
+  they share is here: :class:`Applied`, :func:`point_seed`, :func:`site_file` (the file a
+  point strikes, or why none), :func:`file_versions` (every version of every file the trace
+  completed, with its bytes where the trace kept them);
 - :func:`power_loss` — {out} replaced by a power-loss crash state
   (``faults.crashstate.CrashModel``) of the merged attempt-0 traces of every rank up to
   the moment rank R halted: the state where every pending change is lost (data written
@@ -50,11 +49,9 @@ import xxhash
 
 from chaos.model.jobspec import Point
 from faults import FaultError
-from faults import corrupt as C
 from faults.crashstate import CrashModel, Snapshot, clear, merge_traces
 from faults.interposer import read_trace
 
-ZERO_BYTES = 64  # a zero corruption blanks up to this many bytes
 MIXED_EXHAUSTIVE = 4096  # a power point's mixed state: every crash state looked at up to this many in all,
 MIXED_SAMPLES = 256      # else this many drawn with the point's seed
 
@@ -93,7 +90,7 @@ def halt_record(traces: dict[tuple[int, int], list[dict[str, Any]]], rank: int) 
                 None)
 
 
-def _target(point: Point, halt: dict[str, Any], out: str) -> str | None:
+def target_file(point: Point, halt: dict[str, Any], out: str) -> str | None:
     """The file to corrupt: the point's file, else what the halted event completed."""
     if point.path:
         return point.path
@@ -104,74 +101,18 @@ def _target(point: Point, halt: dict[str, Any], out: str) -> str | None:
     return None
 
 
-def corrupt(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
-    """Corrupt the file rank ``point.rank``'s event ``point.op`` completed, with ``point.mode``'s family."""
-    rel = _target(point, halt, out)
-    if rel is None:
-        return Applied(f"{point.mode} of nothing", skipped=f"event {point.op} ({halt.get('op')}) completed no file "
-                       "under {out}: nothing to corrupt")
-    path = os.path.join(out, rel)
-    s = point_seed(seed, point)
-    base = {"family": point.mode, "file": rel, "seed": s}
-    when = (f"event {point.op}" if point.at_step is None else
-            f"rank {point.rank}'s step {point.at_step} (event {point.op} completed the file)")
-    if not os.path.isfile(path):
-        return Applied(f"{point.mode} of {rel}", base, skipped=f"{rel} was absent when the job stopped after {when}: "
-                       "nothing to corrupt", excluded=[rel])
-    size = os.path.getsize(path)
-    rng = random.Random(s)
-    try:
-        if point.mode == "bitflip":
-            rec = C.flip_bits(path, n=1, seed=s, scratch_root=scratch)
-        elif point.mode == "truncate":
-            rec = C.truncate(path, size=rng.randrange(size) if size else 0, scratch_root=scratch)
-        elif point.mode == "zero":
-            if not size:
-                return Applied(f"zero of {rel}", base, skipped=f"{rel} is empty: no byte to zero", excluded=[rel])
-            n = min(ZERO_BYTES, size)
-            start = rng.randrange(size - n + 1)
-            rec = C.zero_range(path, start, start + n, scratch_root=scratch)
-        else:
-            rec = C.delete(path, scratch_root=scratch)
-    except FaultError as exc:  # e.g. a bit flip in an empty file
-        return Applied(f"{point.mode} of {rel}", base, skipped=f"{rel}: {exc}", excluded=[rel])
-    rec.seed = s
-    record = {**base, "corruption": rec.to_dict()}
-    record["corruption"]["path"] = rel
-    if not rec.changed:
-        return Applied(f"{point.mode} of {rel}", record, skipped=f"{rel}: {C.why_unchanged(rec)}", excluded=[rel])
-    if point.at_step is not None:
-        record["at_step"] = point.at_step
-        return Applied(f"{rel}: {_describe(point.mode, rec)} at rest, once rank {point.rank} announced step "
-                       f"{point.at_step} (event {point.op} completed it)", record, excluded=[rel])
-    return Applied(f"{rel}: {_describe(point.mode, rec)} after event {point.op} completed it", record,
-                   excluded=[rel])
+# -- what the at-rest families share: the file a point strikes, and the versions the trace shows
 
-
-def _describe(family: str, rec: C.CorruptionRecord) -> str:
-    p = rec.params
-    if family == "bitflip":
-        return ", ".join(f"bit {b} of byte {o} flipped" for o, b in p["bits"])
-    if family == "truncate":
-        return f"truncated from {rec.size_before} to {rec.size_after} bytes"
-    if family == "zero":
-        return f"bytes [{p['start']}, {p['end']}) zeroed"
-    return f"deleted ({rec.size_before} bytes)"
-
-
-# -- stale, swap, payload: at-rest faults of a completed file, each its own --faults kind
-
-MARKERS = "payload-markers"  # in a point's scratch folder: where a planted payload's marker would appear
-_DIGITS = re.compile(r"\d+")
+DIGITS = re.compile(r"\d+")
 
 
 def digit_key(rel: str) -> str:
     """``rel`` with every run of digits as ``*``: ``ckpt-rank1-6.pt`` -> ``ckpt-rank*-*.pt`` (the same
     file of another save or another rank)."""
-    return _DIGITS.sub("*", rel)
+    return DIGITS.sub("*", rel)
 
 
-def _when(point: Point) -> str:
+def when(point: Point) -> str:
     if point.at_step is None:
         return f"after event {point.op} completed it"
     return f"at rest, once rank {point.rank} announced step {point.at_step} (event {point.op} completed it)"
@@ -298,58 +239,23 @@ def file_versions(records: list[dict[str, Any]], root: str | None) -> dict[str, 
     return found
 
 
-def older_versions(rel: str, versions: dict[str, list[Version]], before: float) -> list[Version]:
-    """The versions of ``rel`` completed before ``before``, newest first: of ``rel`` itself (a file
-    saved again under its name), then of the file of its name in another checkpoint directory of
-    the same pattern (``checkpoint-4/model.pt`` for ``checkpoint-8/model.pt``, as the built-in's
-    stale copy takes the older sibling directory's file). Called by :func:`stale` and ``pointset``."""
-    same = [v for v in versions.get(rel, []) if v.ts < before]
-    parent, name = os.path.split(rel)
-    siblings = [v for other, vs in versions.items() if other != rel and parent
-                and os.path.basename(other) == name and os.path.dirname(other) != parent
-                and digit_key(os.path.dirname(other)) == digit_key(parent) for v in vs if v.ts < before]
-    return sorted(same, key=lambda v: -v.ts) + sorted(siblings, key=lambda v: -v.ts)
-
-
-def swap_partners(rel: str, rank: int, completers: dict[str, int], files: Iterable[str]) -> list[str]:
-    """Files of ``files`` that are another rank's file of the same checkpoint as ``rel`` (completed by
-    ``rank``): the same name but for one run of digits, last completed by another rank
-    (``completers``); those whose differing number is each file's own rank first (``rank0.pt`` and
-    ``rank1.pt``), when any are. Never two saves of one rank (``ckpt-3.pt``, ``ckpt-6.pt``).
-    Called by :func:`swap` (the files under {out} at the halt) and ``pointset`` (the fault-free run)."""
-    mine = _DIGITS.findall(rel)
-    found: list[tuple[bool, str]] = []
-    for f in sorted(set(files)):
-        other = completers.get(f)
-        if f == rel or other is None or other == rank or digit_key(f) != digit_key(rel):
-            continue
-        theirs = _DIGITS.findall(f)
-        diff = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if int(a) != int(b)]
-        if len(diff) != 1:
-            continue
-        i = diff[0]
-        found.append((int(mine[i]) == rank and int(theirs[i]) == other, f))
-    best = [f for ok, f in found if ok]
-    return best or [f for _ok, f in found]
-
-
-def _site_file(point: Point, halt: dict[str, Any], out: str, seed: int,
+def site_file(point: Point, halt: dict[str, Any], out: str, seed: int,
                what: str) -> tuple[str, dict[str, Any]] | Applied:
     """The file the point strikes and the start of its record (family, file, the point's seed), or
     the Applied that skips it (no file, or none there now). Called by :func:`stale`, :func:`swap`
     and :func:`payload`."""
-    rel = _target(point, halt, out)
+    rel = target_file(point, halt, out)
     if rel is None:
         return Applied(f"{point.mode} of nothing", skipped=f"event {point.op} ({halt.get('op')}) completed no "
                        f"file under {{out}}: nothing to {what}")
     if not os.path.isfile(os.path.join(out, rel)):
         return Applied(f"{point.mode} of {rel}", {"family": point.mode, "file": rel},
-                       skipped=f"{rel} was absent when the job stopped {_when(point)}: nothing to {what}",
+                       skipped=f"{rel} was absent when the job stopped {when(point)}: nothing to {what}",
                        excluded=[rel])
     return rel, {"family": point.mode, "file": rel, "seed": point_seed(seed, point)}
 
 
-def _relative(record: dict[str, Any], out: str) -> dict[str, Any]:
+def relative(record: dict[str, Any], out: str) -> dict[str, Any]:
     """A corruption record with its absolute paths (under {out}) made relative to {out}."""
     root = os.path.realpath(out)
 
@@ -359,188 +265,8 @@ def _relative(record: dict[str, Any], out: str) -> dict[str, Any]:
     record["path"] = rel(record.get("path"))
     record["params"] = {k: rel(v) for k, v in (record.get("params") or {}).items()}
     if isinstance(record.get("other"), dict):
-        record["other"] = _relative(record["other"], out)
+        record["other"] = relative(record["other"], out)
     return record
-
-
-def payload_format(path: str) -> str | None:
-    """The payload format a file speaks: ``torchzip`` for a zip (``torch.save``'s format), ``pickle``
-    for a pickle or a DCP data file with byte items; None for anything else (JSON, safetensors...:
-    its loader unpickles nothing). Called by :func:`payload` and ``pointset.gather``."""
-    from faults.payload import speaks
-
-    if not speaks(path, "pickle"):
-        return None
-    with open(path, "rb") as f:
-        return "torchzip" if f.read(4) == b"PK\x03\x04" else "pickle"
-
-
-def payload(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
-    """Plant ``faults.payload``'s payload in the file the point's event completed, in the file's own
-    format (:func:`payload_format`): loading it creates a marker under ``scratch``/``MARKERS``, which
-    ``explore`` looks for after every restart (:func:`check_marker`) and the judge's
-    ``no_code_execution`` oracle reads. A file that is no pickle and no torch zip is skipped."""
-    from faults import payload as P
-
-    site = _site_file(point, halt, out, seed, "plant a payload in")
-    if isinstance(site, Applied):
-        return site
-    rel, base = site
-    s = base["seed"]
-    path = os.path.join(out, rel)
-    fmt = payload_format(path)
-    if fmt is None:
-        with open(path, "rb") as f:
-            head = f.read(8)
-        return Applied(f"payload in {rel}", base, outcome="unsupported", excluded=[rel],
-                       skipped=f"{rel} is neither a pickle nor a torch zip (it starts {head!r}): its loader "
-                               "unpickles nothing, so no payload can be planted in its own format")
-    marker_dir = os.path.join(scratch, MARKERS)
-    os.makedirs(marker_dir, exist_ok=True)
-    marker = os.path.join(marker_dir, re.sub(r"[^\w.-]", "_", point.id))
-    size = os.path.getsize(path)
-    try:
-        rec = P.plant(path, fmt, marker, seed=s, scratch_root=out, marker_root=scratch)
-    except FaultError as exc:
-        return Applied(f"payload in {rel}", base, skipped=f"{rel}: {exc}", outcome="unsupported", excluded=[rel])
-    record = {**base, "format": fmt, "corruption": _relative(rec.to_dict(), out),
-              "marker": {"path": marker, "exists": os.path.exists(marker), "checks": [], "first_seen": None}}
-    if not rec.changed:
-        return Applied(f"payload in {rel}", record, skipped=f"{rel}: the payload is byte for byte what was there",
-                       excluded=[rel])
-    return Applied(f"{rel}: a {fmt} payload planted in place of its {size} bytes {_when(point)} (loading it "
-                   f"runs code that creates the marker {os.path.basename(marker)})", record, excluded=[rel])
-
-
-def check_marker(applied: Applied, when: str) -> None:
-    """Whether a planted payload has run so far (its marker exists), recorded in ``applied.record``'s
-    ``marker`` (``checks``, ``exists``, ``first_seen``). Called by ``explore`` after every attempt
-    that follows the planting, and once more after the last."""
-    m = applied.record.get("marker")
-    if not isinstance(m, dict):
-        return
-    exists = os.path.exists(m["path"])
-    m["checks"].append({"after": when, "exists": exists})
-    if exists and m.get("first_seen") is None:
-        m["first_seen"] = when
-    m["exists"] = bool(m.get("exists")) or exists
-
-
-def _reads(r: dict[str, Any]) -> bool:
-    mode = r.get("mode")
-    if isinstance(mode, str):
-        return "r" in mode or "+" in mode
-    return "wronly" not in (r.get("flags") or ())
-
-
-def payload_reads(applied: Applied, traces: dict[tuple[int, int], list[dict[str, Any]]], since: int) -> None:
-    """Record which traced processes opened the planted file to read it in attempts ``since`` and later
-    (the restarts), and make the point *idle* (``Applied.idle``: skipped as no_effect if every other
-    oracle passes) where none did and the marker never appeared: the resume never read the file, so
-    the payload tested nothing. Called by ``explore`` after a payload point's last attempt."""
-    rel = applied.record.get("file")
-    opened = [{"rank": rk, "attempt": a, "event": r.get("ord"), "via": r.get("via")}
-              for (rk, a), recs in sorted(traces.items()) if a >= since for r in recs
-              if r.get("rel") == rel and (r.get("event") == "read" or r.get("event") == "op" and r.get("op") == "open"
-                                          and r.get("error") is None and not r.get("is_dir") and _reads(r))]
-    applied.record["opened_after_planting"] = opened[:20]
-    marker = applied.record.get("marker") or {}
-    if not opened and not marker.get("exists"):
-        applied.idle = (f"no traced process opened {rel} after the payload was planted, and its marker never "
-                        "appeared: the resume never read the file (it loaded another checkpoint, or started "
-                        "over), so the payload tested nothing")
-
-
-def stale(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
-    """Replace the file the point's event completed by an older version of it from the same run
-    (:func:`older_versions`): the newest whose bytes differ, taken from {out} where it is still
-    there (another checkpoint directory's file), else rebuilt from attempt 0's trace up to the halt
-    (:func:`file_versions`). Skipped where the run completed no older version, where every older one
-    is byte for byte the same, or where the trace cannot rebuild the file (a writer it does not see)."""
-    site = _site_file(point, halt, out, seed, "replace by an older version")
-    if isinstance(site, Applied):
-        return site
-    rel, base = site
-    s = base["seed"]
-    path = os.path.join(out, rel)
-    cut = halt.get("ts")
-    records = merged_records(scratch, 0, cut)
-    versions = file_versions(records, trace_root(records) or os.path.realpath(out))
-    with open(path, "rb") as f:
-        current = f.read()
-    mine = versions.get(rel, [])
-    if not mine:
-        return Applied(f"stale {rel}", base, outcome="unsupported", excluded=[rel],
-                       skipped=f"no traced event completed {rel} before the halt: its versions cannot be known")
-    latest = mine[-1]
-    olders = older_versions(rel, versions, latest.ts)
-    if not olders:
-        return Applied(f"stale {rel}", base, excluded=[rel],
-                       skipped=f"{rel} has no older version in this run: it was completed once, and no other "
-                               "checkpoint directory holds a file of its name")
-    unknown: list[str] = []
-    for v in olders:
-        src_path = os.path.join(out, v.rel)
-        if v.rel != rel and os.path.isfile(src_path):
-            with open(src_path, "rb") as f:
-                data, source = f.read(), "on disk"
-        elif v.data is not None and (v.rel != rel or latest.data == current):
-            data, source = v.data, "rebuilt from the trace"
-        else:
-            unknown.append(f"{v.rel} of rank {v.rank}'s event {v.ord}: "
-                           + (v.why or "the trace does not explain the file's bytes now (a writer it does not see)"))
-            continue
-        if data == current:
-            continue
-        aside = os.path.join(scratch, "stale-source", v.rel)
-        os.makedirs(os.path.dirname(aside), exist_ok=True)
-        with open(aside, "wb") as f:
-            f.write(data)
-        rec = C.stale_copy(path, aside, scratch_root=scratch)
-        rec.seed = s
-        record = {**base, "corruption": _relative(rec.to_dict(), out),
-                  "source": {"file": v.rel, "rank": v.rank, "event": v.ord, "bytes": len(data), "from": source}}
-        record["corruption"]["params"]["source"] = v.rel
-        older = "its older version" if v.rel == rel else f"the older {v.rel}"
-        return Applied(f"{rel}: replaced by {older} (completed at rank {v.rank}'s event {v.ord}; {len(data)} bytes, "
-                       f"{source}, where it held {len(current)}) {_when(point)}", record, excluded=[rel])
-    if unknown:
-        return Applied(f"stale {rel}", base, outcome="unsupported", excluded=[rel],
-                       skipped=f"{rel}: no older version's bytes are known: {'; '.join(unknown[:3])}")
-    return Applied(f"stale {rel}", base, excluded=[rel],
-                   skipped=f"{rel}: every older version ({len(olders)}) is byte for byte what it holds now")
-
-
-def swap(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
-    """Swap the file the point's event completed with another rank's file of the same checkpoint
-    (:func:`swap_partners`: ``rank0.pt`` <-> ``rank1.pt``), chosen with the point's seed among the
-    files under {out} at the halt. Skipped where there is none (one rank, or ranks that share one
-    file) or the two are byte for byte the same."""
-    site = _site_file(point, halt, out, seed, "swap")
-    if isinstance(site, Applied):
-        return site
-    rel, base = site
-    s = base["seed"]
-    records = merged_records(scratch, 0, halt.get("ts"))
-    versions = file_versions(records, trace_root(records) or os.path.realpath(out))
-    completers = {f: vs[-1].rank for f, vs in versions.items()}
-    completers.setdefault(rel, point.rank)
-    on_disk = [os.path.relpath(p, out) for p in _files(out) if os.path.isfile(p) and not os.path.islink(p)]
-    partners = swap_partners(rel, completers[rel], completers, on_disk)
-    if not partners:
-        return Applied(f"swap of {rel}", base, excluded=[rel],
-                       skipped=f"no other rank's file of the same checkpoint as {rel} is under {{out}} to swap it "
-                               "with (a file of the same name but for its rank's number, completed by that rank)")
-    other = random.Random(s).choice(partners)
-    rec = C.swap(os.path.join(out, rel), os.path.join(out, other), scratch_root=out)
-    rec.seed = s
-    record = {**base, "other": other, "other_rank": completers[other], "candidates": partners[:8],
-              "corruption": _relative(rec.to_dict(), out)}
-    if not rec.changed:
-        return Applied(f"swap of {rel} and {other}", record, excluded=[rel, other],
-                       skipped=f"{rel} and {other} are byte for byte the same: swapping them changes nothing")
-    return Applied(f"{rel} (rank {completers[rel]}) and {other} (rank {completers[other]}) swapped {_when(point)}",
-                   record, excluded=[rel, other])
 
 
 def _trace_files(scratch: str, attempt: int) -> list[str]:
@@ -601,7 +327,7 @@ def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base:
         if isinstance(untraced, str):
             record["untraced_not_checked"] = untraced
             untraced = []
-        before = {os.path.relpath(p, out) for p in _files(out)}
+        before = {os.path.relpath(p, out) for p in files_under(out)}
         aside = os.path.join(scratch, "untraced-at-cut")
         for u in untraced:
             if u["size_after"] is not None:
@@ -618,7 +344,7 @@ def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base:
     tmp = os.path.join(scratch, "tmp")
     if os.path.isdir(tmp):
         clear(tmp)
-    after = {os.path.relpath(p, out) for p in _files(out)}
+    after = {os.path.relpath(p, out) for p in files_under(out)}
     record.update(state=state.id, lost=state.lost, files_before=sorted(before), files_after=sorted(after))
     lost = "; ".join(_lost_line(x) for x in state.lost[:4]) + (" ..." if len(state.lost) > 4 else "")
     what = f"power loss right after rank {point.rank}'s event {point.op}: {lost}"
@@ -649,7 +375,7 @@ def _untraced_at_cut(out: str, base: Snapshot, every: list[dict[str, Any]], upto
     last = full.n_prefixes - 1
     kept = full.state(last, *full.extreme_choices(last)[1])  # every traced change made: what the trace explains
     expected = full.file_digests(kept)
-    actual = {os.path.relpath(p, out): p for p in _files(out) if os.path.isfile(p) and not os.path.islink(p)}
+    actual = {os.path.relpath(p, out): p for p in files_under(out) if os.path.isfile(p) and not os.path.islink(p)}
     odd = sorted(rel for rel in set(actual) | set(expected)
                  if rel not in actual or rel not in expected or _digest_file(actual[rel]) != expected[rel])
     if not odd:
@@ -766,7 +492,7 @@ def untraced_changes(out: str, records: list[dict[str, Any]], before: dict[str, 
                                     "which no traced event wrote")
     found: list[dict[str, Any]] = []
     on_disk: set[str] = set()
-    for p in sorted(_files(root)):
+    for p in sorted(files_under(root)):
         if not os.path.isfile(p) or os.path.islink(p):
             continue
         on_disk.add(p)
@@ -848,7 +574,7 @@ def _lost_line(x: dict[str, Any]) -> str:
     return f"{op} of {x.get('path')} lost (directory not fsynced)"
 
 
-def _files(root: str) -> list[str]:
+def files_under(root: str) -> list[str]:
     return [os.path.join(d, f) for d, _s, files in os.walk(root) for f in files]
 
 

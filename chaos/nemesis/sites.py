@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.model.jobspec import STEP_KINDS, JobSpec
+from chaos.model.jobspec import STEP_KINDS, JobSpec, Point
 
 Traces = dict[tuple[int, int], list[dict[str, Any]]]
 
@@ -34,7 +34,7 @@ class Facts:
     # (rank, kind, path key, nth) of every attempt-0 event of the second fault-free run
     # (:func:`stable_events`); a point there is ``anchored``. None: no second run to compare.
     stable: frozenset[tuple[int, str, str, int]] | None = None
-    # file -> the payload format it speaks (``atrest.payload_format``), for the files of ``files`` that do
+    # file -> the payload format it speaks (``nemesis.payload.payload_format``), for the files of ``files`` that do
     formats: dict[str, str] = field(default_factory=dict)
 
 
@@ -204,3 +204,29 @@ def checkpoint_sites(job: JobSpec, traces: Traces, facts: Facts) -> list[tuple[d
             out.append((ev, rel, None))
     out += [(ev, rel, step) for ev, rel, step in rot_sites(traces) if wanted(rel)]
     return out
+
+
+class Anchors:
+    """Points at the fault-free run's file events, each anchored where its event has the same
+    identity (kind, path, count on it) in both fault-free runs (``Facts.stable``).
+
+    Built once per enumeration from the first run's traces; used by ``pointset`` for every
+    point at an event and by the at-rest families for the event that completed a file.
+    """
+
+    def __init__(self, traces: Traces, stable: frozenset[tuple[int, str, str, int]] | None) -> None:
+        self.stable = stable
+        self.nth_of = {(rank, r["ord"]): (path, nth) for rank, r, path, nth in event_keys(traces)}
+
+    def anchored(self, rank: int, kind: str, path: str, nth: int) -> bool:
+        return (self.stable is not None and bool(path) and not os.path.isabs(path)
+                and (rank, kind, path, nth) in self.stable)
+
+    def at_completer(self, ev: dict[str, Any], mode: str, rel: str, at_step: int | None = None) -> Point:
+        """A point of ``mode`` striking ``rel`` at the event ``ev`` that completed it (or at ``at_step``),
+        anchored where that event is on ``rel`` itself (a close of it, a rename onto it)."""
+        key, nth = self.nth_of.get((ev["rank"], ev["ord"]), ("", 0))
+        on_it = key == rel
+        return Point(ev["rank"], mode, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq"),
+                     nth=nth if on_it else None, anchored=on_it and self.anchored(ev["rank"], ev["op"], rel, nth),
+                     at_step=at_step)

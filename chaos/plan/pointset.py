@@ -9,20 +9,14 @@ of those, so the same run and seed always give the same points in the same order
 - ``term``: a SIGTERM (then SIGKILL after ``--grace``) at every announced step;
 - ``errno``: ``eio`` at every event (an fsync's is a failed fsync), ``enospc`` at every
   event that can need space (writes, file creation, mkdir, rename, link);
-- ``corrupt``: for each checkpoint file the job left under {out} — matching
-  ``--checkpoint-glob`` when given, else every file a traced event completed — each
-  family of ``spec.CORRUPT_FAMILIES`` at the event that completed it (its last close,
-  or the rename that put it, or its directory, in place), and again at the first step
-  the rank announced after that event (``rankR:opN:MODE:stepS``): by then the save is
-  over (its commit marker, checksum file or ``probe.saved`` written) and the job trusts
-  the file, which is when bit rot at rest strikes;
-- ``stale``, ``swap``, ``payload``: at the same moments, of the same checkpoint files but the
-  ``--result-file`` ones, each where it can do something (:func:`at_rest_points`): ``stale``
-  where the run completed an older version of the file before (saved again under its name,
-  or the file of its name in an older checkpoint directory), ``swap`` where another rank
-  completed its own file of the same checkpoint (``rank0.pt`` / ``rank1.pt``), ``payload``
-  where the file is a pickle or a torch zip (``atrest.payload_format`` of the fault-free
-  run's file, or of one of the same name but for its numbers);
+- the at-rest families (``corrupt``, ``stale``, ``swap``, ``payload``, ...: every module of
+  ``chaos.nemesis`` that defines a ``FAMILY``, :mod:`chaos.nemesis.family`), each asked for
+  its own points: a checkpoint file the job completed, at the event that completed it (its
+  last close, or the rename that put it, or its directory, in place), and again at the first
+  step the rank announced after that event (``rankR:opN:MODE:stepS``): by then the save is
+  over (its commit marker, checksum file or ``probe.saved`` written) and the job trusts the
+  file, which is when bit rot at rest strikes. Where each family strikes, and why it offers
+  no point, its module says;
 - ``power``: every event after which something was pending (unsynced data, an
   un-fsynced directory entry), so a power loss there differs from a kill; every event
   when the crash-state model cannot say (each point then finds out at its own cut).
@@ -57,8 +51,6 @@ from typing import Any
 
 from chaos.errors import ConfigError
 from chaos.model.jobspec import (
-    AT_REST_KINDS,
-    CORRUPT_FAMILIES,
     ERRNO_MODES,
     FAULT_KINDS,
     STEP_KINDS,
@@ -66,7 +58,9 @@ from chaos.model.jobspec import (
     Point,
 )
 from chaos.nemesis import atrest, diskfull, netcut, nodes
+from chaos.nemesis.family import families
 from chaos.nemesis.sites import (  # noqa: F401 - Facts, event_keys, stable_events, rot_sites: re-exported
+    Anchors,
     Facts,
     Traces,
     checkpoint_sites,
@@ -109,8 +103,9 @@ def gather(job: JobSpec, out: str, scratch: str, kinds: Iterable[str], seed: int
     facts = Facts(seed=seed)
     facts.files = sorted(os.path.relpath(os.path.join(d, f), out) for d, _s, names in os.walk(out) for f in names)
     check_checkpoint_glob(job, facts.files)
-    if "payload" in kinds:
-        facts.formats = {rel: fmt for rel in facts.files if (fmt := atrest.payload_format(os.path.join(out, rel)))}
+    for fam in families().values():
+        if fam.name in kinds and fam.gather is not None:
+            fam.gather(out, facts)
     if kinds & {"power", "diskfull"}:
         records = atrest.merged_records(scratch, 0)
         if "power" in kinds:
@@ -162,12 +157,7 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
         elif r["op"] == "rename" or r["op"] == "write" and (rank, path) in opened:
             opened.discard((rank, path))
             mid_save.add((rank, r["ord"]))
-    stable = facts.stable if facts is not None else None
-
-    def anchored(rank: int, kind: str, path: str, nth: int) -> bool:
-        return stable is not None and bool(path) and not os.path.isabs(path) and (rank, kind, path, nth) in stable
-
-    nth_of = {(rank, r["ord"]): (path, nth) for rank, r, path, nth in events}
+    anchors = Anchors(traces, facts.stable if facts is not None else None)
     for (rank, attempt), recs in sorted(traces.items()):
         if attempt != 0:
             continue
@@ -183,7 +173,7 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
     for rank, r, path, nth in events:
         def at(mode: str, rank: int = rank, r: dict[str, Any] = r, path: str = path, nth: int = nth) -> Point:
             return Point(rank, mode, op=r["ord"], kind=r["op"], path=path, seq=r.get("seq"), nth=nth,
-                         anchored=anchored(rank, r["op"], path, nth))
+                         anchored=anchors.anchored(rank, r["op"], path, nth))
 
         if "kill" in kinds:
             for mode in job.modes:
@@ -203,75 +193,18 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
         if cuts and (rank, r["ord"]) in mid_save:
             net_ops.append(at("net"))
 
-    def at_completer(ev: dict[str, Any], fam: str, rel: str, **more: Any) -> Point:
-        """A corruption of ``rel`` at the event ``ev`` that completed it, anchored where that event is
-        on ``rel`` itself (a close of it, a rename onto it) and the same in both fault-free runs."""
-        key, nth = nth_of.get((ev["rank"], ev["ord"]), ("", 0))
-        on_it = key == rel
-        return Point(ev["rank"], fam, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq"),
-                     nth=nth if on_it else None, anchored=on_it and anchored(ev["rank"], ev["op"], rel, nth), **more)
-
-    corrupt: list[Point] = []
-    if "corrupt" in kinds and facts is not None:
-        done = completions(traces)
-        for rel in facts.files:
-            if job.checkpoint_glob is not None and not is_checkpoint(job, rel):
-                continue
-            ev = completer(done, rel)
-            if ev is None:
-                continue
-            corrupt += [at_completer(ev, fam, rel) for fam in CORRUPT_FAMILIES]
-        # the same files, and every earlier version of a checkpoint file, once the job trusts them
-        for ev, rel, step in rot_sites(traces):
-            if job.checkpoint_glob is None or is_checkpoint(job, rel):
-                corrupt += [at_completer(ev, fam, rel, at_step=step) for fam in CORRUPT_FAMILIES]
-    rest: list[Point] = []
-    if kinds & set(AT_REST_KINDS) and facts is not None:
-        rest = [at_completer(ev, fam, rel, **({} if step is None else {"at_step": step}))
-                for fam in AT_REST_KINDS if fam in kinds
-                for ev, rel, step in at_rest_points(job, traces, facts, fam)]
+    rest: list[Point] = []  # the at-rest families (chaos.nemesis.family), in FAULT_KINDS order
+    if facts is not None:
+        for fam in families().values():
+            if fam.name in kinds:
+                rest += fam.points(job, traces, facts)
     disk: list[Point] = []
     if "diskfull" in kinds and facts is not None:
         size = diskfull.choose_size(facts.peak, facts.seed)
         if size is not None:
             disk.append(Point(0, "diskfull", size=size))
     node = nodes.points(job, traces) if "node" in kinds else []
-    return kill_ops + kill_steps + terms + errnos + corrupt + rest + power + disk + net_ops + net_steps + node
-
-
-def at_rest_points(job: JobSpec, traces: Traces, facts: Facts,
-                   kind: str) -> list[tuple[dict[str, Any], str, int | None]]:
-    """The sites of :func:`checkpoint_sites` where a ``kind`` fault (stale, swap, payload) can do something in
-    the fault-free run: ``stale``, the file had an older version completed before this one
-    (``atrest.older_versions``); ``swap``, another rank had completed its file of the same checkpoint
-    by the moment the point strikes (``atrest.swap_partners``); ``payload``, the file (or, rotated
-    away by the end, a file of its name but for its numbers) is a pickle or a torch zip. A point
-    whose run differs there is skipped with the reason when it runs (``atrest``)."""
-    records = op_records(traces)
-    versions = atrest.file_versions(records, atrest.trace_root(records))
-    steps = step_announcements(traces)
-    by_key: dict[str, str] = {}
-    for rel, fmt in facts.formats.items():
-        by_key.setdefault(atrest.digit_key(rel), fmt)
-    out = []
-    for ev, rel, step in checkpoint_sites(job, traces, facts):
-        ts = ev.get("ts", 0.0)
-        if kind == "stale":
-            ok = bool(atrest.older_versions(rel, versions, ts))
-        elif kind == "swap":
-            when = ts
-            if step is not None:
-                moments, numbers = steps.get(ev["rank"], ([], []))
-                when = moments[numbers.index(step)] if step in numbers else ts
-            completers = {f: [v for v in vs if v.ts <= when][-1].rank for f, vs in versions.items()
-                          if any(v.ts <= when for v in vs)}
-            completers.setdefault(rel, ev["rank"])
-            ok = bool(atrest.swap_partners(rel, completers[rel], completers, completers))
-        else:
-            ok = rel in facts.formats or atrest.digit_key(rel) in by_key
-        if ok:
-            out.append((ev, rel, step))
-    return out
+    return kill_ops + kill_steps + terms + errnos + rest + power + disk + net_ops + net_steps + node
 
 
 def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], points: list[Point]) -> list[str]:
@@ -288,14 +221,10 @@ def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], poin
         if job.checkpoint_glob is not None and orphans:
             out.append(f"{len(orphans)} checkpoint file(s) were completed by no traced event and are not corrupted: "
                        f"{', '.join(orphans[:5])}")
-    for kind, why in (("stale", "no checkpoint file was completed again after an earlier version of it (saved again "
-                                "under its name, or in another checkpoint directory of the same name)"),
-                      ("swap", "no two ranks each completed their own file of one checkpoint (rank0.pt / rank1.pt)"),
-                      ("payload", "no checkpoint file the job left is a pickle or a torch zip (torch.save), so "
-                                  "nothing it loads unpickles")):
-        one_rank = not job.torchrun and (job.ranks or 1) < 2 and job.nodes is None
-        if kind in kinds and not any(p.family == kind for p in points) and not (kind == "swap" and one_rank):
-            out.append(f"{kind} is not explored: {why}")  # one process has no other rank's file: nothing to say
+    for fam in families().values():
+        quiet = fam.quiet is not None and fam.quiet(job)
+        if fam.not_offered and fam.name in kinds and not quiet and not any(p.family == fam.name for p in points):
+            out.append(f"{fam.name} is not explored: {fam.not_offered}")
     if "diskfull" in kinds and not any(p.family == "diskfull" for p in points):
         out.append(f"a real full disk is not explored: {{out}} never held more than {facts.peak} byte(s) of tmpfs "
                    "pages, too little to fill a smaller one")

@@ -48,6 +48,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import errno
+import functools
 import glob
 import os
 import re
@@ -68,7 +69,7 @@ from chaos.launch import job as launch
 from chaos.launch import spares
 from chaos.launch.output import cause, clip
 from chaos.model.jobspec import AT_REST_KINDS, HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
-from chaos.nemesis import atrest, diskfull, netcut, nodes
+from chaos.nemesis import atrest, diskfull, family, netcut, nodes
 from chaos.plan import pointset
 from chaos.plan.pointset import Facts
 from chaos.record.jobhistory import PointRecord, read_traces
@@ -163,7 +164,7 @@ def _restarts(job: JobSpec, run: Run, point: Point, watch: Callable[[int], None]
     full disk: the agent's own restarts met the same full disk, and a job that gave up on it
     is relaunched once the disk has room again, as whoever freed the space would. A
     SIGTERM'd job is restarted even when it exited 0: it was preempted, not finished.
-    ``watch(attempt)`` runs after each restart (a planted payload's marker is looked for)."""
+    ``watch(attempt)`` runs after each restart (an at-rest family's ``watch``: a payload's marker)."""
     if job.torchrun and not (point.mode in HALT_MODES or point.mode == "term" or point.family in ("node", "diskfull")):
         return  # a node point's agents that all failed are relaunched, as a scheduler restarts a failed job
     for attempt in range(1, job.max_restarts + 1):
@@ -174,10 +175,6 @@ def _restarts(job: JobSpec, run: Run, point: Point, watch: Callable[[int], None]
             watch(attempt)
 
 
-# The harness-side edit of {out} each halting mode makes once every copy is stopped (power: power_loss)
-_EDITS = {"stale": atrest.stale, "swap": atrest.swap, "payload": atrest.payload}
-
-
 def _at_rest(run: Run, point: Point, base: Snapshot | None, seed: int) -> atrest.Applied | None:
     """After a halted attempt 0: the corruption, stale copy, swap, payload or power loss; None when the
     point never fired."""
@@ -186,7 +183,10 @@ def _at_rest(run: Run, point: Point, base: Snapshot | None, seed: int) -> atrest
         return None
     if point.mode == "power":
         return atrest.power_loss(point, run.out, run.scratch, halt, base or Snapshot(), seed)
-    return _EDITS.get(point.mode, atrest.corrupt)(point, run.out, run.scratch, halt, seed)
+    fam = family.of_mode(point.mode)
+    if fam is None:
+        raise ChaosError(f"point {point.id}: {point.mode!r} halts every copy, but no at-rest family carries it")
+    return fam.apply(point, run.out, run.scratch, halt, seed)
 
 
 def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
@@ -367,19 +367,13 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
         applied = _node_applied(job, run, point)
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
     if point is not None and not (applied is not None and applied.skipped):
-        planted = applied if point.mode == "payload" else None
-        _restarts(job, run, point, _marker_watch(planted))
-        if planted is not None:
-            atrest.payload_reads(planted, read_traces(run.scratch, run.out), since=1)
+        fam = family.of_mode(point.mode) if applied is not None else None
+        watch = None if fam is None or fam.watch is None else functools.partial(fam.watch, applied)
+        _restarts(job, run, point, watch)
+        if fam is not None and fam.settle is not None:
+            fam.settle(applied, read_traces(run.scratch, run.out))
     return PointRecord(point or Point(0, "none"), run.out, run.attempts, read_traces(run.scratch, run.out),
                        after_kill, applied, before_fault, untraced)
-
-
-def _marker_watch(planted: atrest.Applied | None) -> Callable[[int], None] | None:
-    """After each restart of a payload point: whether the planted payload has run (``atrest.check_marker``)."""
-    if planted is None:
-        return None
-    return lambda attempt: atrest.check_marker(planted, f"attempt {attempt}")
 
 
 @dataclass
@@ -645,8 +639,7 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
             if only is not None:  # a replay: exactly these points, in this order
                 chosen = [ref.lookup(job, p) for p in (only if isinstance(only, list) else [only])]
             elif plan is None:
-                raise JobError("the fault-free run showed no point to break: no file event under {out} was "
-                               "traced and no step was announced")
+                raise JobError(_no_point(job, ref))
             else:
                 chosen = plan.points
             _run_points(job, ref, chosen, root, seed, budget_s, jobs, keep, started, results, on_result)
@@ -750,6 +743,17 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
 
 
 INTERRUPTED = "interrupted"  # the outcome of a point an interrupt cut short (verdict "skipped": old readers take it)
+
+
+def _no_point(job: JobSpec, ref: Reference) -> str:
+    """Why a run has no point at all: nothing traced, or nothing the asked families can strike."""
+    if not any(ref.events.values()):
+        return ("the fault-free run showed no point to break: no file event under {out} was traced and no step "
+                "was announced")
+    why = [n for n in ref.notes if " not explored" in n]
+    asked = f"--faults {','.join(ref.kinds)}" if job.faults is not None else "any fault family that applies here"
+    return (f"the fault-free run showed no point to break with {asked} ({sum(ref.events.values())} file event(s) "
+            "traced)" + (f": {'; '.join(why)}" if why else ""))
 
 
 class Interrupted(KeyboardInterrupt):
