@@ -55,11 +55,11 @@ OUTCOME_ORDER = ("code_execution", "hard_failure", "silent_divergence", "lost_wo
 # chaos.model.jobspec.Point.to_fault's ``kind`` -> the family a user names with --faults
 FAMILY = {"crash": "kill", "kill": "kill", "corrupt": "corrupt", "powerloss": "power", "ioerror": "errno",
           "term": "term", "diskfull": "diskfull", "netcut": "net", "node_loss": "node", "stale": "stale",
-          "swap": "swap", "payload": "payload",
+          "swap": "swap", "payload": "payload", "reorder": "reorder",
           "rendezvous_host_loss": "node", "node_link_cut": "node"}
 # Which family's point best shows a cause: a plain kill replays with nothing else going on.
-REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "corrupt", "stale", "swap", "payload", "net",
-                        "node")
+REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "reorder", "corrupt", "stale", "swap", "payload",
+                        "net", "node")
 FAMILY_ORDER = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node")  # as chaos.model.jobspec lists them
 POINTS_SHOWN = 8  # point ids a console block lists before "and N more"
 NO_FIX = "no fix known for this kind: see the representative's evidence"
@@ -108,6 +108,9 @@ KINDS: dict[str, Kind] = {
                           "manifest and verify on load"),
     "torn_accepted": Kind("after a power cut a torn or stale {file} loads as good",
                           "fsync it before the save is trusted, and store a hash to verify on load"),
+    "reorder_accepted": Kind("{file}'s writes reaching the disk out of order load as good",
+                             "an un-fsynced file can keep a later write and lose an earlier one (its index without "
+                             "its data) — fsync it before it is trusted, and store a hash to verify on load"),
     "ignores_newest": Kind("the resume ignores the newest complete checkpoint",
                            "saved work is redone — resume from the newest checkpoint that is complete and verifies, "
                            "not from a fixed name or from scratch"),
@@ -125,7 +128,8 @@ _OUTCOME_WORDS = {"code_execution": "loading the checkpoint runs code planted in
                   "lost_work": "the resume loses work"}
 _FAMILY_WORDS = {"kill": "a kill", "corrupt": "a corruption", "power": "a power cut", "errno": "an I/O error",
                  "term": "a SIGTERM", "diskfull": "a full disk", "net": "a network cut", "node": "a node fault",
-                 "stale": "a stale copy", "swap": "a swap of two ranks' files", "payload": "a planted payload"}
+                 "stale": "a stale copy", "swap": "a swap of two ranks' files", "payload": "a planted payload",
+                 "reorder": "writes reordered before a power cut"}
 
 # A line of output that quotes an exception (``[rank0]: ValueError: ...``); its type (``EOFError`` too).
 # Every pattern here runs in time linear in its input: a results file is untrusted.
@@ -479,14 +483,18 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
         kind = {"hard_failure": "corrupt_fatal", "silent_divergence": "no_checksum",
                 "lost_work": "no_fallback"}.get(outcome)
         return (family, kind, key, "", landed) if kind else unknown(landed)
-    if family in ("stale", "swap", "payload"):
+    if family in ("stale", "swap", "payload", "reorder"):
         key = file_key(_s(applied.get("file")) or path)
-        landed = {"stale": "stale copy of", "swap": "swap of", "payload": "payload in"}[family] + f" {key}" + (
+        landed = {"stale": "stale copy of", "swap": "swap of", "payload": "payload in",
+                  "reorder": "writes reordered in"}[family] + f" {key}" + (
             " at rest" if params.get("at_step") is not None else "")
         if family == "payload" and outcome == "code_execution":
             return family, "unpickles_checkpoint", key, "", landed
+        if family == "reorder" and outcome in ("lost_work", "hard_failure"):
+            return family, "data_not_fsynced", key, "", landed  # a power cut's loss: the fix is the fsync
         kind = {"hard_failure": "corrupt_fatal", "lost_work": "no_fallback",
-                "silent_divergence": {"stale": "stale_accepted", "swap": "swap_accepted"}.get(family)}.get(outcome)
+                "silent_divergence": {"stale": "stale_accepted", "swap": "swap_accepted",
+                                      "reorder": "reorder_accepted"}.get(family)}.get(outcome)
         return (family, kind, key, "", landed) if kind else unknown(landed)
     if family in ("errno", "diskfull"):
         code = when.upper() if when in ("enospc", "eio") else (when or "errno")

@@ -25,6 +25,7 @@ AT_REST_FAMILIES: dict[str, tuple[str, ...]] = {
     "stale": ("stale",),           # an older version of the file put back in its place
     "swap": ("swap",),             # two ranks' files of one checkpoint swapped
     "payload": ("payload",),       # code planted in the file, in its own format (pickle, torch zip)
+    "reorder": ("reorder",),       # its writes since the last fsync reaching the disk out of order
 }
 AT_REST_KINDS = tuple(k for k in AT_REST_FAMILIES if k != "corrupt")  # families whose mode is their name
 ROT_MODES = tuple(m for modes in AT_REST_FAMILIES.values() for m in modes)  # every at-rest point mode

@@ -2,7 +2,7 @@
 
 Jepsen's nemesis shape: a fault family is one module that says where it can strike, how
 it strikes, and what it did. The families here (``corrupt``, ``stale``, ``swap``,
-``payload``) strike a file the job completed while every copy of the job is
+``payload``, ``reorder``) strike a file the job completed while every copy of the job is
 stopped; each module defines one ``FAMILY = AtRestFamily(...)`` and nothing else needs to
 know it exists: :func:`families` finds it. (The point grammar takes any mode the
 contract's ``AT_REST_FAMILIES`` table names, one line per family.)
