@@ -291,6 +291,21 @@ def test_two_ranks_files_swapped_load_as_each_others(tmp_path: Path) -> None:
     assert "another rank's ckpt-r*.json loads as this rank's" in proc.stdout
 
 
+def test_the_careful_example_refuses_another_ranks_file_and_its_fallback_is_no_lost_work(tmp_path: Path) -> None:
+    """careful_job.py names its rank under the checksum: a swapped file verifies as a file but is
+    not this rank's, so it falls back to its previous checkpoint. The swap damaged both ranks'
+    files of that save, so neither rank's acknowledgement of it counts (no false lost work)."""
+    cmd = [sys.executable, "chaos/examples/careful_job.py", "--out", "{out}"]
+    proc, doc = run(tmp_path, "--faults", "swap", "--ranks", "2", "--result-file", "final-rank*.json", "--", *cmd)
+    points = of_kind(doc, "swap")
+    assert proc.returncode == 0, [p["summary"] for p in points if p["verdict"] == "fail"]
+    assert any(p["verdict"] == "pass" for p in points)
+    for p in points:
+        excluded = p["oracles"].get("durability", {}).get("evidence", {}).get("not_relied_on")
+        if p["verdict"] == "pass" and excluded:
+            assert excluded["ranks"] == [0, 1]
+
+
 @pytest.mark.parametrize(("check", "verdict"), [(False, "fail"), (True, "pass")])
 def test_an_older_saves_file_in_a_newer_directory(tmp_path: Path, check: bool, verdict: str) -> None:
     cmd = job(tmp_path, "dir_job.py", DIR_JOB, *(["--check"] if check else []))

@@ -163,7 +163,7 @@ def test_the_careful_job_detects_each_corruption_and_falls_back(tmp_path: Path) 
     rot = next(s for s in doc["scenarios"] if s["id"] == "rank0:op21:truncate:step10")
     assert "at rest, once rank 0 announced step 10 (event 21 completed it)" in rot["summary"]
     durable = rot["oracles"]["durability"]["evidence"]
-    assert durable["not_relied_on"] == {"files": ["ckpt-000009.json"], "acknowledged_from_step": 9,
+    assert durable["not_relied_on"] == {"files": ["ckpt-000009.json"], "acknowledged_from_step": 9, "ranks": [0],
                                         "why": "corrupted by the harness after the job completed them"}
     assert durable["ranks"]["0"]["resumed_at"] == durable["ranks"]["0"]["newest_complete"] == 6
 

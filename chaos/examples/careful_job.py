@@ -20,7 +20,9 @@ power loss, bad disks and preemption does:
   failed, never one that exited 0, and the restart loses no work.
 
 ``final.json`` is written the same way (temp file, fsync, rename, directory fsync).
-Under ``--ranks N`` each copy keeps its own files (``ckpt-rank<R>-<step>.json``).
+Under ``--ranks N`` each copy keeps its own files (``ckpt-rank<R>-<step>.json``), and
+its state names its rank, under the checksum: another rank's file, swapped in, verifies
+as a file but is skipped as not this rank's.
 """
 
 import argparse
@@ -77,8 +79,9 @@ def checkpoints(out: str, prefix: str) -> list[tuple[int, str]]:
     return sorted(found, reverse=True)
 
 
-def load_latest(out: str, prefix: str) -> dict | None:
-    """The newest checkpoint that reads back whole and verifies; None: start from scratch."""
+def load_latest(out: str, prefix: str, rank: int | None = None) -> dict | None:
+    """The newest checkpoint that reads back whole and verifies (and, ``rank`` given, is that
+    rank's); None: start from scratch."""
     for step, path in checkpoints(out, prefix):
         try:
             with open(path) as f:
@@ -86,6 +89,8 @@ def load_latest(out: str, prefix: str) -> dict | None:
             state = saved["state"]
             if saved["sha256"] != checksum(state) or state["step"] != step:
                 raise ValueError("checksum mismatch")
+            if rank is not None and state.get("rank") != rank:
+                raise ValueError(f"rank {state.get('rank')}'s checkpoint, not rank {rank}'s")
             return state
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"skipping checkpoint {os.path.basename(path)}: {type(exc).__name__}: {exc}", flush=True)
@@ -117,7 +122,8 @@ def main() -> None:
     suffix = f"-rank{rank}" if world > 1 else ""  # under --ranks N each copy keeps its own files
     prefix = f"ckpt{suffix}"
     step, weights = 0, [0.0, 0.0, 0.0, 0.0]
-    state = load_latest(args.out, prefix)
+    owner = rank if world > 1 else None  # a single process's files name no rank
+    state = load_latest(args.out, prefix, owner)
     if state is not None:
         step, weights = state["step"], state["weights"]
         print(f"resumed from step {step}", flush=True)
@@ -130,11 +136,12 @@ def main() -> None:
         if probe:
             probe.step(step, loss)
         saved = step % args.save_every == 0
+        mine = {"step": step, "weights": weights, **({"rank": owner} if owner is not None else {})}
         if saved:
-            save(args.out, prefix, {"step": step, "weights": weights}, args.keep)
+            save(args.out, prefix, mine, args.keep)
         if _stop["term"]:
             if not saved:
-                save(args.out, prefix, {"step": step, "weights": weights}, args.keep)
+                save(args.out, prefix, mine, args.keep)
             print(f"SIGTERM: saved step {step}, exiting", flush=True)
             sys.exit(128 + signal.SIGTERM)
     atomic_write_json(os.path.join(args.out, f"final{suffix}.json"), {"step": step, "weights": weights})

@@ -461,11 +461,13 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
     cut = applied.cut_ts if applied is not None else None
     excluded = list(applied.excluded) if applied is not None else []
     saving = _saving_step(rec) if excluded else None
+    damaged = set(applied.ranks) if applied is not None and applied.ranks else {rec.point.rank}
     evidence: dict[str, Any] = {}
     if cut is not None:
         evidence["acknowledged_before"] = {"cut_ts": cut, "why": "a power loss: later acknowledgements never happened"}
     if excluded:
         evidence["not_relied_on"] = {"files": excluded, "acknowledged_from_step": saving,
+                                     "ranks": sorted(damaged),
                                      "why": "corrupted by the harness after the job completed them"}
     ranks_seen = {r for (r, _a) in rec.traces}
     newest: dict[int, tuple[int, str]] = {}
@@ -479,7 +481,7 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
             continue
         acked = [r["info"]["n"] for r in recs if r.get("event") == "phase" and r.get("name") == "chaos.probe"
                  and r.get("info", {}).get("kind") == "saved" and (cut is None or r.get("ts", 0.0) <= cut)
-                 and not (saving is not None and rank == rec.point.rank and r["info"]["n"] >= saving)]
+                 and not (saving is not None and rank in damaged and r["info"]["n"] >= saving)]
         if acked:
             offer(rank, max(acked), "chaos.probe.saved")
     if rec.after_kill is not None:

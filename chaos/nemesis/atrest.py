@@ -65,6 +65,9 @@ class Applied:
     skipped: str | None = None                  # the reason the point is skipped
     outcome: str = "no_effect"                  # the skipped point's outcome: no_effect | unsupported
     excluded: list[str] = field(default_factory=list)  # files (under {out}) no longer to be relied on
+    # ranks whose checkpoint of the step being saved those files belong to (empty: the point's rank):
+    # their acknowledgements from that step on no longer count (a swap damages two ranks' files)
+    ranks: list[int] = field(default_factory=list)
     cut_ts: float | None = None                 # power loss: acknowledgements after this never happened
     # a fault that may have done nothing (a full disk no traced event hit, the job unharmed): judged
     # as any point, and *skipped* with this reason (no_effect) only if every oracle passes

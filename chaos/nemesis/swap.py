@@ -101,7 +101,7 @@ def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int)
         return Applied(f"swap of {rel} and {other}", record, excluded=[rel, other],
                        skipped=f"{rel} and {other} are byte for byte the same: swapping them changes nothing")
     return Applied(f"{rel} (rank {completers[rel]}) and {other} (rank {completers[other]}) swapped {atrest.when(point)}",
-                   record, excluded=[rel, other])
+                   record, excluded=[rel, other], ranks=sorted({point.rank, completers[rel], completers[other]}))
 
 
 def _one_process(job: JobSpec) -> bool:
