@@ -12,7 +12,7 @@ CHAOS_JOB = {"faults": ("corrupt",), "result_globs": ("final.json",)}
 EXPECTED_CATCH = {"corrupt": ("result_files",)}
 
 
-def load_latest(out: str, prefix: str) -> dict | None:
+def load_latest(out: str, prefix: str, rank: int | None = None) -> dict | None:
     for _step, path in job.checkpoints(out, prefix):
         try:
             with open(path) as f:

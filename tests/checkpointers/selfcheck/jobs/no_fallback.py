@@ -14,7 +14,7 @@ CHAOS_JOB = {"faults": ("corrupt",), "result_globs": ("final.json",)}
 EXPECTED_CATCH = {"corrupt": ("liveness",)}
 
 
-def load_latest(out: str, prefix: str) -> dict | None:
+def load_latest(out: str, prefix: str, rank: int | None = None) -> dict | None:
     for _step, path in job.checkpoints(out, prefix)[:1]:
         with open(path) as f:
             return json.load(f)["state"]  # the defect: no checksum, no try, no older one

@@ -29,13 +29,13 @@ def atomic_write(path: str, obj: object) -> None:
     return None
 
 
-def load_latest(out: str, prefix: str) -> dict | None:
+def load_latest(out: str, prefix: str, rank: int | None = None) -> dict | None:
     for step, path in job.checkpoints(out, prefix):
         try:
             with open(path, "rb") as f:
                 saved = pickle.load(f)  # the defect: code in the file runs here
             state = saved["state"]
-            if saved["sha256"] == job.checksum(state) and state["step"] == step:
+            if saved["sha256"] == job.checksum(state) and state["step"] == step and state.get("rank") == rank:
                 return state
         except Exception as exc:  # noqa: BLE001 - any damage: the next older one
             print(f"skipping checkpoint {os.path.basename(path)}: {exc!r}", flush=True)
