@@ -21,7 +21,7 @@ from chaos.cli import findings
 from chaos.cli import main as cli
 from chaos.errors import ConfigError
 from chaos.model.jobspec import JobSpec
-from chaos.run import jobresults as job_results
+from chaos.run import results as job_results
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -53,7 +53,7 @@ def _own_origin_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def job_doc(cwd: Path, point: str = "rank0:op10:after", outcome: str = "hard_failure",
             summary: str = "the resume exited 1 (1 restart(s) of 1 allowed): ValueError: bad checkpoint",
             command: list[str] | None = None) -> dict[str, Any]:
-    """A job's results document in the shape ``chaos.run.jobresults`` writes (one failing point, one
+    """A job's results document in the shape ``chaos.run.results.job_results_document`` writes (one failing point, one
     passing), trimmed from a real ``chaos run -- python careless_job.py`` run."""
     command = command or ["python", "train.py", "--out", "{out}"]
     spec = {"command": command, "resume_command": None, "ranks": None, "world_size": 1, "torchrun": False,
@@ -407,12 +407,12 @@ def test_both_writers_documents_pass_the_schema(tmp_path):
     results (the fixture) and a job's, before and after the origin record."""
     from chaos.model.jobspec import JobSpec
     from chaos.model.resultschema import check_results
-    from chaos.run.jobresults import results_document
+    from chaos.run.results import job_results_document
 
     check_results(json.loads(BUILTIN.read_text()), "builtin")
     check_results(json.loads((REPO / "tests" / "fixtures" / "findings_results.json").read_text()), "findings")
     spec = JobSpec(command=("python", "train.py", "--out", "{out}"), cwd=str(tmp_path))
-    written = json.loads(json.dumps(results_document(spec, None, []), default=str))
+    written = json.loads(json.dumps(job_results_document(spec, None, []), default=str))
     assert check_results(written, "job") == written
 
 

@@ -84,12 +84,24 @@ def test_a_failing_fault_free_run_is_a_harness_error(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("chaos: harness error: the fault-free run exited 1: no data here")
 
 
-def test_the_job_schema_version_is_the_results_schema_version() -> None:
-    from chaos.run import jobresults as job_results
+def test_one_builder_makes_both_targets_documents_and_a_job_run_never_imports_torch(tmp_path: Path) -> None:
+    """chaos.run.results builds the built-in's and the job's documents through one function (no
+    second module to keep equal), and importing it loads neither the built-in's runner nor torch."""
+    from chaos.model.jobspec import JobSpec
     from chaos.run import results
 
-    assert job_results.SCHEMA_VERSION == results.SCHEMA_VERSION
-    assert job_results.VERDICTS == results.VERDICTS
+    spec = JobSpec(command=("python", "train.py", "--out", "{out}"), cwd=str(tmp_path))
+    job_doc, builtin_doc = results.job_results_document(spec, None, []), results.results_document([])
+    assert job_doc["schema_version"] == builtin_doc["schema_version"] == results.SCHEMA_VERSION
+    assert job_doc["summary"] == builtin_doc["summary"] == {"pass": 0, "fail": 0, "error": 0, "skipped": 0,
+                                                             "total": 0}
+    assert set(builtin_doc["environment"]) <= set(job_doc["environment"])
+    assert (results.exit_status([]), results.exit_status(["pass", "skipped"]), results.exit_status(["pass", "fail"]),
+            results.exit_status(["fail", "error"])) == (0, 0, 1, 2)
+    probe = subprocess.run([sys.executable, "-c", "import sys, chaos.run.results; "
+                            "print(sorted(m for m in ('torch', 'chaos.run.runner') if m in sys.modules))"],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
 
 
 def test_a_scratch_directory_that_does_not_exist_is_one_error_line(tmp_path, capsys):

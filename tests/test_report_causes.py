@@ -1,7 +1,7 @@
 """Failing job points grouped by cause (``reports.causes``), in every report.
 
 A careless job fails dozens of points for one defect; the reports must show that defect
-once, with its fix. The document here is shaped like ``chaos.run.jobresults`` writes it (the
+once, with its fix. The document here is shaped like ``chaos.run.results.job_results_document`` writes it (the
 fault records, crash-state ``lost`` entries, liveness output tails and verdict lines of a
 real ``careless_job.py`` run): 30 points of one defect (``ckpt.json`` rewritten in place:
 kills, ENOSPC and power cuts mid-write, failing the resume with varying
@@ -49,7 +49,7 @@ def _tail(line: str) -> str:
 def point(pid: str, kind: str, when: str | None, event: str | None, path: str | None, nth: int | None,
           outcome: str, line: str = "", what: str | None = None, applied: dict[str, Any] | None = None,
           failing: str = "liveness", n: int = 0) -> dict[str, Any]:
-    """A failing point as ``chaos.run.jobresults`` records it (``chaos.judge.job`` wrote its lines)."""
+    """A failing point as ``chaos.run.results`` records it (``chaos.judge.job`` wrote its lines)."""
     params = {k: v for k, v in (("op", n), ("when", when), ("event", event), ("path", path), ("seq", 2 * n),
                                 ("nth", nth)) if v is not None}
     out = f"/tmp/chaos-job-k2/point-{n:05d}/out"

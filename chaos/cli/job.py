@@ -326,7 +326,7 @@ def unreachable(job: JobSpec, ref: Reference, point: Point) -> str | None:
 def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> int:
     from chaos.plan.pointset import by_kind
     from chaos.run.explore import Interrupted, explore
-    from chaos.run.jobresults import results_document, write_results
+    from chaos.run.results import job_results_document, write_results
 
     only = [parse_point(p) for p in args.point] or None
     if only and job.nodes is None and any(p.family == "node" for p in only):
@@ -359,7 +359,7 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
         results.append(res)
         progress["seconds"].append(res.seconds)
         if args.json:
-            write_results(args.json, results_document(job, None, results, _so_far(progress, len(results))))
+            write_results(args.json, job_results_document(job, None, results, _so_far(progress, len(results))))
         v = res.verdict
         if v.verdict in ("fail", "error"):  # one line as it comes; the end groups the failures by cause
             where = f" ({res.point.kind} {res.point.path})" if res.point.kind else ""
@@ -377,7 +377,7 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
     if stop is not None:
         stop.settled = True  # from here on a signal waits for the results to be written
     final = exploration.results
-    doc = results_document(job, exploration, final)
+    doc = job_results_document(job, exploration, final)
     tally = _tally(final)
     line = (f"{tally}; coverage {len(final)}/{exploration.found} point(s) "
             f"({exploration.coverage:.0%}) in {time.monotonic() - started:.1f} s")
@@ -414,20 +414,20 @@ def _interrupted(args: argparse.Namespace, job: JobSpec, interrupted: Interrupte
     """SIGINT / SIGTERM: the results of what ran (the point cut short recorded as interrupted, not
     judged), ``interrupted after N of M points``, and exit 128 + the signal (130, 143)."""
     from chaos.run.explore import INTERRUPTED
-    from chaos.run.jobresults import results_document
+    from chaos.run.results import job_results_document
 
     name = interrupted.signal_name
     exploration = interrupted.exploration
     elapsed = f"in {time.monotonic() - started:.1f} s"
     if exploration is None:
         record = {"signal": name, "during": "the fault-free runs", "after": 0, "points": []}
-        doc = results_document(job, None, [], {"interrupted": record})
+        doc = job_results_document(job, None, [], {"interrupted": record})
         line = f"nothing run; interrupted during the fault-free runs ({name}), before any point ran, {elapsed}"
         final: list[Any] = []
         tolerance = False
     else:
         final = exploration.results
-        doc = results_document(job, exploration, final)
+        doc = job_results_document(job, exploration, final)
         record = exploration.interrupted or {}
         line = (f"{_tally(final)}; interrupted after {record.get('after', 0)} of {record.get('of', 0)} points "
                 f"({name}); coverage {len(exploration.judged)}/{exploration.found} point(s) "
@@ -447,7 +447,7 @@ def _report(args: argparse.Namespace, job: JobSpec, doc: dict[str, Any], line: s
             tolerance: bool) -> int:
     """The end of a run, finished or interrupted: the results JSON, the counts line, every report
     asked for, then one line saying where each was written; the exit status of ``final``'s verdicts."""
-    from chaos.run.jobresults import exit_status, write_results
+    from chaos.run.results import exit_status, write_results
     from reports.causes import console_lines
 
     if args.json:
@@ -466,7 +466,7 @@ def _report(args: argparse.Namespace, job: JobSpec, doc: dict[str, Any], line: s
     where = ([f"results JSON {args.json}"] if args.json else []) + _ci_reports(args, doc)
     if where:
         _say("written: " + "; ".join(where))
-    return exit_status(final)
+    return exit_status(r.verdict.verdict for r in final)
 
 
 PROGRESS_EVERY_S = 5.0  # at most one progress line this often: a CI log stays readable

@@ -280,7 +280,7 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     """
     from chaos.cli.console import LiveProgress, make_console, scenario_line, summary_table
     from chaos.run.campaign import run_pipelined
-    from chaos.run.results import exit_status, write_results
+    from chaos.run.results import exit_status, results_document, write_results
     from chaos.run.runner import RunOptions
     from reports.cases import check_output
 
@@ -295,7 +295,7 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
 
     def save() -> None:
         if args.json:
-            write_results(args.json, results, campaign.get("doc"))
+            write_results(args.json, results_document(results, campaign.get("doc")))
 
     started = time.monotonic()
     try:
@@ -318,8 +318,6 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     if args.json:
         console.print(f"results written to {args.json}", markup=False, highlight=False)
     if args.html or args.junit or args.summary:
-        from chaos.run.results import results_document
-
         doc = results_document(results, campaign.get("doc"))
         if args.html:
             from reports.html import render_report
@@ -337,7 +335,7 @@ def _run(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
             append_summary(doc, args.summary)
             console.print(f"summary appended to {args.summary}", markup=False, highlight=False)
     summary_table(console, results)
-    return exit_status(results)
+    return exit_status(r.verdict for r in results)
 
 
 def _generated(args: argparse.Namespace, template: Scenario, options: Any, console: Any, started: float,

@@ -290,9 +290,9 @@ def chaos_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     yield session
     out = cfg.getoption("--chaos-json")
     if out and session.results:
-        from chaos.run.results import write_results
+        from chaos.run.results import results_document, write_results
 
-        write_results(out, session.results)
+        write_results(out, results_document(session.results))
 
 
 class ChaosRunner:
@@ -340,7 +340,7 @@ class ChaosRunner:
         from chaos.cli.job import build
         from chaos.model.jobspec import parse_point
         from chaos.run.explore import explore
-        from chaos.run.jobresults import results_document
+        from chaos.run.results import job_results_document
 
         argv = list(command) if not isinstance(command, str) else shlex.split(command)
         flags: list[str] = []
@@ -367,7 +367,7 @@ class ChaosRunner:
         exploration = explore(spec, seed=args.seed, max_points=args.max_points, budget_s=args.budget,
                               jobs=args.jobs, only=[parse_point(p) for p in args.point] or None,
                               scratch_base=scratch, keep=keep)
-        result = JobResult(spec, exploration, results_document(spec, exploration, exploration.results))
+        result = JobResult(spec, exploration, job_results_document(spec, exploration, exploration.results))
         self.session.jobs.append(result)
         self._record("chaos_job", shlex.join(spec.command))
         self._record("chaos_verdict", result.verdict)

@@ -1,7 +1,7 @@
 """``chaos repro``'s two texts for one failing point of a job run: a reproduction script and an issue draft.
 
 Called by ``chaos.cli.commands.repro`` with the results document ``chaos run [options] --
-COMMAND --json`` wrote (``chaos.run.jobresults``: ``job.spec`` and ``scenarios``, one per
+COMMAND --json`` wrote (``chaos.run.results.job_results_document``: ``job.spec`` and ``scenarios``, one per
 point, as ``explore.PointResult.to_dict`` made them). Pure functions of that document,
 except :func:`versions` (installed package versions) and :func:`job_script` (whether
 the job's script exists), so the tests build both texts from a real run's results.

@@ -1,7 +1,7 @@
 """The results document as its readers take it: one JSON Schema, its limits, and where it came from.
 
 A results file is written by ``chaos run`` (``chaos.run.results`` for the built-in workload,
-``chaos.run.jobresults`` for ``chaos run -- COMMAND``) and read back by ``chaos report``,
+``chaos.run.results.job_results_document`` for ``chaos run -- COMMAND``) and read back by ``chaos report``,
 ``chaos replay``, ``chaos findings`` and ``chaos repro`` — often from a CI artifact, that
 is, from someone else. Each of them calls :func:`load_results`, which
 
@@ -145,7 +145,7 @@ _JOB = _object({
 }, required=("spec",))
 ORIGIN = _object({"host": _STR, "uid": _INT, "mac": _STR}, required=("host", "uid", "mac"))
 
-# The results document of both writers (chaos.run.results.results_document, chaos.run.jobresults.results_document).
+# The results document of both builders (chaos.run.results.results_document and job_results_document).
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "chaos results document",
@@ -317,7 +317,7 @@ def _mac(key: bytes, host: str, uid: int, doc: dict[str, Any]) -> str:
 
 def origin_record(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The ``origin`` entry a writer adds to ``doc`` (None where this user can have no key).
-    Called by ``chaos.run.results`` and ``chaos.run.jobresults`` each time they build a document."""
+    Called by ``chaos.run.results`` each time it builds a document."""
     key = origin_key(create=True)
     if key is None:
         return None

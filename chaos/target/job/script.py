@@ -1,6 +1,6 @@
 """The job's own script: which local ``.py`` file COMMAND runs, what it imports, at which versions.
 
-Facts about the target, read without running it: ``chaos.run.jobresults`` records the
+Facts about the target, read without running it: ``chaos.run.results`` records the
 versions of the third-party packages the script imports (``environment.packages``), and
 ``chaos repro`` (``chaos.cli.repro``) copies the script beside its reproduction and
 names the same versions in its issue draft.
@@ -80,7 +80,7 @@ def script_packages(path: str) -> dict[str, str]:
     """Installed distribution -> version for the third-party modules the script at ``path`` imports,
     in import order; the standard library and the harness left out.
 
-    Read by ``chaos.cli.repro.versions`` (the issue draft) and ``chaos.run.jobresults.job_packages``
+    Read by ``chaos.cli.repro.versions`` (the issue draft) and ``chaos.run.results.job_packages``
     (the results' ``environment.packages``). Most distributions are named as their module (torch,
     transformers, lightning): the scan of every installed one (~75 ms) only for the others.
     """
