@@ -132,7 +132,7 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
     """
     import torch
 
-    from chaos.certify.battery import run_battery
+    from chaos.certify.battery import run_battery, verdict_dict
     from chaos.certify.target import resolve
 
     torch.set_num_threads(1)  # the battery forks; keep OpenMP out of the parent
@@ -182,7 +182,7 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
         "failing": failing,
         "partial": f"partial run ({'; '.join(partial)}): never certified" if partial else None,
         "cleanup_error": cleanup_error,
-        "properties": [p.to_dict() for p in props],
+        "properties": [verdict_dict(p) for p in props],
         "campaign": scenarios,
         "campaign_run": campaign,
         "throughput": throughput,

@@ -21,26 +21,22 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from chaos.certify.crash import run_crashing
 from chaos.certify.target import Target
+from chaos.model.check import Check
+
+# A certified property's result: chaos.model.check.Check (status pass, fail or n/a; timed).
+Verdict = Check
 
 
-@dataclass
-class Verdict:
-    name: str
-    status: str  # pass | fail | n/a
-    summary: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "summary": self.summary,
-                "evidence": self.evidence, "seconds": round(self.seconds, 3)}
+def verdict_dict(v: Check) -> dict[str, Any]:
+    """A property as certify's report writes it: ``status`` (pass | fail | n/a), not ``result``."""
+    return {"name": v.name, "status": v.status, "summary": v.summary, "evidence": v.evidence,
+            "seconds": round(v.seconds or 0.0, 3)}
 
 
 def make_state(i: int, nbytes: int = 1 << 20, seed: int = 0) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from chaos.certify.battery import Verdict, fingerprint
+from chaos.certify.battery import Verdict, fingerprint, verdict_dict
 from chaos.certify.crash import Counter, run_crashing
 
 try:
@@ -84,11 +84,11 @@ def _exists(path: str, so: dict[str, Any]) -> bool:
 def certify_dcp(target: Any, scratch: str, max_points: int = 16) -> list[dict[str, Any]]:
     """Verdicts for DCP's FsspecWriter on the target (S3 only)."""
     if target.kind != "s3":
-        return [Verdict("dcp_fsspec", "n/a", "only certified on S3 backends here").to_dict()]
+        return [verdict_dict(Verdict("dcp_fsspec", "n/a", "only certified on S3 backends here"))]
     try:
         import s3fs  # noqa: F401
     except ImportError:
-        return [Verdict("dcp_fsspec", "n/a", "s3fs is not installed (pip install s3fs)").to_dict()]
+        return [verdict_dict(Verdict("dcp_fsspec", "n/a", "s3fs is not installed (pip install s3fs)"))]
     import logging
     import warnings
 
@@ -178,4 +178,4 @@ def _certify_dcp(target: Any, max_points: int) -> list[dict[str, Any]]:
                        f"s3fs renames .metadata.tmp by {', '.join(sorted({r.split()[0] for r in renames})) or 'no requests seen'}: "
                        "copy then delete, not an atomic rename (the copy itself is one request, so readers see all or nothing of .metadata)",
                        {"requests": renames}))
-    return [v.to_dict() for v in out]
+    return [verdict_dict(v) for v in out]

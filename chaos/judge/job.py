@@ -87,6 +87,7 @@ from chaos.judge import losscurve
 from chaos.judge.compare import first_difference
 from chaos.launch.output import cause as _cause
 from chaos.launch.output import clip
+from chaos.model.check import Check
 from chaos.model.jobspec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec
 from chaos.nemesis import nodes
 from chaos.nemesis.atrest import halt_record, opens_for_writing, untraced_line
@@ -107,21 +108,8 @@ FAILURES = tuple(dict.fromkeys(outcome for _oracle, outcome in VERDICT_ORDER))  
 OUTCOMES = ("pass", *FAILURES)
 
 
-@dataclass
-class Oracle:
-    """One oracle's result: ``result`` is pass, fail or not_judged (with the reason)."""
-
-    name: str
-    result: str
-    summary: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def failed(self) -> bool:
-        return self.result == "fail"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"result": self.result, "summary": self.summary, "evidence": self.evidence}
+# A job point's oracle result: chaos.model.check.Check (pass, fail or not_judged, with the reason).
+Oracle = Check
 
 
 @dataclass

@@ -10,23 +10,17 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from chaos.model.check import Check
 from chaos.model.statehash import first_difference
 from chaos.record.golden import GoldenRun, ResizedReference
 from chaos.record.history import RunRecord
 
-
-@dataclass
-class OracleResult:
-    name: str
-    passed: bool
-    summary: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"result": "pass" if self.passed else "fail", "summary": self.summary, "evidence": self.evidence}
+# The built-in oracles' name for chaos.model.check.Check, built with a bool: OracleResult(name, passed,
+# summary, evidence).
+OracleResult = Check
 
 
 def _unfinished(record: RunRecord) -> str:

@@ -2,6 +2,7 @@
 
 jobspec.py       JobSpec (how a user's job is launched and judged) and Point (where to break it)
 contract.py      the names the harness and a job's rank processes share (environment, files)
+check.py         Check: one judgement (pass, fail, not judged) with its evidence, from every judge
 statehash.py     canonical SHA-256 fingerprints of a training state tree
 resultschema.py  the results document as its readers take it: one JSON Schema, its limits, its origin
 """
