@@ -321,7 +321,10 @@ def test_an_older_saves_file_in_a_newer_directory(tmp_path: Path, check: bool, v
         assert "an older copy of step-*/state.json loads as the newest" in proc.stdout
 
 
-@pytest.mark.parametrize(("weights_only", "outcome"), [("false", "code_execution"), ("true", "hard_failure")])
+@pytest.mark.parametrize(("weights_only", "outcome"), [
+    ("false", "code_execution"),
+    pytest.param("true", "hard_failure", marks=pytest.mark.slow),  # the nightly: a torch start-up saved per commit
+])
 def test_torch_load_runs_the_payload_unless_weights_only(tmp_path: Path, weights_only: str, outcome: str) -> None:
     pytest.importorskip("torch")
     cmd = job(tmp_path, "torch_job.py", TORCH_JOB, "--weights-only", weights_only)

@@ -300,6 +300,7 @@ def _explore(tmp: Path, job: JobSpec, point: str) -> Any:
 
 
 @needs_netns
+@pytest.mark.slow  # a 20 s hold; the per-commit run keeps the shorter cuts of the tests above
 def test_a_cut_longer_than_the_collective_timeout_makes_both_copies_raise_and_the_restart_resumes(
         tmp_path: Path) -> None:
     before = set(network.leftovers())
