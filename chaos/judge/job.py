@@ -105,6 +105,19 @@ VERDICT_ORDER = (
     ("preemption_exit", "hard_failure"),
 )
 FAILURES = tuple(dict.fromkeys(outcome for _oracle, outcome in VERDICT_ORDER))  # worst first
+# What each oracle checks, in one line (the docs' table of VERDICT_ORDER is generated from these).
+CHECKS = {
+    "no_code_execution": "(payload points) loading the checkpoint never ran the code planted in it",
+    "liveness": "the job finished (every copy of the last attempt exited 0) within its restarts",
+    "result_files": "each `--result-file` equals the fault-free run's: safetensors and torch files tensor by "
+                    "tensor, JSON by key",
+    "loss_continuity": "every step's loss (`probe.step(n, loss)` or `--loss-regex`, one source a run) equals the "
+                       "fault-free run's, exactly when the two fault-free runs agreed, else within `--loss-band` "
+                       "(0.5 %), with no spike after a resume",
+    "durability": "the resume started at or after the newest checkpoint the job relied on",
+    "preemption_exit": "(term points) a SIGTERMed attempt exits non-zero unless it had finished: a job that exits "
+                       "0 mid-run is never restarted by a supervisor",
+}
 OUTCOMES = ("pass", *FAILURES)
 
 

@@ -281,8 +281,18 @@ def at_rest_families() -> str:
     return "\n".join(out)
 
 
+def job_verdict_order() -> str:
+    """The job oracles in the order that names a failing point's outcome (chaos.judge.job.VERDICT_ORDER)."""
+    from chaos.judge.job import CHECKS, VERDICT_ORDER
+
+    rows = ["| oracle | it checks | failing outcome |", "|---|---|---|"]
+    rows += [f"| `{name}` | {md_text(CHECKS[name])} | `{outcome}` |" for name, outcome in VERDICT_ORDER]
+    return "\n".join(rows) + "\n"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "at-rest-families": at_rest_families,
+    "job-verdict-order": job_verdict_order,
     "cli": cli,
     "results-schema": results_schema,
     "fault-kinds": fault_kinds,
