@@ -30,11 +30,14 @@ AT_REST_FAMILIES: dict[str, tuple[str, ...]] = {
 AT_REST_KINDS = tuple(k for k in AT_REST_FAMILIES if k != "corrupt")  # families whose mode is their name
 ROT_MODES = tuple(m for modes in AT_REST_FAMILIES.values() for m in modes)  # every at-rest point mode
 ERRNO_MODES = ("enospc", "eio")          # the event raises OSError instead of being performed (fsync: fsync_fail)
-HALT_MODES = (*ROT_MODES, "power")  # every copy is stopped right after the event, then {out} is edited
-OP_MODES = (*MODES, *ROT_MODES, "power", *ERRNO_MODES, "net")
+# Every family that stops every copy right after an event and then edits {out}: the at-rest ones,
+# and a power loss (right after the event only: a power cut does not wait for a step).
+HALT_FAMILIES: dict[str, tuple[str, ...]] = {**AT_REST_FAMILIES, "power": ("power",)}
+HALT_MODES = tuple(m for modes in HALT_FAMILIES.values() for m in modes)
+OP_MODES = (*MODES, *HALT_MODES, *ERRNO_MODES, "net")
 STEP_MODES = ("kill", "term", "net")
 # ``--faults``: the families a job is explored with (default: every one that applies here).
-FAULT_KINDS = ("kill", *AT_REST_FAMILIES, "power", "errno", "term", "diskfull", "net")
+FAULT_KINDS = ("kill", *HALT_FAMILIES, "errno", "term", "diskfull", "net")
 DEFAULT_GRACE_S = 5.0
 DEFAULT_NET_HOLD_S = 5.0  # --net-hold: how long a cut rank's link stays down before the copies are SIGKILLed
 

@@ -51,6 +51,7 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     ENV_TRACE_DIR,
     ERRNO_MODES,
     FAULT_KINDS,
+    HALT_FAMILIES,
     HALT_MODES,
     HALT_REQUEST,
     MODES,

@@ -51,7 +51,7 @@ def points(job: JobSpec, traces: Traces, facts: Facts) -> list[Point]:
     return out
 
 
-def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
+def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int, _prepared: Any = None) -> Applied:
     """Corrupt the file rank ``point.rank``'s event ``point.op`` completed, with ``point.mode``'s family."""
     rel = atrest.target_file(point, halt, out)
     if rel is None:

@@ -10,15 +10,18 @@ contract's ``AT_REST_FAMILIES`` table names, one line per family.)
 Who calls what, in the order of one ``chaos run -- COMMAND``:
 
 1. *plan* — after the fault-free runs, ``chaos.plan.pointset.gather`` calls ``gather(out,
-   facts)`` where a family needs more than the traces (a payload: which files are pickles),
+   scratch, facts)`` where a family needs more than the traces (a payload: which files are
+   pickles; a power loss: after which events something was pending),
    then ``enumerate_points`` calls ``points(job, traces, facts)`` for each family the
    ``--faults`` kinds name, in ``FAULT_KINDS`` order. Every point is at an event that
    completed a file (``rankR:opN:MODE``) or at the first step the rank announced after it
    (``...:stepS``): where the job has finished the file, or trusts it. A family that offers
    none says why in one line (``not_offered``), shown with the fault-free runs' notes.
-2. *arm* — the launcher hands the point to the job's tracer, which stops every copy right
-   after the event (or once step S is announced): the mode is one of ``HALT_MODES``.
-3. *apply* — ``chaos.run.explore`` calls ``apply(point, out, scratch, halt, seed)`` with every
+2. *arm* — ``explore`` calls ``prepare(out)`` where a family needs {out} as it was before
+   attempt 0 (a power loss: the base its crash states start from); the launcher hands the
+   point to the job's tracer, which stops every copy right after the event (or once step S
+   is announced): the mode is one of ``HALT_MODES``.
+3. *apply* — ``chaos.run.explore`` calls ``apply(point, out, scratch, halt, seed, prepared)`` with every
    copy stopped (``halt``: the tracer's record of where it stopped) and gets an
    ``atrest.Applied``: what was done, in one line, with its exact record and seed; the
    files the job can no longer rely on; or why nothing was done (the point is skipped).
@@ -39,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.model.jobspec import AT_REST_FAMILIES, FAULT_KINDS, JobSpec, Point
+from chaos.model.jobspec import FAULT_KINDS, HALT_FAMILIES, JobSpec, Point
 from chaos.nemesis.atrest import Applied
 from chaos.nemesis.sites import Facts, Traces
 
@@ -50,9 +53,11 @@ class AtRestFamily:
 
     name: str                                                     # the --faults kind
     points: Callable[[JobSpec, Traces, Facts], list[Point]]       # the points it offers, in order
-    apply: Callable[[Point, str, str, dict[str, Any], int], Applied]  # (point, out, scratch, halt, seed)
+    # (point, out, scratch, halt, seed, prepared): what prepare() returned before attempt 0, or None
+    apply: Callable[[Point, str, str, dict[str, Any], int, Any], Applied]
     not_offered: str = ""                                         # the note when it offers no point
-    gather: Callable[[str, Facts], None] | None = None            # (out, facts): what its points need
+    gather: Callable[[str, str, Facts], None] | None = None       # (out, scratch, facts): what its points need
+    prepare: Callable[[str], Any] | None = None                   # (out) before attempt 0 (power: {out} as it was)
     watch: Callable[[Applied, int], None] | None = None           # (applied, attempt) after each restart
     settle: Callable[[Applied, Traces], None] | None = None       # (applied, every attempt's traces)
     quiet: Callable[[JobSpec], bool] | None = None                # no note for this job (swap: one process)
@@ -60,7 +65,7 @@ class AtRestFamily:
     @property
     def modes(self) -> tuple[str, ...]:
         """The point modes this family's points carry (``bitflip``... for corrupt, else its name)."""
-        return AT_REST_FAMILIES[self.name]
+        return HALT_FAMILIES[self.name]
 
 
 _FOUND: dict[str, AtRestFamily] | None = None
@@ -81,11 +86,11 @@ def families() -> dict[str, AtRestFamily]:
             fam = getattr(importlib.import_module(f"{package.__name__}.{info.name}"), "FAMILY", None)
             if not isinstance(fam, AtRestFamily):
                 continue
-            if fam.name not in AT_REST_FAMILIES or fam.name in found:
+            if fam.name not in HALT_FAMILIES or fam.name in found:
                 raise RuntimeError(f"chaos.nemesis.{info.name}: family {fam.name!r} is not in the contract's "
-                                   "AT_REST_FAMILIES, or is defined twice")
+                                   "HALT_FAMILIES, or is defined twice")
             found[fam.name] = fam
-        missing = sorted(set(AT_REST_FAMILIES) - set(found))
+        missing = sorted(set(HALT_FAMILIES) - set(found))
         if missing:
             raise RuntimeError(f"no module of chaos.nemesis defines the at-rest family {', '.join(missing)}")
         _FOUND = {k: found[k] for k in FAULT_KINDS if k in found}

@@ -24,7 +24,7 @@ from faults import FaultError
 MARKERS = "payload-markers"  # in a point's scratch folder: where a planted payload's marker would appear
 
 
-def gather(out: str, facts: Facts) -> None:
+def gather(out: str, _scratch: str, facts: Facts) -> None:
     """Which files the fault-free run left speak a payload format (``Facts.formats``)."""
     facts.formats = {rel: fmt for rel in facts.files if (fmt := payload_format(os.path.join(out, rel)))}
 
@@ -52,7 +52,7 @@ def payload_format(path: str) -> str | None:
         return "torchzip" if f.read(4) == b"PK\x03\x04" else "pickle"
 
 
-def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
+def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int, _prepared: Any = None) -> Applied:
     """Plant ``faults.payload``'s payload in the file the point's event completed, in the file's own
     format (:func:`payload_format`): loading it creates a marker under ``scratch``/``MARKERS``, which
     ``explore`` looks for after every restart (:func:`check_marker`) and the judge's

@@ -147,7 +147,7 @@ def _range(w: dict[str, Any]) -> str:
     return f"bytes {off}-{off + (w.get('length') or 0) - 1}"
 
 
-def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
+def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int, _prepared: Any = None) -> Applied:
     """Rebuild the file the point's event completed as the disk would hold it with one pending
     write lost and the later ones kept (the one drawn with the point's seed)."""
     site = atrest.site_file(point, halt, out, seed, "reorder the writes of")

@@ -222,6 +222,11 @@ class Anchors:
         return (self.stable is not None and bool(path) and not os.path.isabs(path)
                 and (rank, kind, path, nth) in self.stable)
 
+    def at_event(self, rank: int, r: dict[str, Any], path: str, nth: int, mode: str) -> Point:
+        """A point of ``mode`` at event ``r`` of ``rank`` (an ``event_keys`` row: its path key, its count)."""
+        return Point(rank, mode, op=r["ord"], kind=r["op"], path=path, seq=r.get("seq"), nth=nth,
+                     anchored=self.anchored(rank, r["op"], path, nth))
+
     def at_completer(self, ev: dict[str, Any], mode: str, rel: str, at_step: int | None = None) -> Point:
         """A point of ``mode`` striking ``rel`` at the event ``ev`` that completed it (or at ``at_step``),
         anchored where that event is on ``rel`` itself (a close of it, a rename onto it)."""

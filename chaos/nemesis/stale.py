@@ -44,7 +44,7 @@ def older_versions(rel: str, versions: dict[str, list[atrest.Version]], before: 
     return sorted(same, key=lambda v: -v.ts) + sorted(siblings, key=lambda v: -v.ts)
 
 
-def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
+def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int, _prepared: Any = None) -> Applied:
     """Replace the file the point's event completed by an older version of it from the same run
     (:func:`older_versions`): the newest whose bytes differ, taken from {out} where it is still
     there (another checkpoint directory's file), else rebuilt from attempt 0's trace up to the halt

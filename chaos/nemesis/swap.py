@@ -72,7 +72,7 @@ def swap_partners(rel: str, rank: int, completers: dict[str, int], files: Iterab
     return best or [f for _ok, f in found]
 
 
-def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int) -> Applied:
+def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int, _prepared: Any = None) -> Applied:
     """Swap the file the point's event completed with another rank's file of the same checkpoint
     (:func:`swap_partners`: ``rank0.pt`` <-> ``rank1.pt``), chosen with the point's seed among the
     files under {out} at the halt. Skipped where there is none (one rank, or ranks that share one

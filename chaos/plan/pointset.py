@@ -21,7 +21,7 @@ of those, so the same run and seed always give the same points in the same order
   un-fsynced directory entry), so a power loss there differs from a kill; every event
   when the crash-state model cannot say (each point then finds out at its own cut).
   Each is the worst case (every pending change lost), and where the cut allows more
-  than that and the all-kept state (a kill), up to ``POWER_STATES`` mixed ones too
+  than that and the all-kept state (a kill), up to ``power.POWER_STATES`` mixed ones too
   (``rankR:opN:power:sK``: some data or entries kept, a write torn);
 - ``diskfull``: one ``disk:full:<BYTES>``, a seeded size below the run's peak usage of
   {out}, where a tmpfs can be mounted (asked for explicitly elsewhere: one point, which
@@ -41,7 +41,6 @@ last save), then seeded draws spread over the families.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import fnmatch
 import os
 import random
@@ -75,7 +74,6 @@ from chaos.nemesis.sites import (  # noqa: F401 - Facts, event_keys, stable_even
 )
 
 ENOSPC_EVENTS = ("write", "mkdir", "rename", "link")  # plus an open that creates its file
-POWER_STATES = 3  # mixed power-loss states per cut (``rankR:opN:power:sK``), beside everything-lost
 
 
 def kinds_to_explore(job: JobSpec) -> tuple[tuple[str, ...], list[str]]:
@@ -105,13 +103,9 @@ def gather(job: JobSpec, out: str, scratch: str, kinds: Iterable[str], seed: int
     check_checkpoint_glob(job, facts.files)
     for fam in families().values():
         if fam.name in kinds and fam.gather is not None:
-            fam.gather(out, facts)
-    if kinds & {"power", "diskfull"}:
-        records = atrest.merged_records(scratch, 0)
-        if "power" in kinds:
-            facts.pending = atrest.pending_after(out, records)
-        if "diskfull" in kinds:
-            facts.peak = diskfull.peak_usage(out, records)
+            fam.gather(out, scratch, facts)
+    if "diskfull" in kinds:
+        facts.peak = diskfull.peak_usage(out, atrest.merged_records(scratch, 0))
     return facts
 
 
@@ -148,7 +142,6 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
     cuts = "net" in kinds and job.net_unavailable is None
     mid_save: set[tuple[int, int]] = set()  # (rank, ord) of a net point at an event
     errnos: list[Point] = []
-    power: list[Point] = []
     events = event_keys(traces)
     opened: set[tuple[int, str]] = set()  # (rank, path) opened and not yet written since
     for rank, r, path, _nth in events:
@@ -169,11 +162,9 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
             terms += [Point(rank, "term", step=n) for n in announced]
         if cuts:
             net_steps += [Point(rank, "net", step=n) for n in announced]
-    pending = facts.pending if facts is not None else None
     for rank, r, path, nth in events:
         def at(mode: str, rank: int = rank, r: dict[str, Any] = r, path: str = path, nth: int = nth) -> Point:
-            return Point(rank, mode, op=r["ord"], kind=r["op"], path=path, seq=r.get("seq"), nth=nth,
-                         anchored=anchors.anchored(rank, r["op"], path, nth))
+            return anchors.at_event(rank, r, path, nth, mode)
 
         if "kill" in kinds:
             for mode in job.modes:
@@ -184,16 +175,10 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
             errnos.append(at("eio"))
             if r["op"] in ENOSPC_EVENTS or (r["op"] == "open" and r.get("created")):
                 errnos.append(at("enospc"))
-        if "power" in kinds and facts is not None and (not isinstance(pending, dict) or (rank, r["ord"]) in pending):
-            power.append(at("power"))
-            # Beyond "everything lost": the cut's mixed states (some pending data or entries
-            # kept, a write torn), a few per cut; atrest.power_loss draws which with the seed.
-            mixed = pending.get((rank, r["ord"]), 0) - 2 if isinstance(pending, dict) else 0
-            power += [dataclasses.replace(at("power"), state=k) for k in range(1, min(POWER_STATES, mixed) + 1)]
         if cuts and (rank, r["ord"]) in mid_save:
             net_ops.append(at("net"))
 
-    rest: list[Point] = []  # the at-rest families (chaos.nemesis.family), in FAULT_KINDS order
+    rest: list[Point] = []  # the halting families (chaos.nemesis.family: at rest, then power), FAULT_KINDS order
     if facts is not None:
         for fam in families().values():
             if fam.name in kinds:
@@ -204,7 +189,7 @@ def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
         if size is not None:
             disk.append(Point(0, "diskfull", size=size))
     node = nodes.points(job, traces) if "node" in kinds else []
-    return kill_ops + kill_steps + terms + errnos + rest + power + disk + net_ops + net_steps + node
+    return kill_ops + kill_steps + terms + errnos + rest + disk + net_ops + net_steps + node
 
 
 def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], points: list[Point]) -> list[str]:

@@ -75,7 +75,6 @@ from chaos.plan.pointset import Facts
 from chaos.record.jobhistory import PointRecord, read_traces
 from chaos.scratch import make_root
 from faults import FaultError, disk
-from faults.crashstate import Snapshot
 
 if TYPE_CHECKING:
     from faults.network import NetworkLab
@@ -175,18 +174,20 @@ def _restarts(job: JobSpec, run: Run, point: Point, watch: Callable[[int], None]
             watch(attempt)
 
 
-def _at_rest(run: Run, point: Point, base: Snapshot | None, seed: int) -> atrest.Applied | None:
-    """After a halted attempt 0: the corruption, stale copy, swap, payload or power loss; None when the
-    point never fired."""
+def _halting(point: Point) -> family.AtRestFamily:
+    fam = family.of_mode(point.mode)
+    if fam is None:
+        raise ChaosError(f"point {point.id}: {point.mode!r} halts every copy, but no family module carries it")
+    return fam
+
+
+def _at_rest(run: Run, point: Point, prepared: Any, seed: int) -> atrest.Applied | None:
+    """After a halted attempt 0: what the point's family does to {out} (a corruption, a stale copy,
+    a swap, a payload, reordered writes, a power loss); None when the point never fired."""
     halt = atrest.halt_record(read_traces(run.scratch, run.out), point.rank)
     if halt is None:
         return None
-    if point.mode == "power":
-        return atrest.power_loss(point, run.out, run.scratch, halt, base or Snapshot(), seed)
-    fam = family.of_mode(point.mode)
-    if fam is None:
-        raise ChaosError(f"point {point.id}: {point.mode!r} halts every copy, but no at-rest family carries it")
-    return fam.apply(point, run.out, run.scratch, halt, seed)
+    return _halting(point).apply(point, run.out, run.scratch, halt, seed, prepared)
 
 
 def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
@@ -353,24 +354,25 @@ def _node_applied(job: JobSpec, run: Run, point: Point) -> atrest.Applied:
 def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
     if point is not None and point.family == "diskfull":
         return _diskfull_chain(job, run, point)
-    base = Snapshot.capture(run.out) if point is not None and point.mode == "power" else None
+    halts = point is not None and point.mode in HALT_MODES
+    fam = _halting(point) if halts else None  # type: ignore[arg-type]
+    prepared = fam.prepare(run.out) if fam is not None and fam.prepare is not None else None
     before = _sizes(run.out)
     run.attempt(job, 0, point)
     untraced = untraced_after(job, run, before) if point is not None else []
     # what the job left, before the harness edits it: what it relied on is judged on this
     before_fault = (checkpoint_state(run.out, job.checkpoint_glob)
                     if point is not None and point.mode in HALT_MODES else None)
-    applied = _at_rest(run, point, base, seed) if point is not None and point.mode in HALT_MODES else None
+    applied = _at_rest(run, point, prepared, seed) if halts else None  # type: ignore[arg-type]
     if point is not None and point.family == "net":
         applied = _net_applied(job, run, point)
     if point is not None and point.family == "node":
         applied = _node_applied(job, run, point)
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
     if point is not None and not (applied is not None and applied.skipped):
-        fam = family.of_mode(point.mode) if applied is not None else None
-        watch = None if fam is None or fam.watch is None else functools.partial(fam.watch, applied)
+        watch = None if fam is None or fam.watch is None or applied is None else functools.partial(fam.watch, applied)
         _restarts(job, run, point, watch)
-        if fam is not None and fam.settle is not None:
+        if fam is not None and fam.settle is not None and applied is not None:
             fam.settle(applied, read_traces(run.scratch, run.out))
     return PointRecord(point or Point(0, "none"), run.out, run.attempts, read_traces(run.scratch, run.out),
                        after_kill, applied, before_fault, untraced)
