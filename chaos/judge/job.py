@@ -90,7 +90,7 @@ from chaos.launch.output import clip
 from chaos.model.check import Check
 from chaos.model.jobspec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec
 from chaos.nemesis import nodes
-from chaos.nemesis.atrest import halt_record, opens_for_writing, untraced_line
+from chaos.nemesis.atrest import halt_record, opens_for_writing, under, untraced_line
 from chaos.record.jobhistory import PointRecord
 
 # Which outcome a failing point gets: that of the first failing oracle in this order. Code run
@@ -294,9 +294,6 @@ def _track(rank: int, recs: list[dict[str, Any]], root: str, cut: float | None, 
         if not isinstance(p, str) or p == root:
             return None
         return os.path.relpath(p, root) if p.startswith(root + os.sep) else p
-
-    def under(k: str, top: str) -> bool:
-        return k == top or k.startswith(top.rstrip(os.sep) + os.sep)
 
     for r in recs:
         ts = r.get("ts", 0.0)

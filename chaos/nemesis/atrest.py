@@ -143,6 +143,12 @@ def trace_root(records: Iterable[dict[str, Any]]) -> str | None:
     return None
 
 
+def under(path: str, top: str) -> bool:
+    """``path`` is ``top`` or lies below it (a rename of ``top`` moves it). Called by
+    :func:`file_versions`, ``reorder.pending_writes`` and the judge's ``_track``."""
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+
+
 def file_versions(records: list[dict[str, Any]], root: str | None) -> dict[str, list[Version]]:
     """Every version of every file under ``root`` ({out}) that the traced events completed, in time
     order: a close after the file changed, or a rename (or link) that put it, or a directory holding
@@ -162,9 +168,6 @@ def file_versions(records: list[dict[str, Any]], root: str | None) -> dict[str, 
         if root and isinstance(path, str) and path.startswith(root + os.sep):
             return path[len(root) + 1:]
         return None
-
-    def under(k: str, top: str) -> bool:
-        return k == top or k.startswith(top.rstrip(os.sep) + os.sep)
 
     def done(path: str, r: dict[str, Any]) -> None:
         rel = rel_of(path)

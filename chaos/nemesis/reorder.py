@@ -63,9 +63,6 @@ def pending_writes(records: list[dict[str, Any]], upto: float | None = None) -> 
     files: dict[str, _File] = {}
     content: dict[str, bytearray | None] = {}
 
-    def under(k: str, top: str) -> bool:
-        return k == top or k.startswith(top.rstrip(os.sep) + os.sep)
-
     for r in records:
         if upto is not None and r.get("ts", 0.0) > upto:
             break
@@ -99,7 +96,7 @@ def pending_writes(records: list[dict[str, Any]], upto: float | None = None) -> 
         elif op == "rename":
             src, dst = r.get("src"), r.get("dst") or p
             if isinstance(src, str) and isinstance(dst, str):
-                for k in [k for k in files if under(k, src)]:
+                for k in [k for k in files if atrest.under(k, src)]:
                     new = dst + k[len(src):]
                     files[new], content[new] = files.pop(k), content.pop(k, None)
         elif op == "unlink":

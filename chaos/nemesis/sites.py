@@ -119,9 +119,7 @@ def rot_sites(traces: Traces) -> list[tuple[dict[str, Any], str, int]]:
     version the job trusted, which is how a restart meets an older checkpoint corrupted. A
     directory renamed into place is not a file to corrupt (its files were completed under
     their temporary names)."""
-    events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
-                     if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None),
-                    key=lambda r: r.get("ts", 0.0))
+    events = op_records(traces)
     root = next((r["path"][: len(r["path"]) - len(r["rel"])] for r in events
                  if r.get("rel") and isinstance(r.get("path"), str) and r["path"].endswith(r["rel"])), None)
 

@@ -279,9 +279,7 @@ def _save_sites(job: JobSpec, traces: Traces) -> tuple[list[dict[str, Any]], dic
     announced its next step or acknowledged a save; a rank that announces neither has a
     save per completion.
     """
-    events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
-                     if r.get("event") == "op" and r.get("ord") is not None and r.get("error") is None),
-                    key=lambda r: r.get("ts", 0.0))
+    events = op_records(traces)
     root = next((r["path"][: len(r["path"]) - len(r["rel"])] for r in events
                  if r.get("rel") and isinstance(r.get("path"), str) and r["path"].endswith(r["rel"])), None)
 

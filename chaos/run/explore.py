@@ -181,13 +181,13 @@ def _halting(point: Point) -> family.AtRestFamily:
     return fam
 
 
-def _at_rest(run: Run, point: Point, prepared: Any, seed: int) -> atrest.Applied | None:
+def _at_rest(run: Run, point: Point, fam: family.AtRestFamily, prepared: Any, seed: int) -> atrest.Applied | None:
     """After a halted attempt 0: what the point's family does to {out} (a corruption, a stale copy,
     a swap, a payload, reordered writes, a power loss); None when the point never fired."""
     halt = atrest.halt_record(read_traces(run.scratch, run.out), point.rank)
     if halt is None:
         return None
-    return _halting(point).apply(point, run.out, run.scratch, halt, seed, prepared)
+    return fam.apply(point, run.out, run.scratch, halt, seed, prepared)
 
 
 def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
@@ -282,18 +282,24 @@ def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab
         return _chain(job, run, point, seed)
     assert job.ranks is not None
     try:
-        with netcut.lab_for(job.ranks) as lab:
-            run.lab = lab
-            try:
-                return _chain(job, run, point, seed)
-            finally:
-                run.lab = None
+        return _chain_in_lab(job.ranks, job, run, point, seed)
     except FaultError as exc:
         if point is None:
             raise JobError(f"the network namespaces for a fault-free run could not be made: {exc}") from None
         applied = atrest.Applied(f"no network namespaces for {point.id}", {}, outcome="unsupported",
                                  skipped=f"the network namespaces for this point could not be made: {exc}")
         return PointRecord(point, run.out, run.attempts, read_traces(run.scratch, run.out), None, applied)
+
+
+def _chain_in_lab(size: int, job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
+    """:func:`_chain` with every attempt in a NetworkLab of ``size`` namespaces (a rank's or a node's
+    each), torn down after; FaultError where the lab cannot be made."""
+    with netcut.lab_for(size) as lab:
+        run.lab = lab
+        try:
+            return _chain(job, run, point, seed)
+        finally:
+            run.lab = None
 
 
 def _sizes(out: str) -> dict[str, int]:
@@ -323,12 +329,7 @@ def _node_chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> Point
     if point is not None:
         point = nodes.for_job(job, point)
     try:
-        with netcut.lab_for(int(job.nodes or 0)) as lab:
-            run.lab = lab
-            try:
-                return _chain(job, run, point, seed)
-            finally:
-                run.lab = None
+        return _chain_in_lab(int(job.nodes or 0), job, run, point, seed)
     except FaultError as exc:
         if point is None:
             raise ChaosError(f"the network namespaces of the nodes could not be made: {exc}") from None
@@ -354,16 +355,14 @@ def _node_applied(job: JobSpec, run: Run, point: Point) -> atrest.Applied:
 def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
     if point is not None and point.family == "diskfull":
         return _diskfull_chain(job, run, point)
-    halts = point is not None and point.mode in HALT_MODES
-    fam = _halting(point) if halts else None  # type: ignore[arg-type]
+    fam = _halting(point) if point is not None and point.mode in HALT_MODES else None
     prepared = fam.prepare(run.out) if fam is not None and fam.prepare is not None else None
     before = _sizes(run.out)
     run.attempt(job, 0, point)
     untraced = untraced_after(job, run, before) if point is not None else []
     # what the job left, before the harness edits it: what it relied on is judged on this
-    before_fault = (checkpoint_state(run.out, job.checkpoint_glob)
-                    if point is not None and point.mode in HALT_MODES else None)
-    applied = _at_rest(run, point, prepared, seed) if halts else None  # type: ignore[arg-type]
+    before_fault = checkpoint_state(run.out, job.checkpoint_glob) if fam is not None else None
+    applied = _at_rest(run, point, fam, prepared, seed) if fam is not None and point is not None else None
     if point is not None and point.family == "net":
         applied = _net_applied(job, run, point)
     if point is not None and point.family == "node":

@@ -95,9 +95,7 @@ def declaration(path: Path, correct: bool) -> JobDeclaration:
         raise ConfigError(f"{path}: {DECLARATION}['max_points'] must be a positive integer, got {max_points!r}")
     try:
         spec = JobSpec(command=(sys.executable, str(path), "--out", "{out}"), cwd=str(path.parent), **kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"{path}: {DECLARATION}: {exc}") from None
-    except ConfigError as exc:
+    except (TypeError, ConfigError) as exc:  # a field of the wrong kind, or a value JobSpec refuses
         raise ConfigError(f"{path}: {DECLARATION}: {exc}") from None
     expected = {} if correct else read_expected(path, FAULT_KINDS, job_oracles(),
                                                 example={"kill": ("durability",)})

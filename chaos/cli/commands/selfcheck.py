@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from chaos.errors import ConfigError
 
@@ -60,6 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help="golden-run cache (default ~/.cache/chaos/golden)")
 
 
+def _given(flag: str, path: str, discover: Callable[[str], dict[str, Any]], none: str) -> dict[str, Any]:
+    """What ``discover`` finds in the directory a flag names; ConfigError where it is none or finds nothing."""
+    if not Path(path).is_dir():
+        raise ConfigError(f"{flag} {path}: not a directory")
+    found = discover(path)
+    if not found:
+        raise ConfigError(f"{flag} {path}: {none}")
+    return found
+
+
 def _corpus(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Path]]:
     """The checkpointers and the jobs to run: (name -> spec, job:name -> path), --only applied."""
     from chaos.run.jobselfcheck import default_corpus, discover_jobs
@@ -68,11 +80,7 @@ def _corpus(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Path]]:
     found: dict[str, str] = {}
     jobs_dir: Path | None = None
     if args.corpus is not None:
-        if not Path(args.corpus).is_dir():
-            raise ConfigError(f"--corpus {args.corpus}: not a directory")
-        found = discover(args.corpus)
-        if not found:
-            raise ConfigError(f"--corpus {args.corpus}: no module defines a *Checkpointer class")
+        found = _given("--corpus", args.corpus, discover, "no module defines a *Checkpointer class")
         jobs_dir = default_corpus(args.corpus)
     elif DEFAULT_CORPUS.is_dir() and not args.checkpointer:
         found = discover(DEFAULT_CORPUS)
@@ -84,11 +92,7 @@ def _corpus(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Path]]:
         found[name] = spec
     jobs: dict[str, Path] = {}
     if args.job_corpus is not None:
-        if not Path(args.job_corpus).is_dir():
-            raise ConfigError(f"--job-corpus {args.job_corpus}: not a directory")
-        jobs = discover_jobs(args.job_corpus)
-        if not jobs:
-            raise ConfigError(f"--job-corpus {args.job_corpus}: no module declares CHAOS_JOB")
+        jobs = _given("--job-corpus", args.job_corpus, discover_jobs, "no module declares CHAOS_JOB")
     elif jobs_dir is not None and jobs_dir.is_dir():
         jobs = discover_jobs(jobs_dir)
     if args.no_jobs:
