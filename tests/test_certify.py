@@ -209,3 +209,59 @@ def test_quick_is_a_partial_run_never_certified(tmp_path):
     assert not report["certified"] and not report["failing"], report["failing"]
     assert "--quick" in report["partial"] and "NOT CERTIFIED (partial run (--quick" in r.stdout
     assert [s["faults"] for s in report["campaign"]] == [["kill:rank=1,phase=write_shards,step=15"]]
+
+
+def _small_save(root: Path) -> None:
+    """A save that does one of each op kind certify crashes before, and a read that must not count."""
+    d = root / "ck"
+    os.mkdir(d)
+    with open(d / "a.tmp", "wb") as f:
+        f.write(b"head")
+        f.write(b"body")
+        f.flush()
+        os.fsync(f.fileno())
+    with open(d / "a.tmp", "rb") as f:  # a read: not a mutating op
+        f.read()
+    os.replace(d / "a.tmp", d / "a")
+    os.rename(d / "a", d / "b")
+    os.unlink(d / "b")
+    os.rmdir(d)
+
+
+def test_crash_points_count_every_mutating_op_kind(tmp_path):
+    """What ``commit_atomicity`` crashes before, op by op: mkdir, an open for writing, each
+    write() call, fsync, replace, rename, unlink, rmdir (a read is not counted). Dropping a
+    kind here silently removes crash points from every certification."""
+    from chaos.certify.crash import run_crashing
+
+    outcome, ops = run_crashing(lambda: _small_save(tmp_path), None)
+    assert outcome == "completed"
+    assert [o.split()[0] for o in ops] == ["mkdir", "open", "write", "write", "fsync", "replace", "rename",
+                                           "unlink", "rmdir"], ops
+    names = [o.split(maxsplit=1)[1] for o in ops if not o.startswith("fsync")]
+    assert names == ["ck", "a.tmp", "a.tmp", "a.tmp", "a.tmp", "a", "b", "ck"], ops
+    # A crash before each op stops there, nothing after it done: before the replace, a.tmp is whole and not yet a.
+    outcome, _ = run_crashing(lambda: _small_save(tmp_path), ops.index(next(o for o in ops if o.startswith("replace"))) + 1)
+    assert outcome == "crashed"
+    assert (tmp_path / "ck" / "a.tmp").read_bytes() == b"headbody" and not (tmp_path / "ck" / "a").exists()
+
+
+def test_crash_points_count_s3_mutating_requests_only():
+    """On S3 the points are the mutating API calls through botocore (PutObject, DeleteObject, ...), not reads."""
+    boto3 = pytest.importorskip("boto3")
+    from botocore.stub import Stubber
+
+    from chaos.certify.crash import run_crashing
+
+    def requests() -> None:
+        client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+        with Stubber(client) as stub:
+            stub.add_response("put_object", {}, {"Bucket": "b", "Key": "k/latest", "Body": b"1"})
+            stub.add_response("head_object", {"ContentLength": 1}, {"Bucket": "b", "Key": "k/latest"})
+            stub.add_response("delete_object", {}, {"Bucket": "b", "Key": "k/latest"})
+            client.put_object(Bucket="b", Key="k/latest", Body=b"1")
+            client.head_object(Bucket="b", Key="k/latest")
+            client.delete_object(Bucket="b", Key="k/latest")
+
+    assert run_crashing(requests, None) == ("completed", ["PutObject k/latest", "DeleteObject k/latest"])
+    assert run_crashing(requests, 2)[0] == "crashed"
