@@ -1,7 +1,10 @@
 """Fault families as the harness carries them out around a target's processes (Jepsen's nemesis).
 
 environment.py  what a built-in scenario's faults need around the ranks (mounts, labs, corruption)
-family.py       the protocol of a family that edits a stopped job's {out}, and the registry of them
+family.py       the protocol of a fault family, and the registry of them
+kill.py         SIGKILL before or after a traced file event, torn mid-write, or at a step
+term.py         SIGTERM at a step, SIGKILL after the grace: a preemption
+ioerror.py      a file event raises EIO or ENOSPC (the errno family)
 corrupt.py      bit rot in a completed file: a bit flipped, truncated, zeroed, deleted
 stale.py        an older version of a completed file put back in its place
 swap.py         two ranks' files of one checkpoint swapped

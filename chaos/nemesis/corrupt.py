@@ -106,4 +106,14 @@ def _describe(family: str, rec: C.CorruptionRecord) -> str:
     return f"deleted ({rec.size_before} bytes)"
 
 
-FAMILY = AtRestFamily("corrupt", points, apply)
+def notes(job: JobSpec, traces: Traces, facts: Facts, points: list[Point]) -> list[str]:
+    """The checkpoint files no traced event completed (with ``--checkpoint-glob``): none is corrupted."""
+    done = completions(traces)
+    orphans = [f for f in facts.files if is_checkpoint(job, f) and completer(done, f) is None]
+    if job.checkpoint_glob is None or not orphans:
+        return []
+    return [f"{len(orphans)} checkpoint file(s) were completed by no traced event and are not corrupted: "
+            f"{', '.join(orphans[:5])}"]
+
+
+FAMILY = AtRestFamily(name="corrupt", points=points, apply=apply, notes=notes)

@@ -1,4 +1,4 @@
-"""A real full disk for a job: {out} on a size-limited tmpfs for attempt 0.
+"""``diskfull``: a real full disk for a job — {out} on a size-limited tmpfs for attempt 0.
 
 Called by ``explore.py``: :func:`peak_usage` reads the fault-free run's trace and says
 how much of {out} the job used at its fullest (in tmpfs pages: a tmpfs charges every
@@ -26,6 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos.model.jobspec import JobSpec, Point
+from chaos.nemesis.atrest import merged_records
+from chaos.nemesis.family import Family
+from chaos.nemesis.sites import Facts, Traces
 from faults import disk
 
 PAGE = 4096
@@ -127,3 +131,29 @@ def tmpfs_out(out: str, size: int, scratch: str) -> Iterator[Tmpfs]:
     if copied:
         shutil.copytree(keep, out, symlinks=True, dirs_exist_ok=True)
         shutil.rmtree(keep, ignore_errors=True)
+
+
+# -- the family's planning hooks (chaos.nemesis.family) ---------------------------------------
+
+def _gather(out: str, scratch: str, facts: Facts) -> None:
+    facts.peak = peak_usage(out, merged_records(scratch, 0))
+
+
+def _points(job: JobSpec, traces: Traces, facts: Facts) -> list[Point]:
+    """One ``disk:full:<BYTES>``: a seeded size below the fault-free run's peak usage of {out}."""
+    size = choose_size(facts.peak, facts.seed)
+    return [] if size is None else [Point(0, "diskfull", size=size)]
+
+
+def _notes(job: JobSpec, traces: Traces, facts: Facts, points: list[Point]) -> list[str]:
+    return [] if points else [f"a real full disk is not explored: {{out}} never held more than {facts.peak} "
+                              "byte(s) of tmpfs pages, too little to fill a smaller one"]
+
+
+def _unavailable(job: JobSpec) -> str | None:
+    ok, why = available()
+    return None if ok else f"a real full disk is not explored: {why}"
+
+
+FAMILY = Family(name="diskfull", points=_points, gather=_gather, notes=_notes, unavailable=_unavailable,
+                needs_facts=True)

@@ -1,26 +1,36 @@
-"""The protocol of a fault family that edits a stopped job's {out}, and the registry of them.
+"""The protocol of a fault family, and the registry of them.
 
 Jepsen's nemesis shape: a fault family is one module that says where it can strike, how
-it strikes, and what it did. The families here (``corrupt``, ``stale``, ``swap``,
-``payload``, ``reorder``) strike a file the job completed while every copy of the job is
-stopped; each module defines one ``FAMILY = AtRestFamily(...)`` and nothing else needs to
-know it exists: :func:`families` finds it. (The point grammar takes any mode the
-contract's ``AT_REST_FAMILIES`` table names, one line per family.)
+it strikes, and what it did. Each module of this package that defines ``FAMILY`` is one
+(:func:`families` finds it; nothing else needs to know it exists):
+
+- :class:`Family`, whose points the job's own tracer fires inside a rank (``kill``,
+  ``term``, ``errno``: kill.py, term.py, ioerror.py) or the launcher carries out during an
+  attempt (``diskfull``, ``net``, ``node``: diskfull.py, netcut.py, nodes.py);
+- :class:`AtRestFamily`, which strikes a file the job completed while every copy of the job
+  is stopped (``corrupt``, ``stale``, ``swap``, ``payload``, ``reorder``, ``power``; the
+  point grammar takes any mode the contract's ``HALT_FAMILIES`` table names, one line per
+  family).
 
 Who calls what, in the order of one ``chaos run -- COMMAND``:
 
+0. *choose* — ``chaos.plan.pointset.kinds_to_explore`` asks each family's ``unavailable(job)``
+   where ``--faults`` is not given: a family that cannot be made here (a full disk without
+   root) is left out of the default kinds, with its note.
 1. *plan* — after the fault-free runs, ``chaos.plan.pointset.gather`` calls ``gather(out,
    scratch, facts)`` where a family needs more than the traces (a payload: which files are
-   pickles; a power loss: after which events something was pending),
-   then ``enumerate_points`` calls ``points(job, traces, facts)`` for each family the
-   ``--faults`` kinds name, in ``FAULT_KINDS`` order. Every point is at an event that
-   completed a file (``rankR:opN:MODE``) or at the first step the rank announced after it
-   (``...:stepS``): where the job has finished the file, or trusts it. A family that offers
-   none says why in one line (``not_offered``), shown with the fault-free runs' notes.
-2. *arm* — ``explore`` calls ``prepare(out)`` where a family needs {out} as it was before
-   attempt 0 (a power loss: the base its crash states start from); the launcher hands the
-   point to the job's tracer, which stops every copy right after the event (or once step S
-   is announced): the mode is one of ``HALT_MODES``.
+   pickles; a power loss: after which events something was pending; a full disk: the peak
+   usage of {out}), then ``enumerate_points`` calls ``points(job, traces, facts)`` for each
+   family the ``--faults`` kinds name, in :data:`ORDER`, and ``pointset.notes`` calls
+   ``notes(job, traces, facts, points)`` with the family's own points: what the user should
+   know about what it left out (an at-rest family that offers none says why in one line,
+   ``not_offered``). An at-rest family's points are at an event that completed a file
+   (``rankR:opN:MODE``) or at the first step the rank announced after it (``...:stepS``):
+   where the job has finished the file, or trusts it.
+2. *arm* — ``explore`` calls ``prepare(out)`` where an at-rest family needs {out} as it was
+   before attempt 0 (a power loss: the base its crash states start from); the launcher hands
+   the point to the job's tracer, which stops every copy right after the event (or once
+   step S is announced): the mode is one of ``HALT_MODES``.
 3. *apply* — ``chaos.run.explore`` calls ``apply(point, out, scratch, halt, seed, prepared)`` with every
    copy stopped (``halt``: the tracer's record of where it stopped) and gets an
    ``atrest.Applied``: what was done, in one line, with its exact record and seed; the
@@ -46,60 +56,95 @@ from chaos.model.jobspec import FAULT_KINDS, HALT_FAMILIES, JobSpec, Point
 from chaos.nemesis.atrest import Applied
 from chaos.nemesis.sites import Facts, Traces
 
+# The order a job's points are enumerated in, family by family (and so the order a seeded
+# sample draws from): the in-rank families, the halting ones in the contract's order, then
+# those the launcher carries out.
+ORDER = ("kill", "term", "errno", *HALT_FAMILIES, "diskfull", "net", "node")
 
-@dataclass(frozen=True)
-class AtRestFamily:
-    """One family's hooks (see the module docstring for when each is called)."""
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """One family's hooks for planning (see the module docstring for when each is called)."""
 
     name: str                                                     # the --faults kind
     points: Callable[[JobSpec, Traces, Facts], list[Point]]       # the points it offers, in order
+    gather: Callable[[str, str, Facts], None] | None = None       # (out, scratch, facts): what its points need
+    # (job, traces, facts, its own points): what the user should know about what it left out
+    notes: Callable[[JobSpec, Traces, Facts, list[Point]], list[str]] | None = None
+    # (job): why it is not explored here unless asked for ('' leaves it out without a note), None if it is
+    unavailable: Callable[[JobSpec], str | None] | None = None
+    needs_facts: bool = False                                     # no points where the run left no Facts
+
+    def explains(self, job: JobSpec, traces: Traces, facts: Facts, points: list[Point]) -> list[str]:
+        """The family's notes on this job (``pointset.notes``): ``notes`` given its own points."""
+        return self.notes(job, traces, facts, points) if self.notes is not None else []
+
+
+@dataclass(frozen=True, kw_only=True)
+class AtRestFamily(Family):
+    """A halting family's hooks: planning's, and how it strikes a stopped job."""
+
     # (point, out, scratch, halt, seed, prepared): what prepare() returned before attempt 0, or None
     apply: Callable[[Point, str, str, dict[str, Any], int, Any], Applied]
     not_offered: str = ""                                         # the note when it offers no point
-    gather: Callable[[str, str, Facts], None] | None = None       # (out, scratch, facts): what its points need
     prepare: Callable[[str], Any] | None = None                   # (out) before attempt 0 (power: {out} as it was)
     watch: Callable[[Applied, int], None] | None = None           # (applied, attempt) after each restart
     settle: Callable[[Applied, Traces], None] | None = None       # (applied, every attempt's traces)
     quiet: Callable[[JobSpec], bool] | None = None                # no note for this job (swap: one process)
+    needs_facts: bool = True
 
     @property
     def modes(self) -> tuple[str, ...]:
         """The point modes this family's points carry (``bitflip``... for corrupt, else its name)."""
         return HALT_FAMILIES[self.name]
 
+    def explains(self, job: JobSpec, traces: Traces, facts: Facts, points: list[Point]) -> list[str]:
+        said = super().explains(job, traces, facts, points)
+        if self.not_offered and not points and not (self.quiet is not None and self.quiet(job)):
+            said.append(f"{self.name} is not explored: {self.not_offered}")
+        return said
 
-_FOUND: dict[str, AtRestFamily] | None = None
+
+_FOUND: dict[str, Family] | None = None
 
 
-def families() -> dict[str, AtRestFamily]:
-    """Every module of ``chaos.nemesis`` that defines ``FAMILY``, by name, in ``FAULT_KINDS`` order.
+def families() -> dict[str, Family]:
+    """Every module of ``chaos.nemesis`` that defines ``FAMILY``, by name, in :data:`ORDER`.
 
-    A module whose family the contract's ``AT_REST_FAMILIES`` does not name, or a name twice,
-    is a programming error, raised here (the first caller is the fault-free run's planning).
+    A family the contract does not name (``FAULT_KINDS``), a halting one that is not an
+    :class:`AtRestFamily`, a name twice or a kind no module defines is a programming error,
+    raised here (the first caller is the fault-free run's planning).
     """
     global _FOUND
     if _FOUND is None:
         import chaos.nemesis as package
 
-        found: dict[str, AtRestFamily] = {}
+        found: dict[str, Family] = {}
         for info in pkgutil.iter_modules(package.__path__):
             fam = getattr(importlib.import_module(f"{package.__name__}.{info.name}"), "FAMILY", None)
-            if not isinstance(fam, AtRestFamily):
+            if not isinstance(fam, Family):
                 continue
-            if fam.name not in HALT_FAMILIES or fam.name in found:
+            if (fam.name not in FAULT_KINDS or fam.name in found
+                    or (fam.name in HALT_FAMILIES) != isinstance(fam, AtRestFamily)):
                 raise RuntimeError(f"chaos.nemesis.{info.name}: family {fam.name!r} is not in the contract's "
-                                   "HALT_FAMILIES, or is defined twice")
+                                   "FAULT_KINDS, is defined twice, or halts the job without being an AtRestFamily")
             found[fam.name] = fam
-        missing = sorted(set(HALT_FAMILIES) - set(found))
-        if missing:
-            raise RuntimeError(f"no module of chaos.nemesis defines the at-rest family {', '.join(missing)}")
-        _FOUND = {k: found[k] for k in FAULT_KINDS if k in found}
+        missing = sorted(set(ORDER) - set(found))
+        if missing or set(FAULT_KINDS) - set(ORDER):
+            raise RuntimeError(f"no module of chaos.nemesis defines the family {', '.join(missing)} (or ORDER "
+                               "leaves out a kind of FAULT_KINDS)")
+        _FOUND = {k: found[k] for k in ORDER}
     return _FOUND
 
 
+def halting() -> dict[str, AtRestFamily]:
+    """The families that stop every copy and strike {out} (``HALT_FAMILIES``), in :data:`ORDER`."""
+    return {k: f for k, f in families().items() if isinstance(f, AtRestFamily)}
+
+
 def of_mode(mode: str) -> AtRestFamily | None:
-    """The family whose points carry ``mode`` (None: not an at-rest mode, e.g. ``power``)."""
-    return next((f for f in families().values() if mode in f.modes), None)
+    """The halting family whose points carry ``mode`` (None: a mode no family halts for, e.g. ``kill``)."""
+    return next((f for f in halting().values() if mode in f.modes), None)
 
 
-__all__ = ["AtRestFamily", "families", "of_mode"]
+__all__ = ["ORDER", "AtRestFamily", "Family", "families", "halting", "of_mode"]

@@ -1,4 +1,4 @@
-"""A network cut between the ranks of a user's job: the ``net`` family of ``chaos run -- COMMAND``.
+"""``net``: a network cut between the ranks of a user's job (``chaos run --ranks N -- COMMAND``).
 
 The built-in workload's network drop, made for a job the harness launches itself
 (``--ranks N``, N >= 2). It reuses :class:`faults.network.NetworkLab` (one network
@@ -44,6 +44,8 @@ from typing import Any
 
 from chaos.launch.output import clip
 from chaos.model import jobspec as S
+from chaos.nemesis.family import Family
+from chaos.nemesis.sites import Anchors, Facts, Traces, announced_steps, event_keys
 from chaos.scratch import claim_netns
 from faults import FaultError
 from faults.network import NetworkLab, can_use_netns
@@ -241,3 +243,39 @@ def describe(net: dict[str, Any]) -> str:
     if len(groups) == 1 and "killed_after_hold" in {c["ended"] for c in copies}:
         return f"{head}: {next(iter(groups))}"
     return f"{head}: " + "; ".join(f"{_who(who)} {phrase}" for phrase, who in groups.items())
+
+
+# -- the family's planning hooks (chaos.nemesis.family) ---------------------------------------
+
+def _points(job: S.JobSpec, traces: Traces, facts: Facts | None) -> list[S.Point]:
+    """A rank's link cut in the middle of its saves (right after the first write to a file since it
+    was opened, and after each rename), then at each step it announced."""
+    if job.net_unavailable is not None:
+        return []
+    anchors = Anchors(traces, facts.stable if facts is not None else None)
+    opened: set[tuple[int, str]] = set()  # (rank, path) opened and not yet written since
+    ops: list[S.Point] = []
+    for rank, r, path, nth in event_keys(traces):
+        if r["op"] == "open":
+            opened.add((rank, path))
+        elif r["op"] == "rename" or r["op"] == "write" and (rank, path) in opened:
+            opened.discard((rank, path))
+            ops.append(anchors.at_event(rank, r, path, nth, "net"))
+    return ops + [S.Point(rank, "net", step=n) for rank, steps in announced_steps(traces) for n in steps]
+
+
+def _notes(job: S.JobSpec, traces: Traces, facts: Facts, points: list[S.Point]) -> list[str]:
+    if points or job.net_unavailable is not None:
+        return []
+    return ["network cuts are not explored: the job announced no step and traced no save"]
+
+
+def _unavailable(job: S.JobSpec) -> str | None:
+    ok, why = usable(job)
+    if ok:
+        return None
+    several = job.torchrun or job.ranks is not None and job.ranks >= 2  # one process has no ranks to cut apart
+    return f"network cuts between ranks are not explored: {why}" if several else ""
+
+
+FAMILY = Family(name="net", points=_points, notes=_notes, unavailable=_unavailable)

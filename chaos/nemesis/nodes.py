@@ -1,4 +1,4 @@
-"""A job spread over simulated nodes, and the faults of a node: ``chaos run --nodes N -- torchrun ...``.
+"""``node``: a job spread over simulated nodes, and the faults of a node (``chaos run --nodes N -- torchrun ...``).
 
 One real ``torchrun`` agent per node, each in its own network namespace of one
 :class:`faults.network.NetworkLab` (node i = lab rank i, its veth on the lab's bridge),
@@ -64,6 +64,8 @@ from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
 from chaos.nemesis import netcut
+from chaos.nemesis.family import Family
+from chaos.nemesis.sites import Facts, Traces
 from faults import FaultError
 from faults.process import alive, group_members, marked_with
 
@@ -129,7 +131,7 @@ def for_job(job: S.JobSpec, point: S.Point) -> S.Point:
     return S.Point(trigger_rank(job, point.node), point.mode, step=point.step, node=point.node)
 
 
-def points(job: S.JobSpec, traces: dict[tuple[int, int], list[dict[str, Any]]]) -> list[S.Point]:
+def points(job: S.JobSpec, traces: Traces, facts: Facts | None = None) -> list[S.Point]:
     """Every node point: each node's loss (node 0: the rendezvous host's), then each node's link
     cut, at each step its first local rank announced in the fault-free run."""
     if job.nodes is None:
@@ -144,6 +146,9 @@ def points(job: S.JobSpec, traces: dict[tuple[int, int], list[dict[str, Any]]]) 
     found += [S.Point(trigger_rank(job, node), "link", step=n, node=node) for node in range(job.nodes)
               for n in steps[node]]
     return found
+
+
+FAMILY = Family(name="node", points=points, unavailable=lambda job: "" if job.nodes is None else None)
 
 
 # -- one attempt ----------------------------------------------------------------------------

@@ -136,6 +136,6 @@ def _settle(applied: Applied, traces: Traces) -> None:
     payload_reads(applied, traces, since=1)
 
 
-FAMILY = AtRestFamily("payload", points, apply, gather=gather, watch=_watch, settle=_settle,
+FAMILY = AtRestFamily(name="payload", points=points, apply=apply, gather=gather, watch=_watch, settle=_settle,
                       not_offered="no checkpoint file the job left is a pickle or a torch zip (torch.save), so "
                                   "nothing it loads unpickles")

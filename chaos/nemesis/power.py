@@ -56,4 +56,11 @@ def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int,
     return atrest.power_loss(point, out, scratch, halt, prepared if prepared is not None else Snapshot(), seed)
 
 
-FAMILY = AtRestFamily("power", points, apply, gather=gather, prepare=prepare)
+def notes(job: JobSpec, traces: Traces, facts: Facts, points: list[Point]) -> list[str]:
+    if not isinstance(facts.pending, str):
+        return []
+    return [f"power loss: the crash-state model cannot represent the whole fault-free trace ({facts.pending}); "
+            "every event gets a power point, skipped where its own cut cannot be modelled either"]
+
+
+FAMILY = AtRestFamily(name="power", points=points, apply=apply, gather=gather, prepare=prepare, notes=notes)

@@ -196,7 +196,7 @@ def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int,
                    f"{atrest.when(point)}; {len(before)} -> {len(buf)} bytes", record, cut_ts=halt.get("ts"))
 
 
-FAMILY = AtRestFamily("reorder", points, apply,
+FAMILY = AtRestFamily(name="reorder", points=points, apply=apply,
                       not_offered="no checkpoint file had two or more writes pending (since its last fsync) when it "
                                   "was completed: writeback order cannot matter (each file fsynced before it is "
                                   "completed, or written in one call)")

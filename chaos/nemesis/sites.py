@@ -110,6 +110,14 @@ def step_announcements(traces: Traces) -> dict[int, tuple[list[float], list[int]
     return out
 
 
+def announced_steps(traces: Traces) -> list[tuple[int, list[int]]]:
+    """(rank, the steps it announced in attempt 0, sorted) for each rank in order: where the
+    step points of ``kill``, ``term`` and ``net`` strike."""
+    return [(rank, sorted({r["info"]["n"] for r in recs if r.get("event") == "phase" and r.get("name") == "chaos.probe"
+                           and r.get("info", {}).get("kind") in STEP_KINDS}))
+            for (rank, attempt), recs in sorted(traces.items()) if attempt == 0]
+
+
 def rot_sites(traces: Traces) -> list[tuple[dict[str, Any], str, int]]:
     """Where corruption at rest can strike mid-run: (completing event, file, step) for each file
     under {out} a close or a rename put in place (from {out} or from outside it), at the first

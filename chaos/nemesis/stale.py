@@ -104,6 +104,6 @@ def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int,
                    skipped=f"{rel}: every older version ({len(olders)}) is byte for byte what it holds now")
 
 
-FAMILY = AtRestFamily("stale", points, apply,
+FAMILY = AtRestFamily(name="stale", points=points, apply=apply,
                       not_offered="no checkpoint file was completed again after an earlier version of it (saved "
                                   "again under its name, or in another checkpoint directory of the same name)")

@@ -108,6 +108,6 @@ def _one_process(job: JobSpec) -> bool:
     return not job.torchrun and (job.ranks or 1) < 2 and job.nodes is None
 
 
-FAMILY = AtRestFamily("swap", points, apply, quiet=_one_process,
+FAMILY = AtRestFamily(name="swap", points=points, apply=apply, quiet=_one_process,
                       not_offered="no two ranks each completed their own file of one checkpoint (rank0.pt / "
                                   "rank1.pt)")

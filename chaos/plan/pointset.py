@@ -4,33 +4,12 @@ Called by ``explore.reference`` with the first fault-free run's traces and the f
 this module gathers from that run (:func:`gather`). Everything here is a pure function
 of those, so the same run and seed always give the same points in the same order:
 
-- ``kill``: every traced file event of every rank x each of ``--modes`` (before,
-  after; torn for writes of two bytes or more), then a SIGKILL at every announced step;
-- ``term``: a SIGTERM (then SIGKILL after ``--grace``) at every announced step;
-- ``errno``: ``eio`` at every event (an fsync's is a failed fsync), ``enospc`` at every
-  event that can need space (writes, file creation, mkdir, rename, link);
-- the at-rest families (``corrupt``, ``stale``, ``swap``, ``payload``, ...: every module of
-  ``chaos.nemesis`` that defines a ``FAMILY``, :mod:`chaos.nemesis.family`), each asked for
-  its own points: a checkpoint file the job completed, at the event that completed it (its
-  last close, or the rename that put it, or its directory, in place), and again at the first
-  step the rank announced after that event (``rankR:opN:MODE:stepS``): by then the save is
-  over (its commit marker, checksum file or ``probe.saved`` written) and the job trusts the
-  file, which is when bit rot at rest strikes. Where each family strikes, and why it offers
-  no point, its module says;
-- ``power``: every event after which something was pending (unsynced data, an
-  un-fsynced directory entry), so a power loss there differs from a kill; every event
-  when the crash-state model cannot say (each point then finds out at its own cut).
-  Each is the worst case (every pending change lost), and where the cut allows more
-  than that and the all-kept state (a kill), up to ``power.POWER_STATES`` mixed ones too
-  (``rankR:opN:power:sK``: some data or entries kept, a write torn);
-- ``diskfull``: one ``disk:full:<BYTES>``, a seeded size below the run's peak usage of
-  {out}, where a tmpfs can be mounted (asked for explicitly elsewhere: one point, which
-  is skipped with the reason);
-- ``net`` (``--ranks N``, N >= 2, where network namespaces can be made): a rank's link
-  cut at each of its announced steps, and in the middle of its saves: right after the
-  first write to a file since it was opened, and after each rename;
-- ``node`` (``--nodes N`` only, ``nodes.points``): each node's loss (node 0's is the
-  rendezvous host's) and each node's link cut, at each step its first local rank announced.
+every module of ``chaos.nemesis`` that defines a ``FAMILY`` (:mod:`chaos.nemesis.family`)
+says which ``--faults`` kind it is, whether it can be made here (:func:`kinds_to_explore`),
+what it needs from the run (:func:`gather`), its points, in ``family.ORDER`` (kill, term,
+errno, the at-rest families and power, diskfull, net, node: :func:`enumerate_points`), and
+what it left out (:func:`notes`). Where each strikes, and why it may offer none, its
+module's docstring says.
 
 :func:`point_classes` and :func:`plan` then put them in the order ``explore`` runs them
 (``--max-points`` of them, while ``--budget`` lasts): one point of every class first (every
@@ -56,16 +35,11 @@ from chaos.model.jobspec import (
     JobSpec,
     Point,
 )
-from chaos.nemesis import atrest, diskfull, netcut, nodes
+from chaos.nemesis import nodes
 from chaos.nemesis.family import families
-from chaos.nemesis.sites import (  # noqa: F401 - Facts, event_keys, stable_events, rot_sites: re-exported
-    Anchors,
+from chaos.nemesis.sites import (  # noqa: F401 - Facts, stable_events, rot_sites: re-exported
     Facts,
     Traces,
-    checkpoint_sites,
-    completer,
-    completions,
-    event_keys,
     is_checkpoint,
     op_records,
     rot_sites,
@@ -73,25 +47,22 @@ from chaos.nemesis.sites import (  # noqa: F401 - Facts, event_keys, stable_even
     step_announcements,
 )
 
-ENOSPC_EVENTS = ("write", "mkdir", "rename", "link")  # plus an open that creates its file
-
 
 def kinds_to_explore(job: JobSpec) -> tuple[tuple[str, ...], list[str]]:
-    """The ``--faults`` kinds explored and notes on those left out (default: all that apply here)."""
+    """The ``--faults`` kinds explored and notes on those left out (default: every family that can
+    be made here, each family's ``unavailable``)."""
     if job.nodes is not None:
         return nodes.kinds_to_explore(job)
     if job.faults is not None:
         return tuple(k for k in FAULT_KINDS if k in job.faults), []
-    kinds, notes = [k for k in FAULT_KINDS if k != "node"], []  # node: only with --nodes
-    ok, why = diskfull.available()
-    if not ok:
-        kinds.remove("diskfull")
-        notes.append(f"a real full disk is not explored: {why}")
-    ok, why = netcut.usable(job)
-    if not ok:
-        kinds.remove("net")
-        if job.torchrun or job.ranks is not None and job.ranks >= 2:  # a single process has no ranks to cut apart
-            notes.append(f"network cuts between ranks are not explored: {why}")
+    kinds, notes = [], []
+    for kind in FAULT_KINDS:
+        fam = families()[kind]
+        why = fam.unavailable(job) if fam.unavailable is not None else None
+        if why is None:
+            kinds.append(kind)
+        elif why:
+            notes.append(why)
     return tuple(kinds), notes
 
 
@@ -104,8 +75,6 @@ def gather(job: JobSpec, out: str, scratch: str, kinds: Iterable[str], seed: int
     for fam in families().values():
         if fam.name in kinds and fam.gather is not None:
             fam.gather(out, scratch, facts)
-    if "diskfull" in kinds:
-        facts.peak = diskfull.peak_usage(out, atrest.merged_records(scratch, 0))
     return facts
 
 
@@ -132,92 +101,18 @@ def check_checkpoint_glob(job: JobSpec, files: Iterable[str]) -> None:
 
 def enumerate_points(job: JobSpec, traces: Traces, facts: Facts | None = None,
                      kinds: Iterable[str] = ("kill",)) -> list[Point]:
-    """Every point of the asked ``kinds``, in a fixed order (family by family, rank by rank, event by event)."""
+    """Every point of the asked ``kinds``, in a fixed order: family by family (``family.ORDER``), each
+    family's own (rank by rank, event by event). Families that need the run's Facts offer none without."""
     kinds = set(kinds)
-    kill_ops: list[Point] = []
-    kill_steps: list[Point] = []
-    terms: list[Point] = []
-    net_ops: list[Point] = []
-    net_steps: list[Point] = []
-    cuts = "net" in kinds and job.net_unavailable is None
-    mid_save: set[tuple[int, int]] = set()  # (rank, ord) of a net point at an event
-    errnos: list[Point] = []
-    events = event_keys(traces)
-    opened: set[tuple[int, str]] = set()  # (rank, path) opened and not yet written since
-    for rank, r, path, _nth in events:
-        if r["op"] == "open":
-            opened.add((rank, path))
-        elif r["op"] == "rename" or r["op"] == "write" and (rank, path) in opened:
-            opened.discard((rank, path))
-            mid_save.add((rank, r["ord"]))
-    anchors = Anchors(traces, facts.stable if facts is not None else None)
-    for (rank, attempt), recs in sorted(traces.items()):
-        if attempt != 0:
-            continue
-        announced = sorted({r["info"]["n"] for r in recs if r.get("event") == "phase"
-                            and r.get("name") == "chaos.probe" and r.get("info", {}).get("kind") in STEP_KINDS})
-        if "kill" in kinds:
-            kill_steps += [Point(rank, "kill", step=n) for n in announced]
-        if "term" in kinds:
-            terms += [Point(rank, "term", step=n) for n in announced]
-        if cuts:
-            net_steps += [Point(rank, "net", step=n) for n in announced]
-    for rank, r, path, nth in events:
-        def at(mode: str, rank: int = rank, r: dict[str, Any] = r, path: str = path, nth: int = nth) -> Point:
-            return anchors.at_event(rank, r, path, nth, mode)
-
-        if "kill" in kinds:
-            for mode in job.modes:
-                if mode == "torn" and (r["op"] != "write" or (r.get("length") or 0) < 2):
-                    continue
-                kill_ops.append(at(mode))
-        if "errno" in kinds:
-            errnos.append(at("eio"))
-            if r["op"] in ENOSPC_EVENTS or (r["op"] == "open" and r.get("created")):
-                errnos.append(at("enospc"))
-        if cuts and (rank, r["ord"]) in mid_save:
-            net_ops.append(at("net"))
-
-    rest: list[Point] = []  # the halting families (chaos.nemesis.family: at rest, then power), FAULT_KINDS order
-    if facts is not None:
-        for fam in families().values():
-            if fam.name in kinds:
-                rest += fam.points(job, traces, facts)
-    disk: list[Point] = []
-    if "diskfull" in kinds and facts is not None:
-        size = diskfull.choose_size(facts.peak, facts.seed)
-        if size is not None:
-            disk.append(Point(0, "diskfull", size=size))
-    node = nodes.points(job, traces) if "node" in kinds else []
-    return kill_ops + kill_steps + terms + errnos + rest + disk + net_ops + net_steps + node
+    return [p for fam in families().values() if fam.name in kinds and (facts is not None or not fam.needs_facts)
+            for p in fam.points(job, traces, facts)]
 
 
 def notes(job: JobSpec, traces: Traces, facts: Facts, kinds: Iterable[str], points: list[Point]) -> list[str]:
-    """What the user should know about the kinds asked for but (partly) not found."""
+    """What the user should know about the kinds asked for but (partly) not found: each family's notes."""
     kinds = set(kinds)
-    out: list[str] = []
-    if "power" in kinds and isinstance(facts.pending, str):
-        out.append(f"power loss: the crash-state model cannot represent the whole fault-free trace ({facts.pending}); "
-                   "every event gets a power point, skipped where its own cut cannot be modelled either")
-    if "corrupt" in kinds:
-        done = completions(traces)
-        ckpts = [f for f in facts.files if job.checkpoint_glob is None or is_checkpoint(job, f)]
-        orphans = [f for f in ckpts if completer(done, f) is None]
-        if job.checkpoint_glob is not None and orphans:
-            out.append(f"{len(orphans)} checkpoint file(s) were completed by no traced event and are not corrupted: "
-                       f"{', '.join(orphans[:5])}")
-    for fam in families().values():
-        quiet = fam.quiet is not None and fam.quiet(job)
-        if fam.not_offered and fam.name in kinds and not quiet and not any(p.family == fam.name for p in points):
-            out.append(f"{fam.name} is not explored: {fam.not_offered}")
-    if "diskfull" in kinds and not any(p.family == "diskfull" for p in points):
-        out.append(f"a real full disk is not explored: {{out}} never held more than {facts.peak} byte(s) of tmpfs "
-                   "pages, too little to fill a smaller one")
-    if "net" in kinds and job.net_unavailable is None and not any(p.family == "net" for p in points):
-        out.append("network cuts are not explored: the job announced no step and traced no save")
-    if "term" in kinds and not any(p.family == "term" for p in points):
-        out.append("SIGTERM is not explored: the job announced no step (chaos.probe.step or --step-regex)")
-    return out
+    return [line for fam in families().values() if fam.name in kinds
+            for line in fam.explains(job, traces, facts, [p for p in points if p.family == fam.name])]
 
 
 def by_kind(points: Iterable[Point]) -> dict[str, int]:

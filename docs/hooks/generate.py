@@ -262,22 +262,23 @@ def pytest_markers() -> str:
 _ROLE = re.compile(r":(?:mod|func|class|meth|attr):`~?([^`]+)`")
 
 
-def at_rest_families() -> str:
-    """One section per at-rest family (chaos.nemesis.family.families()), from its module's docstring:
-    a family added as one module is documented here by that module."""
+def fault_families() -> str:
+    """One section per fault family of a job (chaos.nemesis.family.families()), from its module's
+    docstring: a family added as one module is documented here by that module."""
     import sys
 
     from chaos.nemesis.family import families
 
     out = []
     for name, fam in families().items():
-        doc = (sys.modules[fam.apply.__module__].__doc__ or "").strip()
+        module = fam.points.__module__
+        doc = (sys.modules[module].__doc__ or "").strip()
         text = _ROLE.sub(r"`\1`", doc).replace("``", "`")
         head, _, body = text.partition("\n")
         title = head.split(":", 1)[1].strip() if ":" in head else head
         body = re.sub(r"([<>])", r"\\\1", body.strip())  # Markdown as written; no raw HTML
         out.append(f"### `{name}`\n\n{md_text(title)}\n\n{body}\n\n"
-                   f"Module: `{fam.apply.__module__}`.\n")
+                   f"Module: `{module}`.\n")
     return "\n".join(out)
 
 
@@ -291,7 +292,7 @@ def job_verdict_order() -> str:
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
-    "at-rest-families": at_rest_families,
+    "fault-families": fault_families,
     "job-verdict-order": job_verdict_order,
     "cli": cli,
     "results-schema": results_schema,
