@@ -80,3 +80,26 @@ def test_default_kinds_and_notes_come_from_each_family(monkeypatch: pytest.Monke
                     "a real full disk is not explored: {out} never held more than 0 byte(s) of tmpfs pages, too "
                     "little to fill a smaller one",
                     "network cuts are not explored: the job announced no step and traced no save"]
+
+
+def test_what_a_point_records_and_whether_the_harness_restarts_torchrun_come_from_its_family() -> None:
+    from chaos.model.jobspec import parse_point
+    from chaos.nemesis.atrest import point_seed
+
+    job = JobSpec(command=("python", "t.py", "{out}"), ranks=2, grace_s=7.0, net_hold_s=3.0)
+    found = family.families()
+
+    def recorded(text: str) -> dict[str, Any]:
+        point = parse_point(text)
+        return found[point.family].recorded(job, point, 5)
+
+    assert recorded("rank0:step2:term") == {"grace_s": 7.0}
+    assert recorded("rank1:op4:net") == {"hold_s": 3.0}
+    assert recorded("node1:step2:link") == {"hold_s": job.node_hold_s} and recorded("node1:step2:loss") == {}
+    bitflip = parse_point("rank0:op3:bitflip")
+    assert recorded("rank0:op3:bitflip") == {"seed": point_seed(5, bitflip)}
+    assert recorded("rank0:op3:after") == {} and recorded("rank0:op3:eio") == {}
+    # a torchrun agent restarts its workers itself after a kill, an I/O error or a cut; the harness
+    # relaunches it where the agent was stopped too, or gave up (a full disk, a lost node)
+    assert {k for k, f in found.items() if f.restarts_torchrun} == {*HALT_FAMILIES, "term", "diskfull", "node"}
+    assert [k for k, f in found.items() if f.preempts] == ["term"]

@@ -156,4 +156,4 @@ def _unavailable(job: JobSpec) -> str | None:
 
 
 FAMILY = Family(name="diskfull", points=_points, gather=_gather, notes=_notes, unavailable=_unavailable,
-                needs_facts=True)
+                needs_facts=True, restarts_torchrun=True)

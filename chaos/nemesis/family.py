@@ -35,6 +35,12 @@ Who calls what, in the order of one ``chaos run -- COMMAND``:
    copy stopped (``halt``: the tracer's record of where it stopped) and gets an
    ``atrest.Applied``: what was done, in one line, with its exact record and seed; the
    files the job can no longer rely on; or why nothing was done (the point is skipped).
+   A family the launcher carries out (a network cut, a node's loss) says what attempt 0 did
+   with ``observe(job, point, attempts, traces)``, an ``Applied`` like the others'.
+   ``restarts_torchrun`` and ``preempts`` say whether the harness restarts the job after the
+   point (a torchrun COMMAND restarts its workers itself; a SIGTERM'd job that exited 0 was
+   preempted, not finished), ``params`` what the results' fault entry records beyond the
+   point (a hold, a grace; an at-rest family's seed).
 4. *watch* — after each restart, ``watch(applied, attempt)``; after the last,
    ``settle(applied, traces)`` (a payload: did its marker appear, who read the file).
 5. *judge* — ``chaos.judge.job`` reads the Applied like any point's: the line starts the
@@ -53,7 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chaos.model.jobspec import FAULT_KINDS, HALT_FAMILIES, JobSpec, Point
-from chaos.nemesis.atrest import Applied
+from chaos.nemesis.atrest import Applied, point_seed
 from chaos.nemesis.sites import Facts, Traces
 
 # The order a job's points are enumerated in, family by family (and so the order a seeded
@@ -74,6 +80,17 @@ class Family:
     # (job): why it is not explored here unless asked for ('' leaves it out without a note), None if it is
     unavailable: Callable[[JobSpec], str | None] | None = None
     needs_facts: bool = False                                     # no points where the run left no Facts
+    # -- running a point (chaos.run.explore) --
+    # (job, point, seed): what the results' fault entry records beyond the point (a hold, a grace, a seed)
+    params: Callable[[JobSpec, Point, int], dict[str, Any]] | None = None
+    # (job, point, attempts, traces) after attempt 0, traces() reading every attempt's: what the launcher did
+    observe: Callable[[JobSpec, Point, list[Any], Callable[[], Traces]], Applied | None] | None = None
+    restarts_torchrun: bool = False   # the harness relaunches a torchrun COMMAND (its agent was stopped too)
+    preempts: bool = False            # attempt 0 is restarted even when it exited 0 (preempted, not finished)
+
+    def recorded(self, job: JobSpec, point: Point, seed: int) -> dict[str, Any]:
+        """What the results' fault entry records beyond the point (``explore.PointResult.to_dict``)."""
+        return self.params(job, point, seed) if self.params is not None else {}
 
     def explains(self, job: JobSpec, traces: Traces, facts: Facts, points: list[Point]) -> list[str]:
         """The family's notes on this job (``pointset.notes``): ``notes`` given its own points."""
@@ -92,6 +109,11 @@ class AtRestFamily(Family):
     settle: Callable[[Applied, Traces], None] | None = None       # (applied, every attempt's traces)
     quiet: Callable[[JobSpec], bool] | None = None                # no note for this job (swap: one process)
     needs_facts: bool = True
+    restarts_torchrun: bool = True
+
+    def recorded(self, job: JobSpec, point: Point, seed: int) -> dict[str, Any]:
+        """The seed the point's edit drew from (``atrest.point_seed``), whatever else the family records."""
+        return {"seed": point_seed(seed, point), **super().recorded(job, point, seed)}
 
     @property
     def modes(self) -> tuple[str, ...]:

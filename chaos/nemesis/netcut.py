@@ -44,6 +44,7 @@ from typing import Any
 
 from chaos.launch.output import clip
 from chaos.model import jobspec as S
+from chaos.nemesis.atrest import Applied
 from chaos.nemesis.family import Family
 from chaos.nemesis.sites import Anchors, Facts, Traces, announced_steps, event_keys
 from chaos.scratch import claim_netns
@@ -278,4 +279,19 @@ def _unavailable(job: S.JobSpec) -> str | None:
     return f"network cuts between ranks are not explored: {why}" if several else ""
 
 
-FAMILY = Family(name="net", points=_points, notes=_notes, unavailable=_unavailable)
+def _observe(job: S.JobSpec, point: S.Point, attempts: list[Any], traces: Any) -> Applied:
+    """What attempt 0 of a net point did: the cut and how every copy ended, or why there was none."""
+    net = attempts[0].net
+    where = f"at its step {point.step}" if point.step is not None else f"at its event {point.op}"
+    if net is None:
+        return Applied(f"no network cut {where}", {"hold_s": job.net_hold_s}, outcome="not_reached",
+                       skipped=f"rank {point.rank} asked for a network cut {where}, but the attempt ended before "
+                               "the launcher cut its link")
+    if net.get("error"):
+        return Applied(describe(net), net, outcome="unsupported",
+                       skipped=f"rank {point.rank}'s link was not cut {where}: {net['error']}")
+    return Applied(describe(net), net)
+
+
+FAMILY = Family(name="net", points=_points, notes=_notes, unavailable=_unavailable, observe=_observe,
+                params=lambda job, point, seed: {"hold_s": job.net_hold_s})

@@ -64,6 +64,7 @@ from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
 from chaos.nemesis import netcut
+from chaos.nemesis.atrest import Applied
 from chaos.nemesis.family import Family
 from chaos.nemesis.sites import Facts, Traces
 from faults import FaultError
@@ -148,7 +149,27 @@ def points(job: S.JobSpec, traces: Traces, facts: Facts | None = None) -> list[S
     return found
 
 
-FAMILY = Family(name="node", points=points, unavailable=lambda job: "" if job.nodes is None else None)
+def _observe(job: S.JobSpec, point: S.Point, attempts: list[Any], traces: Any) -> Applied:
+    """What attempt 0 of a node point did, or why it did nothing (``traces()``: every attempt's, for a
+    link cut's stall)."""
+    record = attempts[0].node if attempts else None
+    if record is None:
+        return Applied(f"no node fault at {point.id}", {}, outcome="not_reached",
+                       skipped=f"rank {point.rank} (node {point.node}) asked for the node fault at step {point.step}, "
+                               "but the attempt ended before the launcher answered")
+    if record.get("error"):
+        return Applied(describe(record), record, outcome="unsupported", skipped=record["error"])
+    if point.mode == "link" and "down" in record:
+        record["stall"] = stall(record, traces())
+    return Applied(describe(record), record)
+
+
+def _params(job: S.JobSpec, point: S.Point, seed: int) -> dict[str, Any]:
+    return {"hold_s": job.node_hold_s} if point.mode == "link" else {}
+
+
+FAMILY = Family(name="node", points=points, unavailable=lambda job: "" if job.nodes is None else None,
+                observe=_observe, params=_params, restarts_torchrun=True)
 
 
 # -- one attempt ----------------------------------------------------------------------------

@@ -22,4 +22,5 @@ def notes(job: JobSpec, traces: Traces, facts: Facts, points: list[Point]) -> li
     return [] if points else ["SIGTERM is not explored: the job announced no step (chaos.probe.step or --step-regex)"]
 
 
-FAMILY = Family(name="term", points=points, notes=notes)
+FAMILY = Family(name="term", points=points, notes=notes, params=lambda job, point, seed: {"grace_s": job.grace_s},
+                restarts_torchrun=True, preempts=True)

@@ -68,7 +68,7 @@ from chaos.judge.job import Golden, PointVerdict, judge, last_steps, step_of
 from chaos.launch import job as launch
 from chaos.launch import spares
 from chaos.launch.output import cause, clip
-from chaos.model.jobspec import AT_REST_KINDS, HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
+from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
 from chaos.nemesis import atrest, diskfull, family, netcut, nodes
 from chaos.plan import pointset
 from chaos.plan.pointset import Facts
@@ -164,10 +164,11 @@ def _restarts(job: JobSpec, run: Run, point: Point, watch: Callable[[int], None]
     is relaunched once the disk has room again, as whoever freed the space would. A
     SIGTERM'd job is restarted even when it exited 0: it was preempted, not finished.
     ``watch(attempt)`` runs after each restart (an at-rest family's ``watch``: a payload's marker)."""
-    if job.torchrun and not (point.mode in HALT_MODES or point.mode == "term" or point.family in ("node", "diskfull")):
+    fam = family.families()[point.family]
+    if job.torchrun and not fam.restarts_torchrun:
         return  # a node point's agents that all failed are relaunched, as a scheduler restarts a failed job
     for attempt in range(1, job.max_restarts + 1):
-        if run.attempts[-1].ok and not (attempt == 1 and point.mode == "term"):
+        if run.attempts[-1].ok and not (attempt == 1 and fam.preempts):
             break
         run.attempt(job, attempt, None)
         if watch is not None:
@@ -248,20 +249,6 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
     return PointRecord(point, run.out, run.attempts, traces, after_kill, applied, None, untraced)
 
 
-def _net_applied(job: JobSpec, run: Run, point: Point) -> atrest.Applied:
-    """What attempt 0 of a net point did: the cut and how every copy ended, or why there was none."""
-    net = run.attempts[0].net
-    where = f"at its step {point.step}" if point.step is not None else f"at its event {point.op}"
-    if net is None:
-        return atrest.Applied(f"no network cut {where}", {"hold_s": job.net_hold_s}, outcome="not_reached",
-                              skipped=f"rank {point.rank} asked for a network cut {where}, but the attempt ended "
-                                      "before the launcher cut its link")
-    if net.get("error"):
-        return atrest.Applied(netcut.describe(net), net, outcome="unsupported",
-                              skipped=f"rank {point.rank}'s link was not cut {where}: {net['error']}")
-    return atrest.Applied(netcut.describe(net), net)
-
-
 def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab: bool = False) -> PointRecord:
     """Attempt 0 (the point armed), the at-rest fault if any, then the restarts (``_restarts``).
 
@@ -338,20 +325,6 @@ def _node_chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> Point
                                    skipped=f"the network namespaces of the nodes could not be made: {exc}"))
 
 
-def _node_applied(job: JobSpec, run: Run, point: Point) -> atrest.Applied:
-    """What attempt 0 of a node point did (``atrest.Applied``), or why it did nothing."""
-    record = run.attempts[0].node if run.attempts else None
-    if record is None:
-        return atrest.Applied(f"no node fault at {point.id}", {}, outcome="not_reached",
-                       skipped=f"rank {point.rank} (node {point.node}) asked for the node fault at step {point.step}, "
-                               "but the attempt ended before the launcher answered")
-    if record.get("error"):
-        return atrest.Applied(nodes.describe(record), record, outcome="unsupported", skipped=record["error"])
-    if point.mode == "link" and "down" in record:
-        record["stall"] = nodes.stall(record, read_traces(run.scratch, run.out))
-    return atrest.Applied(nodes.describe(record), record)
-
-
 def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
     if point is not None and point.family == "diskfull":
         return _diskfull_chain(job, run, point)
@@ -363,10 +336,9 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
     # what the job left, before the harness edits it: what it relied on is judged on this
     before_fault = checkpoint_state(run.out, job.checkpoint_glob) if fam is not None else None
     applied = _at_rest(run, point, fam, prepared, seed) if fam is not None and point is not None else None
-    if point is not None and point.family == "net":
-        applied = _net_applied(job, run, point)
-    if point is not None and point.family == "node":
-        applied = _node_applied(job, run, point)
+    observe = family.families()[point.family].observe if point is not None else None
+    if observe is not None and point is not None:  # what the launcher did: a cut, a node lost
+        applied = observe(job, point, run.attempts, lambda: read_traces(run.scratch, run.out))
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
     if point is not None and not (applied is not None and applied.skipped):
         watch = None if fam is None or fam.watch is None or applied is None else functools.partial(fam.watch, applied)
@@ -547,15 +519,7 @@ class PointResult:
         elif fired and self.point.anchored and fired[0].get("ord") != self.point.op:
             drift = (f"fired at the anchor ({self.point.anchor}), this run's event {fired[0].get('ord')}; the "
                      f"fault-free run's was event {self.point.op}: ordinals moved, the event did not")
-        extra: dict[str, Any] = {}
-        if self.point.family in ("corrupt", "power", *AT_REST_KINDS):
-            extra["seed"] = atrest.point_seed(self.seed, self.point)
-        if self.point.family == "term":
-            extra["grace_s"] = self.job.grace_s
-        if self.point.family == "net":
-            extra["hold_s"] = self.job.net_hold_s
-        if self.point.family == "node" and self.point.mode == "link":
-            extra["hold_s"] = self.job.node_hold_s
+        extra = family.families()[self.point.family].recorded(self.job, self.point, self.seed)
         return {
             "id": self.point.id, "seed": self.seed, "checkpointer": "job", "backend": "file",
             "world_size": self.job.world_size, "faults": [self.point.to_fault(**extra)], "fired": fired,
