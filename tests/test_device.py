@@ -164,7 +164,7 @@ def test_the_rank_spec_carries_its_gpu(tmp_path, monkeypatch):
 
     def spec(workload: WorkloadConfig, rank: int):
         plan = cluster.LaunchPlan(world_size=2, workload=workload.to_dict(), log_dir=str(tmp_path / "logs"))
-        attempt = cluster._Attempt(plan, 0, Environment([], 2, None, plan.log_dir, 0))
+        attempt = cluster.Attempt(plan, 0, Environment([], 2, None, plan.log_dir, 0))
         return attempt._spec(rank, 29500)
 
     assert spec(WorkloadConfig(device="cuda"), 1).env["CUDA_VISIBLE_DEVICES"] == "1"

@@ -3,7 +3,7 @@
 Ranks are forked from a multiprocessing *fork server* that preloaded torch and the
 workload once, so a launch or a restart costs a fork (tens of ms), not a 2 s torch
 import. All ranks of a launch start at once: the supervisor binds and listens on the
-rendezvous store's port itself and hands that socket to rank 0 (``_Attempt.launch``).
+rendezvous store's port itself and hands that socket to rank 0 (``Attempt.launch``).
 Each rank makes itself a process-group leader, so one ``killpg`` takes down a
 rank together with any helper process it started. The supervisor restarts the whole
 job from its latest checkpoint up to ``max_restarts`` times, the way
@@ -180,7 +180,7 @@ def trace_path(log_dir: str, rank: int, attempt: int | str) -> str:
     return str(Path(log_dir) / f"io-rank{rank}.attempt{attempt}.jsonl")
 
 
-class _Attempt:
+class Attempt:
     """Supervises one launch of all ranks until they all exit, one fails, or they hang."""
 
     def __init__(self, plan: LaunchPlan, attempt: int, env: Environment, mode: str = "train") -> None:
@@ -424,7 +424,7 @@ VERIFY = "verify"
 def verify(plan: LaunchPlan, env: Environment | None = None) -> AttemptResult:
     """After the job: a fresh launch that only loads the latest checkpoint and logs what it got."""
     env = env or Environment([], plan.world_size, plan.ckpt_root, plan.log_dir, 0)
-    runner = _Attempt(plan, VERIFY, env, mode="verify")  # type: ignore[arg-type]
+    runner = Attempt(plan, VERIFY, env, mode="verify")  # type: ignore[arg-type]
     try:
         runner.launch()
         return runner.supervise()
@@ -459,7 +459,7 @@ def run(plan: LaunchPlan, env: Environment | None = None) -> ClusterResult:
     world = plan
     try:
         for attempt in range(plan.max_restarts + 1):
-            runner = _Attempt(world, attempt, env)
+            runner = Attempt(world, attempt, env)
             if plan.progress is not None:
                 plan.progress("attempt", {"attempt": attempt})
             runner.launch()

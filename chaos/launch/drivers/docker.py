@@ -83,7 +83,7 @@ def _exit_code(status: int) -> int:
 
 
 class ContainerProc:
-    """A rank container seen through the process interface ``cluster._Attempt`` supervises.
+    """A rank container seen through the process interface ``cluster.Attempt`` supervises.
 
     ``pid`` is the host pid of the container's init; ``sentinel`` a pidfd of it that
     becomes readable when the container's init exits, so ``multiprocessing``'s ``wait``
@@ -128,7 +128,7 @@ class ContainerProc:
             os.close(self.sentinel)
 
 
-class DockerAttempt(cluster._Attempt):
+class DockerAttempt(cluster.Attempt):
     """One launch of all ranks as containers; supervision is the process driver's own loop."""
 
     def __init__(self, plan: cluster.LaunchPlan, attempt: int | str, env: Environment, owner: DockerCluster,

@@ -247,7 +247,7 @@ def _init_process_group(spec: RankSpec, cfg: WorkloadConfig, conn: Any, listener
 
     A client that reaches the store before its server listens backs off for up to a
     second. Forked ranks avoid that with ``listener``: rank 0 gets the store's socket
-    already bound and listening from the supervisor (``chaos.launch.cluster._Attempt.launch``),
+    already bound and listening from the supervisor (``chaos.launch.cluster.Attempt.launch``),
     so a client's connection waits in its backlog. Without one (containers, network
     namespaces) the supervisor starts the other ranks only once rank 0 says
     ``store_ready``. A ``device=cuda`` job's group is ``cpu:gloo,cuda:nccl``
