@@ -679,7 +679,8 @@ def record_save(ckpt_root: str | os.PathLike[str], work_dir: str | os.PathLike[s
     :func:`explore` (``mode``, ``scratch``... can be changed with ``dataclasses.replace``).
     """
     from chaos.launch.ports import free_port
-    from chaos.launch.recovery_pool import _context, _kill_group
+    from chaos.launch.reaper import kill_rank
+    from chaos.launch.recovery_pool import _context
     from chaos.target.protocol import validate_spec
     from faults.interposer import read_trace
 
@@ -758,7 +759,7 @@ def record_save(ckpt_root: str | os.PathLike[str], work_dir: str | os.PathLike[s
     finally:
         for p in procs:
             if p.is_alive():
-                _kill_group(p.pid)
+                kill_rank(p.pid)
             p.join(timeout=10)
         for c in conns:
             c.close()

@@ -13,7 +13,6 @@ on timeout, not on Ctrl-C.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import multiprocessing as mp
 import os
@@ -28,13 +27,13 @@ from typing import Any
 
 from chaos.errors import HarnessError
 from chaos.launch.ports import free_port
+from chaos.launch.reaper import forget, kill_all, kill_rank, signal_rank, track
 from chaos.nemesis.environment import Environment
 from chaos.plan.scenario import PROCESS_SIGNALS, Fault
 from chaos.target.workload.device import rank_env as rank_device_env
 from chaos.target.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
 
 _ctx: Any = None
-_live: dict[int, tuple[Any, str | None]] = {}  # pid -> (Process, its scenario's scratch root): every rank not yet reaped
 
 
 def _context() -> Any:
@@ -54,37 +53,6 @@ def warm_up() -> None:
 
     _context()
     forkserver.ensure_running()
-
-
-def signal_rank(pid: int, sig: int) -> None:
-    """Signal a rank's process group; before the rank has made its group, the rank alone."""
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def kill_all(scope: str | None = None) -> None:
-    """SIGKILL every live rank's process group and reap it; with ``scope``, only the ranks
-    of the scenario whose scratch root that is (``LaunchPlan.scratch``).
-
-    The runner's clean-up passes its scope: in a pipelined campaign
-    (``chaos.run.campaign.run_pipelined``) the next scenario's ranks are already running
-    while this one is judged and cleaned up, and must not be taken down with it.
-    """
-    for pid, (proc, owner) in list(_live.items()):
-        if scope is not None and owner != scope:
-            continue
-        signal_rank(pid, signal.SIGKILL)
-        signal_rank(pid, signal.SIGCONT)
-        proc.join(timeout=10)
-        _live.pop(pid, None)
-
-
-atexit.register(kill_all)
 
 
 @dataclass
@@ -238,7 +206,7 @@ class Attempt:
         proc = ctx.Process(target=_rank_target, args=(self._spec(rank, port), child, listener), daemon=False)
         proc.start()
         child.close()
-        _live[proc.pid] = (proc, self.plan.scratch)
+        track(proc, self.plan.scratch)
         self.procs[rank], self.conns[rank] = proc, parent
 
     def launch(self) -> None:
@@ -326,12 +294,11 @@ class Attempt:
     def _kill_rest(self) -> None:
         for rank, proc in self.procs.items():
             if self.codes.get(rank) is None:
-                signal_rank(proc.pid, signal.SIGKILL)
-                signal_rank(proc.pid, signal.SIGCONT)
+                kill_rank(proc.pid)
         for rank, proc in self.procs.items():
             proc.join(timeout=10)
             self.codes[rank] = proc.exitcode
-            _live.pop(proc.pid, None)
+            forget(proc)
 
     def _linger_s(self) -> float:
         """How long the survivors of a failed rank run on before the job is torn down.
@@ -382,7 +349,7 @@ class Attempt:
                         rank = sentinels[obj]
                         self.procs[rank].join()
                         self.codes[rank] = self.procs[rank].exitcode
-                        _live.pop(self.procs[rank].pid, None)
+                        forget(self.procs[rank])
                 now = time.monotonic()
                 for deadline_kill, rank in list(self.pending_kills):
                     if now >= deadline_kill:

@@ -45,19 +45,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.launch import spares
+from chaos.launch import reaper, spares
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
 from chaos.nemesis import netcut
-from faults.process import alive, marked_with
 
 if TYPE_CHECKING:
     from faults.network import NetworkLab
 
 BOOT_DIR = str(Path(__file__).resolve().parents[1] / "target" / "job" / "boot")  # the job target's boot path
-_live: dict[int, str] = {}  # pgid -> mark, of every copy running now (for interrupt clean-up)
-_live_lock = threading.Lock()
 _cancelled = threading.Event()  # set by cancel(): no attempt starts, running ones end (an interrupt)
 _shielded = threading.Event()  # set by shield(): a clean-up runs that a signal must not cut short
 NET_SETTLE_S = 1.0  # in a network cut, after one copy failed, how long the others get to fail by themselves
@@ -203,26 +200,6 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
     return env
 
 
-def _kill_marked(mark: str) -> list[int]:
-    found = marked_with(S.ENV_MARK, mark)
-    for pid in found:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 5.0  # a SIGKILL is delivered asynchronously: gone before we return
-    while found and any(alive(p) for p in found) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return found
-
-
-def _killpg(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _requests(trace_dir: str, name: str) -> list[dict[str, Any]]:
     """The requests of one kind ranks left in ``trace_dir`` (``inproc.JobInterposer._request``)."""
     found = []
@@ -342,8 +319,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                 with open(c.log, "wb") as fh:
                     proc = subprocess.Popen(list(c.argv), cwd=c.cwd, env=dict(c.env), stdin=subprocess.DEVNULL,
                                             stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-            with _live_lock:
-                _live[proc.pid] = mark
+            reaper.track(proc, mark, marked=True)
             procs.append(proc)
             exits.watch(proc)
         deadline = started + job.timeout_s
@@ -398,18 +374,16 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             outcome.term["killed_after_grace"] = list(outcome.stopped)
             outcome.term["exited_within_grace"] = [i for i in range(len(procs)) if i not in outcome.stopped]
         for p in procs:
-            _killpg(p.pid)
+            reaper.killpg(p.pid)
         for p in procs:
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        outcome.leftovers = _kill_marked(mark)
+        outcome.leftovers = reaper.kill_marked(mark)
         if outcome.net is not None:
             netcut.restore(lab if in_lab else None, outcome.net)  # every copy is gone: the link back up
-        with _live_lock:
-            for p in procs:
-                _live.pop(p.pid, None)
+        reaper.forget(*procs)
         outcome.seconds = time.monotonic() - started
     outcome.returncodes = [p.returncode for p in procs]
     if _cancelled.is_set() and not all(rc == 0 for rc in outcome.returncodes):
@@ -480,11 +454,7 @@ def uncancel() -> None:
 
 
 def kill_all() -> None:
-    """Every copy of every attempt still running, and what it started (Ctrl-C, harness crash),
-    and every spare not used."""
+    """Every spare not used, and every copy of every attempt still running with what it started
+    (Ctrl-C, harness crash): ``reaper.kill_all``, which reaps all the harness launched."""
     spares.drop_all()
-    with _live_lock:
-        items = list(_live.items())
-    for pgid, mark in items:
-        _killpg(pgid)
-        _kill_marked(mark)
+    reaper.kill_all()

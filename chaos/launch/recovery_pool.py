@@ -37,7 +37,6 @@ from __future__ import annotations
 import atexit
 import copy
 import os
-import signal
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -46,8 +45,8 @@ from typing import Any
 
 from chaos.errors import HarnessError
 from chaos.launch.cluster import _context as cluster_context
-from chaos.launch.cluster import signal_rank
 from chaos.launch.ports import free_port
+from chaos.launch.reaper import kill_rank
 
 _pools: weakref.WeakSet[RecoveryPool] = weakref.WeakSet()
 
@@ -55,11 +54,6 @@ _pools: weakref.WeakSet[RecoveryPool] = weakref.WeakSet()
 def _context() -> Any:
     """The harness's warm fork server (torch preloaded), shared with the cluster."""
     return cluster_context()
-
-
-def _kill_group(pid: int) -> None:
-    for sig in (signal.SIGKILL, signal.SIGCONT):
-        signal_rank(pid, sig)
 
 
 def _proc_cpu(pid: int) -> float:
@@ -471,7 +465,7 @@ class RecoveryPool:
     def _stop_workers(self) -> None:
         self._cpu_done += sum(_proc_cpu(w.proc.pid) for w in self._workers)
         for w in self._workers:
-            _kill_group(w.proc.pid)
+            kill_rank(w.proc.pid)
         for w in self._workers:
             w.proc.join(timeout=10)
             try:

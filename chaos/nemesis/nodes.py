@@ -39,7 +39,7 @@ rendezvous that cannot complete): after ``NODE_SETTLE_S`` every agent is stopped
 ``explore._restarts`` relaunches all of them (``--max-restarts``), as a scheduler
 restarting a failed job would. Every namespace, veth and bridge goes with the run chain
 (``netcut.lab_for`` / ``netcut.teardown_all``), every agent with the attempt
-(``launch._live`` / ``launch.kill_all``).
+(``chaos.launch.reaper``).
 
 :func:`chaos_mesh_resources` writes the same fault plan for a Kubeflow PyTorchJob on
 Kubernetes: a PodChaos ``pod-kill`` per loss, a NetworkChaos ``partition`` per link cut
@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, ConfigError
 from chaos.launch import job as launch
+from chaos.launch import reaper
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
@@ -190,7 +191,7 @@ def _kill_node(agent: _Agent, mark: str) -> dict[str, Any]:
     """SIGKILL node ``agent.node``: its agent's process group and every process carrying its mark."""
     pids = sorted(set(group_members(agent.proc.pid)) | set(marked_with(ENV_NODE, _node_mark(mark, agent.node))))
     ts, mono = time.time(), time.monotonic()
-    launch._killpg(agent.proc.pid)
+    reaper.killpg(agent.proc.pid)
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -261,8 +262,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             proc = subprocess.Popen(netcut.in_netns(lab, node, node_argv), cwd=job.cwd, env=env,
                                     stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        with launch._live_lock:
-            launch._live[proc.pid] = mark
+        reaper.track(proc, mark, marked=True)
         agent = _Agent(node, proc, log, replacement)
         everyone.append(agent)
         return agent
@@ -315,18 +315,16 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     finally:
         outcome.stopped = [i for i, a in enumerate(agents) if a.proc.poll() is None]
         for a in everyone:
-            launch._killpg(a.proc.pid)
+            reaper.killpg(a.proc.pid)
         for a in everyone:
             try:
                 a.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        outcome.leftovers = launch._kill_marked(mark)
+        outcome.leftovers = reaper.kill_marked(mark)
         if record is not None and "down" in record and "up" not in record:
             _link_up(lab, record, "the attempt ended within the hold")
-        with launch._live_lock:
-            for a in everyone:
-                launch._live.pop(a.proc.pid, None)
+        reaper.forget(*(a.proc for a in everyone))
         outcome.seconds = time.monotonic() - started
     outcome.returncodes = [a.proc.returncode for a in agents]
     outcome.logs = [a.log for a in agents]
