@@ -7,6 +7,7 @@ spares.py         an attempt's copies started ahead of time, held at the boot pa
 output.py         what a job's output says about why it failed
 recovery_pool.py  a warm group of ranks that runs a checkpointer's recovery again and again
 ports.py          a free loopback TCP port (rendezvous, local servers)
+protocol.py       what a driver and a job's attempt launcher offer, and in which order they are called
 reaper.py         every process launched and not yet reaped, and the one kill_all (atexit too)
 
 Siblings of ``chaos.plan`` and ``chaos.nemesis`` (a launcher drives the nemesis hooks of its

@@ -149,7 +149,16 @@ def trace_path(log_dir: str, rank: int, attempt: int | str) -> str:
 
 
 class Attempt:
-    """Supervises one launch of all ranks until they all exit, one fails, or they hang."""
+    """Supervises one launch of all ranks until they all exit, one fails, or they hang.
+
+    The shared attempt logic of both drivers (``chaos.launch.protocol``). Its driver makes one
+    per launch, calls ``launch()`` once, then ``supervise()`` once, which returns with every
+    rank reaped, whatever happened; ``pending_rest`` then holds the at-rest faults to apply
+    before the next attempt (``Environment.after_attempt``). A driver whose ranks are not
+    forked (``DockerAttempt``) overrides ``launch``, ``_start`` (one rank), ``_fire`` (one
+    fault) and ``_kill_rest`` (stop and reap every rank, keep its exit code); its ``procs``
+    need only ``pid``, ``sentinel``, ``is_alive``, ``join`` and ``exitcode``.
+    """
 
     def __init__(self, plan: LaunchPlan, attempt: int, env: Environment, mode: str = "train") -> None:
         self.plan, self.attempt, self.env, self.mode = plan, attempt, env, mode

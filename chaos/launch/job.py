@@ -291,7 +291,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     """Run attempt ``attempt`` to its end (or ``job.timeout_s``); nothing of it survives the call.
 
     ``lab``: each copy of ``--ranks N`` runs in its rank's namespace of it (a net point cuts there).
-    A ``--nodes`` job's attempts are ``nodes.run_attempt``'s instead (``explore.Run.attempt``).
+    An ``AttemptLauncher`` (``chaos.launch.protocol``); a ``--nodes`` job's is ``nodes.run_attempt``.
     """
     mark = attempt_mark(mark, attempt)
     trace_dir = os.path.join(scratch, "trace")

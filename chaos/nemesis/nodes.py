@@ -228,7 +228,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                 lab: NetworkLab | None) -> launch.AttemptOutcome:
     """Attempt ``attempt`` on ``job.nodes`` nodes: one agent per node, the node point answered.
 
-    Called by ``launch.run_attempt`` for a ``--nodes`` job. ``outcome.returncodes`` and
+    The ``AttemptLauncher`` (``chaos.launch.protocol``) ``explore`` calls for a ``--nodes`` job. ``outcome.returncodes`` and
     ``outcome.logs`` are each node's *last* agent's (a lost node's replacement);
     ``outcome.node`` records what the node fault did and how every agent ended.
     """

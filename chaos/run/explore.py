@@ -77,6 +77,7 @@ from chaos.scratch import make_root
 from faults import FaultError, disk
 
 if TYPE_CHECKING:
+    from chaos.launch.protocol import AttemptLauncher
     from faults.network import NetworkLab
 
 
@@ -144,7 +145,7 @@ class Run:
     def attempt(self, job: JobSpec, attempt: int, point: Point | None) -> launch.AttemptOutcome:
         if self.prestart and attempt == 0 and point is not None and job.max_restarts > 0:
             launch.prestart(job, self.out, self.scratch, 1, None, self.mark, self.lab)
-        run_attempt = nodes.run_attempt if job.nodes is not None else launch.run_attempt  # one agent per node
+        run_attempt: AttemptLauncher = nodes.run_attempt if job.nodes is not None else launch.run_attempt
         out = run_attempt(job, self.out, self.scratch, attempt, point, self.mark, self.lab)
         self.attempts.append(out)
         return out

@@ -1,13 +1,7 @@
 """Ways to run a job's ranks: forked processes (``process``, the default) or Docker containers (``docker``).
 
-A driver is a context manager the runner holds around one scenario's faulted run and
-final load; both drivers return the same ``cluster`` result types and leave rank logs
-at the same paths, so ``RunRecord`` and the oracles never know which one ran::
-
-    with open_driver(scenario.driver, scratch, image) as driver:
-        outcome = driver.run(plan, env)      # ClusterResult
-        verify = driver.verify(plan, env)    # AttemptResult
-    record.hygiene = driver.hygiene(found)   # driver-specific leftovers folded in
+Each is a :class:`chaos.launch.protocol.Driver`, whose docstring says who calls what, in
+which order; :func:`open_driver` makes the one a scenario names.
 
     engine   a reachable Docker engine, or a private dockerd (chaos engine start)
     docker   ranks as containers; kill / term / pause / disconnect through the SDK
@@ -17,7 +11,14 @@ at the same paths, so ``RunRecord`` and the oracles never know which one ran::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from chaos.launch.protocol import Driver
+
+if TYPE_CHECKING:
+    from chaos.launch.cluster import AttemptResult, ClusterResult, LaunchPlan
+    from chaos.nemesis.environment import Environment
+    from chaos.plan.scenario import Fault
 
 DRIVERS = ("process", "docker")
 
@@ -34,15 +35,15 @@ class ProcessDriver:
         pass
 
     @staticmethod
-    def env_faults(faults: list[Any]) -> list[Any]:
+    def env_faults(faults: list[Fault]) -> list[Fault]:
         return list(faults)
 
-    def run(self, plan: Any, env: Any) -> Any:
+    def run(self, plan: LaunchPlan, env: Environment) -> ClusterResult:
         from chaos.launch import cluster
 
         return cluster.run(plan, env)
 
-    def verify(self, plan: Any, env: Any) -> Any:
+    def verify(self, plan: LaunchPlan, env: Environment) -> AttemptResult:
         from chaos.launch import cluster
 
         return cluster.verify(plan, env)
@@ -51,7 +52,7 @@ class ProcessDriver:
         return found
 
 
-def open_driver(name: str, scratch: str | Path, image: str | None = None) -> Any:
+def open_driver(name: str, scratch: str | Path, image: str | None = None) -> Driver:
     """The driver called ``name`` for a scenario whose scratch root is ``scratch``."""
     if name == "process":
         return ProcessDriver()
