@@ -71,18 +71,22 @@ def killpg(pgid: int) -> None:
         pass
 
 
-def kill_marked(mark: str) -> list[int]:
-    """SIGKILL every process whose ``CHAOS_JOB_MARK`` is ``mark``; returns them, gone (up to 5 s)."""
-    found = marked_with(ENV_MARK, mark)
-    for pid in found:
+def kill_pids(pids: list[int]) -> list[int]:
+    """SIGKILL each of ``pids`` and return them once none is alive (up to 5 s)."""
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + 5.0  # a SIGKILL is delivered asynchronously: gone before we return
-    while found and any(alive(p) for p in found) and time.monotonic() < deadline:
+    while pids and any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.01)
-    return found
+    return pids
+
+
+def kill_marked(mark: str) -> list[int]:
+    """SIGKILL every process whose ``CHAOS_JOB_MARK`` is ``mark``; returns them, gone."""
+    return kill_pids(marked_with(ENV_MARK, mark))
 
 
 def kill_all(scope: str | None = None) -> None:

@@ -51,7 +51,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Iterable
@@ -69,7 +68,7 @@ from chaos.nemesis.atrest import Applied
 from chaos.nemesis.family import Family
 from chaos.nemesis.sites import Facts, Traces
 from faults import FaultError
-from faults.process import alive, group_members, marked_with
+from faults.process import group_members, marked_with
 
 if TYPE_CHECKING:
     from chaos.record.jobhistory import PointRecord
@@ -192,14 +191,7 @@ def _kill_node(agent: _Agent, mark: str) -> dict[str, Any]:
     pids = sorted(set(group_members(agent.proc.pid)) | set(marked_with(ENV_NODE, _node_mark(mark, agent.node))))
     ts, mono = time.time(), time.monotonic()
     reaper.killpg(agent.proc.pid)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 5.0
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    reaper.kill_pids(pids)
     try:
         agent.proc.wait(timeout=5)
     except subprocess.TimeoutExpired:

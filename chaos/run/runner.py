@@ -7,7 +7,6 @@ request), on success, failure, timeout and Ctrl-C alike.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from typing import Any
 
 from chaos.errors import ChaosError, ConfigError
 from chaos.judge.oracles import OracleResult, judge
-from chaos.launch import cluster
+from chaos.launch import cluster, reaper
 from chaos.launch.drivers import open_driver
 from chaos.nemesis.environment import Environment, idle_faults
 from chaos.plan.scenario import Scenario
@@ -118,19 +117,8 @@ def _clean_leftovers(found: dict[str, list], scratch: Path) -> None:
     Only this scenario's (``scratch``): in a pipelined campaign the next scenario's ranks
     run while this one is judged.
     """
-    import signal
-
-    from faults.process import alive
-
-    cluster.kill_all(scope=str(scratch))
-    for pid in found.get("processes", []):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    deadline = time.monotonic() + 5.0
-    while any(alive(p) for p in found.get("processes", [])) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    reaper.kill_all(scope=str(scratch))
+    reaper.kill_pids(found.get("processes", []))
 
 
 def _save_trace(log_dir: str, rank: int, attempt: int, mark: int, step: int) -> list[dict[str, Any]]:
