@@ -1,22 +1,25 @@
 """One Check type for every judge (issue #28): the built-in oracles, a job's oracles, certify's properties.
 
 The three names the pipeline grew (``oracles.OracleResult(passed: bool)``, ``judge.job.Oracle(result)``,
-certify's ``Verdict(status)``) are one class, ``chaos.model.check.Check``: pass, fail or not judged,
-with its evidence; each old spelling of a result is read as one of the three.
+certify's ``Verdict(status)``) are gone: every judge builds ``chaos.model.check.Check``, pass, fail or
+not judged, with its evidence; each old spelling of a result is read as one of the three.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from chaos.certify.battery import Verdict, verdict_dict
-from chaos.judge.job import Oracle
-from chaos.judge.oracles import OracleResult
+from chaos.certify.battery import verdict_dict
 from chaos.model.check import RESULTS, Check
 
 
-def test_the_three_names_are_one_type() -> None:
-    assert OracleResult is Oracle is Verdict is Check
+def test_the_old_names_are_gone_and_every_judge_builds_check() -> None:
+    import chaos.certify.battery as battery
+    import chaos.judge.job as job
+    import chaos.judge.oracles as oracles
+
+    assert not hasattr(oracles, "OracleResult") and not hasattr(job, "Oracle") and not hasattr(battery, "Verdict")
+    assert oracles.Check is job.Check is battery.Check is Check
 
 
 @pytest.mark.parametrize(("given", "result", "passed", "failed", "status"), [
@@ -39,6 +42,6 @@ def test_a_result_that_is_none_of_them_is_an_error_naming_the_check() -> None:
 
 
 def test_certify_writes_its_properties_with_status_and_time() -> None:
-    v = Verdict("read_after_write", "pass", "ok", seconds=0.12345)
+    v = Check("read_after_write", "pass", "ok", seconds=0.12345)
     assert verdict_dict(v) == {"name": "read_after_write", "status": "pass", "summary": "ok", "evidence": {},
                                "seconds": 0.123}

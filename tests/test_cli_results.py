@@ -8,7 +8,7 @@ from rich.console import Console
 
 from chaos.cli import main as cli
 from chaos.cli.console import scenario_line, summary_table
-from chaos.judge.oracles import OracleResult
+from chaos.model.check import Check
 from chaos.plan.scenario import Scenario, parse_fault
 from chaos.run.runner import ScenarioResult
 
@@ -17,7 +17,7 @@ GLOO = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp
 
 
 def _failed(scenario: Scenario) -> ScenarioResult:
-    return ScenarioResult(scenario, "fail", {"liveness": OracleResult("liveness", False, GLOO, {})}, error=GLOO)
+    return ScenarioResult(scenario, "fail", {"liveness": Check("liveness", "fail", GLOO, {})}, error=GLOO)
 
 
 def test_a_ranks_error_text_prints_verbatim_in_the_line_and_the_table():

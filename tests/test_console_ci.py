@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from chaos.cli.console import LiveProgress, compact_lines, scenario_line, summary_table
-from chaos.judge.oracles import OracleResult
+from chaos.model.check import Check
 from chaos.plan.scenario import Scenario, parse_fault
 from chaos.run.runner import ScenarioResult
 
@@ -30,9 +30,9 @@ LONG = "tests/checkpointers/some_rather_long_directory_name/model_only_variant.p
 
 
 def _results() -> list[ScenarioResult]:
-    ok = OracleResult("bit_exact", True, "final state equals the golden run", {})
-    bad = OracleResult("bit_exact", False, "rank 0 final state: first differing tensor\n'data/position'", {})
-    loss = OracleResult("loss_continuity", False, "rank 0 step 4: -16.90% off the golden", {})
+    ok = Check("bit_exact", "pass", "final state equals the golden run", {})
+    bad = Check("bit_exact", "fail", "rank 0 final state: first differing tensor\n'data/position'", {})
+    loss = Check("loss_continuity", "fail", "rank 0 step 4: -16.90% off the golden", {})
     kill = Scenario(checkpointer=LONG, faults=[parse_fault("kill:rank=1,step=5")])
     return [
         ScenarioResult(Scenario(checkpointer="reference", faults=[parse_fault("kill:rank=1,step=23")]), "pass",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from chaos.errors import ConfigError
-from chaos.judge.oracles import OracleResult
+from chaos.model.check import Check
 from chaos.plan.scenario import Scenario, parse_fault
 from chaos.run.results import results_document
 from chaos.run.runner import ScenarioResult
@@ -32,9 +32,9 @@ def _scenario(spec: str) -> Scenario:
 
 def builtin_doc() -> dict:
     """A results document as chaos.run.results writes it: one scenario of each verdict."""
-    ok = OracleResult("bit_exact", True, "final state equals the golden run", {})
-    bad = OracleResult("bit_exact", False, "rank 0 final state: first differing tensor 'model/w'", {})
-    loss = OracleResult("loss_continuity", False, "rank 0 step 4 (attempt 1): loss 4.57 is -16.90% off", {})
+    ok = Check("bit_exact", "pass", "final state equals the golden run", {})
+    bad = Check("bit_exact", "fail", "rank 0 final state: first differing tensor 'model/w'", {})
+    loss = Check("loss_continuity", "fail", "rank 0 step 4 (attempt 1): loss 4.57 is -16.90% off", {})
     results = [
         ScenarioResult(_scenario("kill:rank=1,step=23"), "pass", {"bit_exact": ok}, seconds=3.25),
         ScenarioResult(_scenario("kill:rank=1,step=13"), "fail", {"bit_exact": bad, "loss_continuity": loss,
@@ -201,7 +201,7 @@ def test_junitparser_reads_it_back(tmp_path):
 ])
 def test_a_checkpointer_spec_becomes_a_dotted_classname_and_the_replay_keeps_it_verbatim(spec, classname, monkeypatch):
     monkeypatch.chdir(REPO)
-    bad = OracleResult("bit_exact", False, "differs", {})
+    bad = Check("bit_exact", "fail", "differs", {})
     result = ScenarioResult(Scenario(checkpointer=spec, faults=[parse_fault("kill:rank=1,step=13")]), "fail",
                             {"bit_exact": bad}, seconds=1.0)
     doc = results_document([result])

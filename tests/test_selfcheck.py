@@ -18,7 +18,7 @@ import pytest
 
 from chaos.cli import main as cli
 from chaos.errors import ConfigError
-from chaos.judge.oracles import OracleResult
+from chaos.model.check import Check
 from chaos.plan.scenario import Scenario, parse_fault
 from chaos.run import selfcheck
 from chaos.run.runner import ScenarioResult
@@ -123,7 +123,7 @@ def _fake_runs(monkeypatch: pytest.MonkeyPatch, failing: dict[tuple[str, str], t
     def fake(scenario: Scenario, options: object = None) -> ScenarioResult:
         ran.append(scenario)
         names = failing.get((Path(scenario.checkpointer.rpartition(":")[0]).stem, _probe_of(scenario)), ())
-        oracles = {n: OracleResult(n, n not in names, f"{n} {'failed' if n in names else 'passed'}")
+        oracles = {n: Check(n, n not in names, f"{n} {'failed' if n in names else 'passed'}")
                    for n in ("liveness", "durability", "atomic_commit", *names)}
         return ScenarioResult(scenario, "fail" if names else "pass", oracles=oracles)
 

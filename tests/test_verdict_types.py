@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from chaos.cli.plugin import ChaosRunner, ChaosVerdictError, OracleFailed, oracle_failed
-from chaos.judge.oracles import OracleResult
+from chaos.model.check import Check
 from chaos.plan.scenario import Scenario
 from chaos.run.runner import ScenarioResult
 
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _result(verdict: str, *failing: str) -> ScenarioResult:
-    oracles = {n: OracleResult(n, n not in failing, "x") for n in ("atomic_commit", "bit_exact", *failing)}
+    oracles = {n: Check(n, n not in failing, "x") for n in ("atomic_commit", "bit_exact", *failing)}
     return ScenarioResult(Scenario("reference"), verdict, oracles=oracles)
 
 
@@ -47,14 +47,14 @@ def test_check_raises_the_failing_oracles_type():
 
 XFAILS = '''
 import pytest
-from chaos.judge.oracles import OracleResult
+from chaos.model.check import Check
 from chaos.cli.plugin import ChaosRunner, oracle_failed
 from chaos.run.runner import ScenarioResult
 from chaos.plan.scenario import Scenario
 
 def result(verdict, *failing):
     return ScenarioResult(Scenario("reference"), verdict,
-                          oracles={n: OracleResult(n, False, "x") for n in failing})
+                          oracles={n: Check(n, "fail", "x") for n in failing})
 
 documented = pytest.mark.xfail(strict=True, raises=oracle_failed("atomic_commit"), reason="documented")
 

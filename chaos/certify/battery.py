@@ -29,9 +29,6 @@ from chaos.certify.crash import run_crashing
 from chaos.certify.target import Target
 from chaos.model.check import Check
 
-# A certified property's result: chaos.model.check.Check (status pass, fail or n/a; timed).
-Verdict = Check
-
 
 def verdict_dict(v: Check) -> dict[str, Any]:
     """A property as certify's report writes it: ``status`` (pass | fail | n/a), not ``result``."""
@@ -87,12 +84,12 @@ class Bench:
             w.close()
 
 
-def _guard(name: str, fn: Callable[[], Verdict]) -> Verdict:
+def _guard(name: str, fn: Callable[[], Check]) -> Check:
     t = time.perf_counter()
     try:
         v = fn()
     except Exception as exc:  # noqa: BLE001 - a property that cannot even run is a failure with its error
-        v = Verdict(name, "fail", f"the check itself failed: {type(exc).__name__}: {str(exc)[:300]}",
+        v = Check(name, "fail", f"the check itself failed: {type(exc).__name__}: {str(exc)[:300]}",
                     {"traceback": traceback.format_exc()[-2000:]})
     v.seconds = time.perf_counter() - t
     return v
@@ -100,7 +97,7 @@ def _guard(name: str, fn: Callable[[], Verdict]) -> Verdict:
 
 # -- properties ---------------------------------------------------------------------------
 
-def read_after_write(b: Bench) -> Verdict:
+def read_after_write(b: Bench) -> Check:
     """Each acknowledged save is immediately listed, pointed at by latest, and loads bit-exact in a fresh reader."""
     sub = "raw"
     w = b.ckpt(sub)
@@ -128,11 +125,11 @@ def read_after_write(b: Bench) -> Verdict:
     finally:
         w.close()
     if bad:
-        return Verdict("read_after_write", "fail", bad[0], {"violations": bad})
-    return Verdict("read_after_write", "pass", "3 acknowledged saves each listed, latest, and bit-exact in a fresh reader at once")
+        return Check("read_after_write", "fail", bad[0], {"violations": bad})
+    return Check("read_after_write", "pass", "3 acknowledged saves each listed, latest, and bit-exact in a fresh reader at once")
 
 
-def checksums_round_trip(b: Bench) -> Verdict:
+def checksums_round_trip(b: Bench) -> Check:
     """Every byte written comes back: per-tensor SHA-256 equal after a verified load of a multipart-size shard."""
     sub = "checksum"
     st = make_state(7, b.large, b.seed)
@@ -144,9 +141,9 @@ def checksums_round_trip(b: Bench) -> Verdict:
     finally:
         r.close()
     if got is None or fingerprint(got[1]) != fingerprint(st):
-        return Verdict("checksums_round_trip", "fail", "loaded state differs from the saved one", {"loaded": None if got is None else got[0]})
+        return Check("checksums_round_trip", "fail", "loaded state differs from the saved one", {"loaded": None if got is None else got[0]})
     shards = {n: s["checksum"] for n, s in m["shards"].items()}
-    return Verdict("checksums_round_trip", "pass",
+    return Check("checksums_round_trip", "pass",
                    f"{b.large >> 20} MiB shard (multipart on S3) verified: shard checksums and per-tensor SHA-256 equal",
                    {"shard_checksums": shards})
 
@@ -191,7 +188,7 @@ def _reset_to_one(b: Bench, sub: str) -> None:
         c.close()
 
 
-def commit_atomicity(b: Bench, max_points: int = 40) -> Verdict:
+def commit_atomicity(b: Bench, max_points: int = 40) -> Check:
     """Kill the saving process before each mutating operation in turn: every committed step is complete."""
     sub = "atomic"
     size = 6 << 20 if b.target.kind == "s3" else b.large  # two parts on S3: multipart points, fewer slow uploads
@@ -206,7 +203,7 @@ def commit_atomicity(b: Bench, max_points: int = 40) -> Verdict:
     # The counting run committed step 2: remove it again so each crash starts from step 1 only.
     _reset_to_one(b, sub)
     if outcome != "completed" or len(ops) < 3:
-        return Verdict("commit_atomicity", "fail", f"could not enumerate the save's operations (outcome {outcome}, {len(ops)} ops seen)",
+        return Check("commit_atomicity", "fail", f"could not enumerate the save's operations (outcome {outcome}, {len(ops)} ops seen)",
                        {"ops": ops[:50]})
     n = len(ops)
     points = list(range(1, n + 1)) if n <= max_points else sorted({1 + round(k * (n - 1) / (max_points - 1)) for k in range(max_points)})
@@ -222,8 +219,8 @@ def commit_atomicity(b: Bench, max_points: int = 40) -> Verdict:
             break
     ev = {"ops": n, "points": len(points), "tried": tried[:60], "violations": bad[:20]}
     if bad:
-        return Verdict("commit_atomicity", "fail", bad[0], ev)
-    return Verdict("commit_atomicity", "pass",
+        return Check("commit_atomicity", "fail", bad[0], ev)
+    return Check("commit_atomicity", "pass",
                    f"{len(points)} crash points over {n} mutating operations: every committed step complete, latest always committed", ev)
 
 
@@ -247,12 +244,12 @@ def _one_committed_then_count_shard_writes(b: Bench, sub: str) -> tuple[Any, Cal
     return base, save_two, ops, marker, [i for i, op in enumerate(ops) if op.startswith(marker)]
 
 
-def partial_invisible(b: Bench) -> Verdict:
+def partial_invisible(b: Bench) -> Check:
     """A shard upload stopped midway (uncompleted multipart / half-written temp file) is never visible."""
     sub = "partial"
     base, save_two, ops, marker, idx = _one_committed_then_count_shard_writes(b, sub)
     if len(idx) < 2:
-        return Verdict("partial_invisible", "fail", f"the shard was not written in parts ({len(idx)} '{marker}' ops): cannot stop it midway",
+        return Check("partial_invisible", "fail", f"the shard was not written in parts ({len(idx)} '{marker}' ops): cannot stop it midway",
                        {"ops": ops[:40]})
     point = idx[len(idx) // 2] + 1
     outcome, _ = run_crashing(save_two, point)
@@ -276,11 +273,11 @@ def partial_invisible(b: Bench) -> Verdict:
     finally:
         r.close()
     if bad:
-        return Verdict("partial_invisible", "fail", bad[0], evidence | {"violations": bad})
-    return Verdict("partial_invisible", "pass", f"upload stopped before {ops[point - 1]}: not listed, not loadable, step 1 still latest", evidence)
+        return Check("partial_invisible", "fail", bad[0], evidence | {"violations": bad})
+    return Check("partial_invisible", "pass", f"upload stopped before {ops[point - 1]}: not listed, not loadable, step 1 still latest", evidence)
 
 
-def concurrent_writers(b: Bench) -> Verdict:
+def concurrent_writers(b: Bench) -> Check:
     """Two writers publish the same step at the same moment: exactly one may be acknowledged."""
     from chaos import phases
 
@@ -324,26 +321,26 @@ def concurrent_writers(b: Bench) -> Verdict:
     holder = next((k for k in (0, 1) if got and fingerprint(got[1]) == fingerprint(states[k])), None)
     ev = {"writers": {str(k): v for k, v in results.items()}, "committed_state_of_writer": holder}
     if got is None or holder is None:
-        return Verdict("concurrent_writers", "fail", "after two concurrent commits the step holds neither writer's complete state", ev)
+        return Check("concurrent_writers", "fail", "after two concurrent commits the step holds neither writer's complete state", ev)
     exclusive = getattr(r.store, "exclusive_commit", False)
     if exclusive and len(acked) == 1 and acked[0] == holder:
-        return Verdict("concurrent_writers", "pass", f"exactly one writer acknowledged (writer {holder}); the other was told: {results[1 - holder][:120]}", ev)
+        return Check("concurrent_writers", "pass", f"exactly one writer acknowledged (writer {holder}); the other was told: {results[1 - holder][:120]}", ev)
     if not exclusive and len(acked) >= 1 and holder in acked:
         # Not exclusive by design: whichever way this race went, another timing could let
         # both through, so this run cannot earn a pass; it can still show no mixture.
         why = ("POSIX rename has no exclusive create for directories: a second publish of a step replaces it"
                if r.store.kind == "posix" else f"the {r.store.kind} commit is check-then-put, not an exclusive create")
-        return Verdict("concurrent_writers", "n/a",
+        return Check("concurrent_writers", "not_judged",
                        f"{why} (the reference's re-save semantics, one publisher per root by design); checked: "
                        f"{len(acked)} acknowledged, the result is one writer's complete state (writer {holder}), never a mixture", ev)
-    return Verdict("concurrent_writers", "fail",
+    return Check("concurrent_writers", "fail",
                    f"{len(acked)} writers acknowledged a commit of the same step; the stored state is writer {holder}'s", ev)
 
 
-def dropped_connection(b: Bench, seed: int = 0) -> Verdict:
+def dropped_connection(b: Bench, seed: int = 0) -> Check:
     """The connection to the store is reset (or blackholed) mid-upload: the save fails and nothing commits."""
     if b.target.kind != "s3":
-        return Verdict("dropped_connection", "n/a", "no network between the checkpointer and a local file system; "
+        return Check("dropped_connection", "not_judged", "no network between the checkpointer and a local file system; "
                        "a process dying mid-write is covered by commit_atomicity")
     import random
 
@@ -380,23 +377,23 @@ def dropped_connection(b: Bench, seed: int = 0) -> Verdict:
         bad += _expect_only(b, sub, allowed, f"after {rule.kind} at byte {rule.after_bytes}")
     failed = sum(1 for e in log if e["save"].startswith("failed"))
     if bad:
-        return Verdict("dropped_connection", "fail", bad[0], {"cases": log, "violations": bad})
+        return Check("dropped_connection", "fail", bad[0], {"cases": log, "violations": bad})
     if not failed:
-        return Verdict("dropped_connection", "fail", "no injected drop made a save fail: the faults did not bite", {"cases": log})
-    return Verdict("dropped_connection", "pass",
+        return Check("dropped_connection", "fail", "no injected drop made a save fail: the faults did not bite", {"cases": log})
+    return Check("dropped_connection", "pass",
                    f"{len(cases)} drops mid-upload (2 resets, 1 blackhole): {failed} save(s) failed with nothing committed, "
                    f"{len(cases) - failed} healed by client retries and load bit-exact", {"cases": log, "seed": seed})
 
 
-def full_disk(b: Bench) -> Verdict:
+def full_disk(b: Bench) -> Check:
     """Out of space mid-save: the save raises, is not acknowledged, nothing partial is committed."""
     if b.target.kind == "fsspec":
-        return Verdict("full_disk", "n/a", "a generic fsspec filesystem offers no quota the harness can fill safely: not tested")
+        return Check("full_disk", "not_judged", "a generic fsspec filesystem offers no quota the harness can fill safely: not tested")
     if b.target.kind == "s3":
-        return Verdict("full_disk", "n/a", "the store has no quota to exhaust here (moto has none; a real endpoint's "
+        return Check("full_disk", "not_judged", "the store has no quota to exhaust here (moto has none; a real endpoint's "
                        "quota cannot be provoked safely): not tested. Store errors are exercised by dropped_connection")
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        return Verdict("full_disk", "n/a", "needs root to mount a size-limited tmpfs on the target for a real ENOSPC")
+        return Check("full_disk", "not_judged", "needs root to mount a size-limited tmpfs on the target for a real ENOSPC")
     run_dir = os.path.dirname(b.target.url("x")[len("file://"):])
     os.makedirs(run_dir, exist_ok=True)
     mnt = tempfile.mkdtemp(prefix="quota-", dir=run_dir)
@@ -404,7 +401,7 @@ def full_disk(b: Bench) -> Verdict:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mnt], check=True, capture_output=True, timeout=20)
     except (subprocess.SubprocessError, OSError) as exc:
         shutil.rmtree(mnt, ignore_errors=True)
-        return Verdict("full_disk", "n/a", f"could not mount a tmpfs on the target: {exc}")
+        return Check("full_disk", "not_judged", f"could not mount a tmpfs on the target: {exc}")
     try:
         sub = os.path.basename(mnt) + "/ck"
         base = make_state(1, 1 << 18, b.seed)
@@ -413,21 +410,21 @@ def full_disk(b: Bench) -> Verdict:
             w.save(1, base)
             try:
                 w.save(2, make_state(2, 8 << 20, b.seed))
-                return Verdict("full_disk", "fail", "an 8 MiB save into 3 MiB of free space was acknowledged")
+                return Check("full_disk", "fail", "an 8 MiB save into 3 MiB of free space was acknowledged")
             except Exception as exc:  # noqa: BLE001 - expected
                 why = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:
             w.close()
         bad = _expect_only(b, sub, {1: base}, "after ENOSPC")
         if bad:
-            return Verdict("full_disk", "fail", bad[0], {"violations": bad})
-        return Verdict("full_disk", "pass", f"ENOSPC reported, not acknowledged; step 1 intact ({why[:120]})", {"error": why})
+            return Check("full_disk", "fail", bad[0], {"violations": bad})
+        return Check("full_disk", "pass", f"ENOSPC reported, not acknowledged; step 1 intact ({why[:120]})", {"error": why})
     finally:
         subprocess.run(["umount", "-l", mnt], capture_output=True, timeout=20)
         shutil.rmtree(mnt, ignore_errors=True)
 
 
-def orphan_cleanup(b: Bench) -> Verdict:
+def orphan_cleanup(b: Bench) -> Check:
     """Leftovers of crashed saves (temp dirs, data, uncompleted uploads) are removed at the next start; commits stay."""
     sub = "orphans"
     base, save_two, ops, _, idx = _one_committed_then_count_shard_writes(b, sub)
@@ -439,13 +436,13 @@ def orphan_cleanup(b: Bench) -> Verdict:
     bad = _expect_only(b, sub, {1: base}, "after cleanup")
     ev = {"before": before, "after": after}
     if not any(before.values()):
-        return Verdict("orphan_cleanup", "fail", "the crashed save left nothing to clean: the check did not exercise cleanup", ev)
+        return Check("orphan_cleanup", "fail", "the crashed save left nothing to clean: the check did not exercise cleanup", ev)
     if any(after.values()) or bad:
-        return Verdict("orphan_cleanup", "fail", bad[0] if bad else f"orphans remain after start-up cleanup: {after}", ev)
-    return Verdict("orphan_cleanup", "pass", f"removed {sum(len(v) for v in before.values())} orphan(s) at start-up; step 1 intact", ev)
+        return Check("orphan_cleanup", "fail", bad[0] if bad else f"orphans remain after start-up cleanup: {after}", ev)
+    return Check("orphan_cleanup", "pass", f"removed {sum(len(v) for v in before.values())} orphan(s) at start-up; step 1 intact", ev)
 
 
-PROPERTIES: list[tuple[str, Callable[[Bench], Verdict]]] = [
+PROPERTIES: list[tuple[str, Callable[[Bench], Check]]] = [
     ("read_after_write", read_after_write),
     ("checksums_round_trip", checksums_round_trip),
     ("commit_atomicity", commit_atomicity),
@@ -458,7 +455,7 @@ PROPERTIES: list[tuple[str, Callable[[Bench], Verdict]]] = [
 
 
 def run_battery(target: Target, scratch: str, seed: int = 0, only: list[str] | None = None,
-                progress: Callable[[str], None] | None = None) -> list[Verdict]:
+                progress: Callable[[str], None] | None = None) -> list[Check]:
     b = Bench(target, scratch, seed)
     out = []
     for name, fn in PROPERTIES:

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from chaos.certify.battery import Verdict, fingerprint, verdict_dict
+from chaos.certify.battery import fingerprint, verdict_dict
 from chaos.certify.crash import Counter, run_crashing
+from chaos.model.check import Check
 
 try:
     from torch.distributed.checkpoint.api import CheckpointException as _CheckpointException
@@ -84,11 +85,11 @@ def _exists(path: str, so: dict[str, Any]) -> bool:
 def certify_dcp(target: Any, scratch: str, max_points: int = 16) -> list[dict[str, Any]]:
     """Verdicts for DCP's FsspecWriter on the target (S3 only)."""
     if target.kind != "s3":
-        return [verdict_dict(Verdict("dcp_fsspec", "n/a", "only certified on S3 backends here"))]
+        return [verdict_dict(Check("dcp_fsspec", "not_judged", "only certified on S3 backends here"))]
     try:
         import s3fs  # noqa: F401
     except ImportError:
-        return [verdict_dict(Verdict("dcp_fsspec", "n/a", "s3fs is not installed (pip install s3fs)"))]
+        return [verdict_dict(Check("dcp_fsspec", "not_judged", "s3fs is not installed (pip install s3fs)"))]
     import logging
     import warnings
 
@@ -103,14 +104,14 @@ def certify_dcp(target: Any, scratch: str, max_points: int = 16) -> list[dict[st
 def _certify_dcp(target: Any, max_points: int) -> list[dict[str, Any]]:
     so = _options(target)
     base = target.url("dcp").split("?")[0]
-    out: list[Verdict] = []
+    out: list[Check] = []
 
     # 1. round trip
     a, bst = _state(1), _state(2)
     p1 = f"{base}/rt"
     _save(p1, a, so)
     same = fingerprint(_load(p1, a, so)) == fingerprint(a)
-    out.append(Verdict("round_trip", "pass" if same else "fail",
+    out.append(Check("round_trip", "pass" if same else "fail",
                        "saved and loaded back bit-exact" if same else "loaded state differs from the saved one"))
 
     # 2. crash at every mutating request of a save into a fresh path
@@ -130,7 +131,7 @@ def _certify_dcp(target: Any, max_points: int) -> list[dict[str, Any]]:
                 bad.append(f"crash before {ops[p - 1]}: .metadata present but load fails: {type(exc).__name__}")
         elif _exists(f"{path}/.metadata.tmp", so) or _exists(path, so):
             partial.append(p)
-    out.append(Verdict("commit_atomicity_fresh_path", "fail" if bad else "pass",
+    out.append(Check("commit_atomicity_fresh_path", "fail" if bad else "pass",
                        (bad[0] if bad else f"{len(points)} crash points over {n} S3 requests ({outcome} counting run): "
                         f".metadata appears only complete (the copy of .metadata.tmp is one server-side CopyObject); "
                         f"{len(partial)} crash(es) left uncommitted debris (shards / .metadata.tmp) that DCP never cleans up"),
@@ -152,7 +153,7 @@ def _certify_dcp(target: Any, max_points: int) -> list[dict[str, Any]]:
                 bad2.append(f"crash before {over_ops[p - 1]}: the checkpoint loads a state that was never saved (old metadata, new shards)")
         except (Exception, _CheckpointException) as exc:  # noqa: BLE001 - DCP's is a BaseException
             bad2.append(f"crash before {over_ops[p - 1]}: the previously committed checkpoint no longer loads: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}")
-    out.append(Verdict("overwrite_in_place", "fail" if bad2 else "pass",
+    out.append(Check("overwrite_in_place", "fail" if bad2 else "pass",
                        bad2[0] if bad2 else f"{len(over_points)} crash points while overwriting: always the old or the new state",
                        {"ops": over_ops, "violations": bad2[:10], "mixtures": mixed,
                         "why": "s3fs's rename (mv) of .metadata.tmp onto an existing .metadata deletes the destination "
@@ -169,12 +170,12 @@ def _certify_dcp(target: Any, max_points: int) -> list[dict[str, Any]]:
     try:
         got = _load(p1, a, so)
         silent = fingerprint(got) != fingerprint(a)
-        out.append(Verdict("checksum_detection", "fail" if silent else "pass",
+        out.append(Check("checksum_detection", "fail" if silent else "pass",
                            "a flipped bit in a .distcp shard loads silently (no checksums)" if silent
                            else "the flipped bit had no effect on the loaded tensors"))
     except (Exception, _CheckpointException) as exc:  # noqa: BLE001 - DCP's is a BaseException
-        out.append(Verdict("checksum_detection", "pass", f"load refused the flipped shard: {type(exc).__name__}"))
-    out.append(Verdict("rename_semantics", "n/a",
+        out.append(Check("checksum_detection", "pass", f"load refused the flipped shard: {type(exc).__name__}"))
+    out.append(Check("rename_semantics", "not_judged",
                        f"s3fs renames .metadata.tmp by {', '.join(sorted({r.split()[0] for r in renames})) or 'no requests seen'}: "
                        "copy then delete, not an atomic rename (the copy itself is one request, so readers see all or nothing of .metadata)",
                        {"requests": renames}))

@@ -121,8 +121,6 @@ CHECKS = {
 OUTCOMES = ("pass", *FAILURES)
 
 
-# A job point's oracle result: chaos.model.check.Check (pass, fail or not_judged, with the reason).
-Oracle = Check
 
 
 @dataclass
@@ -139,7 +137,7 @@ class Golden:
     loss_source: str | None = None  # which announcements carry the losses (losscurve.source): step | loss
 
 
-def _liveness(job: JobSpec, rec: PointRecord) -> Oracle:
+def _liveness(job: JobSpec, rec: PointRecord) -> Check:
     last = rec.attempts[-1]
     # a torchrun worker's attempt: TORCHRUN_STRIDE x the harness's relaunches + torchelastic's restarts
     restarts = sorted({a for (_r, a) in rec.traces if a % TORCHRUN_STRIDE > 0})
@@ -150,7 +148,7 @@ def _liveness(job: JobSpec, rec: PointRecord) -> Oracle:
     if last.ok:
         how = (f"torchelastic restarted the workers {len(restarts)} time(s){relaunched} and the job finished"
                if job.torchrun else f"the job finished after {len(rec.attempts) - 1} restart(s)")
-        return Oracle("liveness", "pass", how, evidence)
+        return Check("liveness", "pass", how, evidence)
     evidence["output_tail"] = last.tail()
     if job.torchrun:
         why = (f"torchrun {last.describe} after torchelastic restarted the workers {len(restarts)} time(s)"
@@ -160,29 +158,29 @@ def _liveness(job: JobSpec, rec: PointRecord) -> Oracle:
     last_line = _cause(last.tail(12000))
     if last_line:
         why += f": {clip(last_line)}"
-    return Oracle("liveness", "fail", why, evidence)
+    return Check("liveness", "fail", why, evidence)
 
 
-def _results(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
+def _results(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
     if not job.result_globs:
-        return Oracle("result_files", "not_judged", "no --result-file: silent divergence is not judged")
+        return Check("result_files", "not_judged", "no --result-file: silent divergence is not judged")
     if not golden.results:
-        return Oracle("result_files", "not_judged",
+        return Check("result_files", "not_judged",
                       f"--result-file {' '.join(job.result_globs)} matched no file of the fault-free run")
     rtol = job.rtol if golden.tolerance else None
     checked = []
     for rel in golden.results:
         got = Path(rec.out) / rel
         if not got.exists():
-            return Oracle("result_files", "fail", f"{rel}: missing after the resumed run",
+            return Check("result_files", "fail", f"{rel}: missing after the resumed run",
                           {"file": rel, "difference": "missing", "checked": checked})
         diff = first_difference(Path(golden.out) / rel, got, rtol)
         if diff:
-            return Oracle("result_files", "fail", f"{rel}: {diff}", {"file": rel, "difference": diff,
+            return Check("result_files", "fail", f"{rel}: {diff}", {"file": rel, "difference": diff,
                                                                       "checked": checked, "rtol": rtol})
         checked.append(rel)
     how = f"within rtol {rtol:g} (tolerance mode)" if rtol is not None else "bit for bit"
-    return Oracle("result_files", "pass", f"{len(checked)} result file(s) equal the fault-free run's {how}",
+    return Check("result_files", "pass", f"{len(checked)} result file(s) equal the fault-free run's {how}",
                   {"checked": checked, "rtol": rtol})
 
 
@@ -453,7 +451,7 @@ def _finished(v: _Version) -> str:
     return f"{made}finished at rank {v.rank}'s event {v.done}, then {v.since}"
 
 
-def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
+def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
     """Per rank: each rank's restart must start at or after the newest checkpoint *it* could rely on."""
     applied = rec.applied
     cut = applied.cut_ts if applied is not None else None
@@ -503,12 +501,12 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
     if not newest:
         why = _unjudged(job, golden, rec, relied)
         if why:
-            return Oracle("durability", "not_judged", f"lost work not judged: {why}", evidence)
-        return Oracle("durability", "pass", "no checkpoint the job relied on when it was stopped: nothing to lose",
+            return Check("durability", "not_judged", f"lost work not judged: {why}", evidence)
+        return Check("durability", "pass", "no checkpoint the job relied on when it was stopped: nothing to lose",
                       evidence)
     restarted = len(rec.attempts) > 1 or any(a > 0 for (_r, a) in rec.traces)
     if not restarted:
-        return Oracle("durability", "not_judged", "lost work not judged: the job was never restarted", evidence)
+        return Check("durability", "not_judged", "lost work not judged: the job was never restarted", evidence)
     ranks = {}
     worst: tuple[int, int, int, str] | None = None
     unknown: list[int] = []
@@ -527,16 +525,16 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
                "unknown: it announces no step (give --step-regex or --loss-regex, or call chaos.probe.resumed / "
                "chaos.probe.step)")
         if len(unknown) == len(ranks):
-            return Oracle("durability", "not_judged", f"lost work not judged: {why}", evidence)
+            return Check("durability", "not_judged", f"lost work not judged: {why}", evidence)
         unjudged = f"; lost work not judged for rank(s) {', '.join(map(str, unknown))}: {why}"
     if worst is not None:
         rank, n, at, source = worst
         lost = "from scratch" if at == 0 else f"from step {at}"
-        return Oracle("durability", "fail", f"rank {rank} resumed {lost}, but its checkpoint of step {n} was "
+        return Check("durability", "fail", f"rank {rank} resumed {lost}, but its checkpoint of step {n} was "
                       f"complete ({source}): {n - at} step(s) of work lost", evidence)
     summary = ", ".join(f"rank {r} at step {v['resumed_at']} (newest complete: {v['newest_complete']})"
                         for r, v in ranks.items() if v["resumed_at"] is not None)
-    return Oracle("durability", "pass", f"resumed at or after the newest complete checkpoint: {summary}{unjudged}",
+    return Check("durability", "pass", f"resumed at or after the newest complete checkpoint: {summary}{unjudged}",
                   evidence)
 
 
@@ -563,18 +561,18 @@ def _unjudged(job: JobSpec, golden: Golden, rec: PointRecord, relied: list[Relie
     return None
 
 
-def _loss(job: JobSpec, golden: Golden, rec: PointRecord) -> Oracle:
+def _loss(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
     """Every step's loss of every attempt against the fault-free curve (``losscurve``)."""
     if not golden.losses:
         why = (f"--loss-regex {job.loss_regex!r} matched no line of the fault-free run" if job.loss_regex else
                "no loss seen: call chaos.probe.step(n, loss) or give --loss-regex")
-        return Oracle("loss_continuity", "not_judged", why)
+        return Check("loss_continuity", "not_judged", why)
     band = losscurve.band_for(job.loss_band, golden.tolerance)
     got = losscurve.continuity(golden.losses, job.world_size, rec.traces, band, golden.loss_source)
     summary = got.summary
     if band == 0.0:
         summary = summary.replace(f"within {band:.3%} of the golden loss", "equal to the fault-free loss")
-    return Oracle("loss_continuity", "pass" if got.passed else "fail", summary, got.evidence)
+    return Check("loss_continuity", "pass" if got.passed else "fail", summary, got.evidence)
 
 
 def last_steps(traces: dict[tuple[int, int], list[dict[str, Any]]], attempt: int = 0) -> dict[int, int]:
@@ -588,7 +586,7 @@ def last_steps(traces: dict[tuple[int, int], list[dict[str, Any]]], attempt: int
     return out
 
 
-def _no_code_execution(rec: PointRecord) -> Oracle:
+def _no_code_execution(rec: PointRecord) -> Check:
     """A payload point: loading the checkpoint never ran the code planted in it.
 
     ``chaos.nemesis.payload`` planted, in the file's own format (a pickle, a ``torch.save`` zip), data
@@ -604,21 +602,21 @@ def _no_code_execution(rec: PointRecord) -> Oracle:
     evidence = {"file": rel, "format": record.get("format"), "marker": marker,
                 "opened_after_planting": record.get("opened_after_planting", [])}
     if marker is None or not marker.get("checks"):
-        return Oracle("no_code_execution", "not_judged", f"the payload's marker in {rel} was never looked for "
+        return Check("no_code_execution", "not_judged", f"the payload's marker in {rel} was never looked for "
                       "(no restart ran after the planting)", evidence)
     readers = sorted({f"rank {o['rank']}" for o in evidence["opened_after_planting"] if isinstance(o, dict)})
     if marker.get("exists"):
         who = f" ({', '.join(readers)} opened it)" if readers else ""
-        return Oracle("no_code_execution", "fail", f"loading {rel} ran the code planted in it{who}: its marker "
+        return Check("no_code_execution", "fail", f"loading {rel} ran the code planted in it{who}: its marker "
                       f"appeared after {marker.get('first_seen')}; the job unpickles its checkpoint with code "
                       "execution allowed (torch.load(weights_only=False) or pickle.load): whoever can write the "
                       "file runs code as the job", evidence)
     how = (f"{' and '.join(readers)} opened it again and the loader refused it" if readers else
            "no traced process opened it again")
-    return Oracle("no_code_execution", "pass", f"the payload planted in {rel} never ran ({how})", evidence)
+    return Check("no_code_execution", "pass", f"the payload planted in {rel} never ran ({how})", evidence)
 
 
-def _preemption_exit(golden: Golden, rec: PointRecord) -> Oracle | None:
+def _preemption_exit(golden: Golden, rec: PointRecord) -> Check | None:
     """A term point: the SIGTERMed attempt must not exit 0 unless it had finished.
 
     A supervisor restarts what failed: torchelastic, a Kubernetes Job's ``OnFailure``, a
@@ -634,13 +632,13 @@ def _preemption_exit(golden: Golden, rec: PointRecord) -> Oracle | None:
     reached = last_steps(rec.traces).get(rec.point.rank)
     evidence = {"returncodes": codes, "last_step": reached, "fault_free_last_step": end}
     if not codes or any(rc != 0 for rc in codes):
-        return Oracle("preemption_exit", "pass", f"{first.describe}: a supervisor sees a stopped job and "
+        return Check("preemption_exit", "pass", f"{first.describe}: a supervisor sees a stopped job and "
                       "restarts it", evidence)
     if end is None or reached is None or reached >= end:
-        return Oracle("preemption_exit", "pass", "the SIGTERMed attempt exited 0 having reached the fault-free "
+        return Check("preemption_exit", "pass", "the SIGTERMed attempt exited 0 having reached the fault-free "
                       f"run's last step ({end})" if end is not None else "exited 0; the last step is unknown "
                       "(nothing announced steps)", evidence)
-    return Oracle("preemption_exit", "fail", f"the SIGTERMed job exited with status 0 at step {reached} of {end}: "
+    return Check("preemption_exit", "fail", f"the SIGTERMed job exited with status 0 at step {reached} of {end}: "
                   "a supervisor that restarts failed jobs (torchelastic, a Kubernetes Job with restartPolicy "
                   "OnFailure, Slurm requeue) takes the preempted run for a finished one and never resumes it",
                   evidence)
@@ -651,7 +649,7 @@ class PointVerdict:
     verdict: str   # pass | fail | skipped | error (the results schema's)
     outcome: str   # pass | code_execution | hard_failure | silent_divergence | lost_work | not_reached | no_effect | unsupported | error
     summary: str
-    oracles: dict[str, Oracle]
+    oracles: dict[str, Check]
     fault: dict[str, Any] | None = None  # what the harness did beyond the kill (corruption, crash state, ...)
 
 
@@ -735,8 +733,8 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
         return PointVerdict(v, outcome, line, oracles, fault)
 
     if oracles["liveness"].failed:
-        oracles["result_files"] = Oracle("result_files", "not_judged", "the job did not finish")
-        oracles["durability"] = _durability(job, golden, rec) if rec.attempts else Oracle(
+        oracles["result_files"] = Check("result_files", "not_judged", "the job did not finish")
+        oracles["durability"] = _durability(job, golden, rec) if rec.attempts else Check(
             "durability", "not_judged", "the job did not finish")
     else:
         oracles["result_files"] = _results(job, golden, rec)

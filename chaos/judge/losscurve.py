@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos.judge.oracles import DEFAULT_LOSS_BAND, OracleResult, loss_continuity
+from chaos.judge.oracles import DEFAULT_LOSS_BAND, loss_continuity
+from chaos.model.check import Check
 from chaos.record.golden import GoldenRun
 from chaos.record.history import RunRecord
 
@@ -71,7 +72,7 @@ def _resume_step(recs: list[dict[str, Any]]) -> int | None:
 
 
 def continuity(golden: dict[int, dict[int, float]], world_size: int, traces: Traces, band: float,
-               kind: str | None = None) -> OracleResult:
+               kind: str | None = None) -> Check:
     """Judge every attempt's loss curve of a point against ``golden`` (rank -> step -> loss),
     each read from ``kind``'s announcements, as the golden curve was (:func:`source`)."""
     gold = GoldenRun("job", world_size, {r: {s: float(v).hex() for s, v in c.items()} for r, c in golden.items()},

@@ -1,6 +1,6 @@
 """Oracles: judge a run from its record alone, and say why with evidence.
 
-Each oracle is a function ``(golden, record) -> OracleResult``. A verdict never rests
+Each oracle is a function ``(golden, record) -> Check``. A verdict never rests
 on a guess: a failure names the first tensor or step that differs, the rank and the
 attempt where it was seen.
 """
@@ -17,10 +17,6 @@ from chaos.model.check import Check
 from chaos.model.statehash import first_difference
 from chaos.record.golden import GoldenRun, ResizedReference
 from chaos.record.history import RunRecord
-
-# The built-in oracles' name for chaos.model.check.Check, built with a bool: OracleResult(name, passed,
-# summary, evidence).
-OracleResult = Check
 
 
 def _unfinished(record: RunRecord) -> str:
@@ -57,7 +53,7 @@ def _first_state_mismatch(golden: GoldenRun, record: RunRecord) -> dict[str, Any
     return None
 
 
-def bit_exact(golden: GoldenRun, record: RunRecord) -> OracleResult:
+def bit_exact(golden: GoldenRun, record: RunRecord) -> Check:
     """Final state equal to the golden run's tensor by tensor, and every step's loss equal too.
 
     Losses are compared for *every* execution of a step, including steps re-run after a
@@ -67,13 +63,13 @@ def bit_exact(golden: GoldenRun, record: RunRecord) -> OracleResult:
     """
     name = "bit_exact"
     if not record.completed:
-        return OracleResult(name, False, _unfinished(record), {"attempts": len(record.attempts)})
+        return Check(name, "fail", _unfinished(record), {"attempts": len(record.attempts)})
     state = _first_state_mismatch(golden, record)
     loss = _first_loss_mismatch(golden, record)
     if state is None and loss is None:
         leaves = sum(len(record.final_fingerprint(r) or {}) for r in range(record.world_size))
         steps = sum(len(record.losses(r)) for r in range(record.world_size))
-        return OracleResult(name, True, f"{leaves} final state entries and {steps} step losses equal the golden run",
+        return Check(name, "pass", f"{leaves} final state entries and {steps} step losses equal the golden run",
                             {"leaves": leaves, "steps": steps})
     parts = []
     if state is not None:
@@ -84,7 +80,7 @@ def bit_exact(golden: GoldenRun, record: RunRecord) -> OracleResult:
     elif loss is not None:
         parts.append(f"rank {loss['rank']} step {loss['step']} (attempt {loss['attempt']}): loss {loss['loss']!r} "
                      f"!= golden {loss['golden_loss']!r}")
-    return OracleResult(name, False, "; ".join(parts), {"first_state_difference": state, "first_loss_difference": loss})
+    return Check(name, "fail", "; ".join(parts), {"first_state_difference": state, "first_loss_difference": loss})
 
 
 def _restarts(record: RunRecord) -> list[int]:
@@ -132,7 +128,7 @@ def _step_time(record: RunRecord, attempt: int, step: int) -> float | None:
     return min(times) if times else None
 
 
-def durability(golden: GoldenRun, record: RunRecord) -> OracleResult:
+def durability(golden: GoldenRun, record: RunRecord) -> Check:
     """After any fault the job resumes from the newest acknowledged checkpoint that is still intact.
 
     The harness knows which one that is: it recorded every save, every acknowledgement
@@ -170,7 +166,7 @@ def durability(golden: GoldenRun, record: RunRecord) -> OracleResult:
                    + f": {entry['lost_steps']} step(s)"
                    + (f", {entry['lost_seconds']} s" if entry["lost_seconds"] is not None else "")
                    + " of work thrown away")
-            return OracleResult(name, False, why, {"restarts": restarts})
+            return Check(name, "fail", why, {"restarts": restarts})
     lost = [r["lost_steps"] for r in restarts if r["lost_steps"] is not None]
     unacked = sorted({s for r in restarts for s in r.get("unacknowledged_skipped", [])})
     summary = (f"{len(restarts)} restart(s) resumed at or after the newest intact acknowledged save; "
@@ -179,10 +175,10 @@ def durability(golden: GoldenRun, record: RunRecord) -> OracleResult:
         summary += f"; unacknowledged save(s) at step(s) {unacked} skipped (lost work, not a failure)"
     saves = sorted({e["step"] for e in record.rank_events(0, "save_call")})
     interval = min((b - a for a, b in zip(saves, saves[1:], strict=False)), default=None)
-    return OracleResult(name, True, summary, {"restarts": restarts, "save_interval_steps": interval})
+    return Check(name, "pass", summary, {"restarts": restarts, "save_interval_steps": interval})
 
 
-def committed_state(golden: GoldenRun, record: RunRecord) -> OracleResult:
+def committed_state(golden: GoldenRun, record: RunRecord) -> Check:
     """Whatever a restart (or the final check) loaded is exactly a state that was saved.
 
     Step by step and rank by rank, the loaded fingerprint must equal the one taken at the
@@ -199,45 +195,45 @@ def committed_state(golden: GoldenRun, record: RunRecord) -> OracleResult:
         where = f"rank {rank} {'final check' if attempt is None else f'attempt {attempt}'}"
         saved = record.saved_fingerprint(rank, ev["step"], before_attempt=attempt)
         if saved is None:
-            return OracleResult(name, False, f"{where} loaded step {ev['step']}, which was never saved",
+            return Check(name, "fail", f"{where} loaded step {ev['step']}, which was never saved",
                                 {"rank": rank, "attempt": attempt, "step": ev["step"]})
         diff = first_difference(saved, ev["fingerprint"] or {})
         if diff is not None:
-            return OracleResult(name, False, f"{where} loaded step {ev['step']} but not the state saved then: {diff}",
+            return Check(name, "fail", f"{where} loaded step {ev['step']} but not the state saved then: {diff}",
                                 {"rank": rank, "attempt": attempt, "step": ev["step"], "first_difference": diff})
         checked += 1
-    return OracleResult(name, True, f"{checked} load(s) returned exactly the state saved at their step",
+    return Check(name, "pass", f"{checked} load(s) returned exactly the state saved at their step",
                         {"loads": checked})
 
 
-def final_durability(golden: GoldenRun, record: RunRecord) -> OracleResult:
+def final_durability(golden: GoldenRun, record: RunRecord) -> Check:
     """At the end, a fresh launch loads the newest acknowledged save, exactly."""
     name = "final_durability"
     if not record.completed:
-        return OracleResult(name, True, "not applicable: the job did not finish (liveness says why)", {})
+        return Check(name, "pass", "not applicable: the job did not finish (liveness says why)", {})
     acked = record.acked_steps(record.attempts[-1]["attempt"])
     if not acked:
-        return OracleResult(name, True, "not applicable: nothing was acknowledged", {})
+        return Check(name, "pass", "not applicable: nothing was acknowledged", {})
     want = max(acked)
     verify = record.verify
     if not verify:
-        return OracleResult(name, True, "not applicable: no final load was run", {})
+        return Check(name, "pass", "not applicable: no final load was run", {})
     if verify.get("outcome") != "ok":
-        return OracleResult(name, False, f"the final load failed ({verify.get('outcome')}: {verify.get('detail', '')})",
+        return Check(name, "fail", f"the final load failed ({verify.get('outcome')}: {verify.get('detail', '')})",
                             {"expected_step": want, "errors": verify.get("errors", [])})
     for rank in range(record.attempt_world_size(record.attempts[-1]["attempt"])):
         evs = [e for e in verify.get("events", {}).get(rank, verify.get("events", {}).get(str(rank), []))
                if e["ev"] == "verify"]
         got = evs[-1]["step"] if evs else None
         if got != want:
-            return OracleResult(name, False, f"rank {rank}: the final load returned step {got}, not the newest "
+            return Check(name, "fail", f"rank {rank}: the final load returned step {got}, not the newest "
                                 f"acknowledged save {want}", {"rank": rank, "expected_step": want, "loaded_step": got})
         saved = record.saved_fingerprint(rank, want)
         diff = first_difference(saved or {}, evs[-1]["fingerprint"] or {})
         if diff is not None:
-            return OracleResult(name, False, f"rank {rank}: step {want} loads, but differs from what was saved: {diff}",
+            return Check(name, "fail", f"rank {rank}: step {want} loads, but differs from what was saved: {diff}",
                                 {"rank": rank, "step": want, "first_difference": diff})
-    return OracleResult(name, True, f"the newest acknowledged save (step {want}) loads exactly on every rank",
+    return Check(name, "pass", f"the newest acknowledged save (step {want}) loads exactly on every rank",
                         {"step": want})
 
 
@@ -296,7 +292,7 @@ def _injured_saves(record: RunRecord) -> tuple[list[dict[str, Any]], list[dict[s
     return out, aside
 
 
-def no_false_ack(golden: GoldenRun, record: RunRecord) -> OracleResult:
+def no_false_ack(golden: GoldenRun, record: RunRecord) -> Check:
     """A save that an injected error or a full disk hit is not acknowledged.
 
     Unless the very state of that save later loads intact (a checkpointer may retry and
@@ -317,17 +313,17 @@ def no_false_ack(golden: GoldenRun, record: RunRecord) -> OracleResult:
         if step not in record.acked_steps(attempt):
             continue
         if hurt["failed_sync"]:
-            return OracleResult(name, False, f"the save at step {step} was acknowledged although an fsync of its "
+            return Check(name, "fail", f"the save at step {step} was acknowledged although an fsync of its "
                                 f"data failed ({what}): after a failed fsync the data may be gone", hurt)
         if not all((step, r) in loaded for r in range(record.world_size)):
-            return OracleResult(name, False, f"the save at step {step} was acknowledged although it failed: {what}",
+            return Check(name, "fail", f"the save at step {step} was acknowledged although it failed: {what}",
                                 {"attempt": attempt, "step": step, "injury": what})
-    return OracleResult(name, True, f"{len(injured)} injured save(s), none acknowledged falsely"
+    return Check(name, "pass", f"{len(injured)} injured save(s), none acknowledged falsely"
                         + (f"; {len(aside)} injur(ies) of auxiliary files or older checkpoints only" if aside else ""),
                         {"injured": injured, "auxiliary": aside})
 
 
-def checksum_detection(golden: GoldenRun, record: RunRecord) -> OracleResult:
+def checksum_detection(golden: GoldenRun, record: RunRecord) -> Check:
     """Classify each at-rest corruption by what the next load did.
 
     detected (a clear error), fell back (an older committed state loaded), no effect (the
@@ -370,14 +366,14 @@ def checksum_detection(golden: GoldenRun, record: RunRecord) -> OracleResult:
                              "no effect" if step == newest else "fell back")
         cases.append(case)
     if not cases:
-        return OracleResult(name, True, "not applicable: no at-rest corruption", {})
+        return Check(name, "pass", "not applicable: no at-rest corruption", {})
     silent = [c for c in cases if c["class"] == "silent corruption"]
     summary = "; ".join(f"{c['fault']}: {c['class']}" for c in cases)
-    return OracleResult(name, not silent, summary, {"cases": cases})
+    return Check(name, not silent, summary, {"cases": cases})
 
 
 
-def no_code_execution(golden: GoldenRun, record: RunRecord) -> OracleResult:
+def no_code_execution(golden: GoldenRun, record: RunRecord) -> Check:
     """Loading never executes code from the checkpoint.
 
     A ``payload`` fault plants, in the checkpoint's own format, data whose loading would
@@ -406,11 +402,11 @@ def no_code_execution(golden: GoldenRun, record: RunRecord) -> OracleResult:
             case["class"] = "code ran" if marker.get("exists") else "refused or fell back"
         cases.append(case)
     if not cases:
-        return OracleResult(name, True, "not applicable: no payload planted", {})
+        return Check(name, "pass", "not applicable: no payload planted", {})
     bad = [c for c in cases if c["class"] in ("code ran", "unchecked")]
     summary = "; ".join(f"{c['fault']}: {c['class']}" + (f" (marker seen after {c['first_seen_after']})"
                                                           if c["class"] == "code ran" else "") for c in cases)
-    return OracleResult(name, not bad, summary, {"cases": cases})
+    return Check(name, not bad, summary, {"cases": cases})
 
 # Relative band around the golden loss. Measured on the default workload (2 ranks, 24
 # steps): 1 % gradient noise per step (workload nondeterminism=0.01) moves the loss by at
@@ -473,7 +469,7 @@ def _diverged_before_resize(record: RunRecord, ref: ResizedReference) -> dict[st
 
 def loss_continuity(golden: GoldenRun, record: RunRecord, band: float = DEFAULT_LOSS_BAND,
                     exact_note: str | None = None, *, resized: Mapping[int, ResizedReference | str] | None = None,
-                    strict: bool = False) -> OracleResult:
+                    strict: bool = False) -> Check:
     """The loss curve of every attempt follows the fault-free run at its own world size.
 
     Every executed step's loss (re-run steps included) is compared with the loss of that
@@ -559,14 +555,14 @@ def loss_continuity(golden: GoldenRun, record: RunRecord, band: float = DEFAULT_
     if outside is None and not spikes and diverged is None:
         biggest = abs(worst["relative_deviation"]) if worst else 0.0
         if not elastic:
-            return OracleResult(name, True, f"{len(devs)} (attempt, rank) curve(s) within {band:.3%} of the golden "
+            return Check(name, "pass", f"{len(devs)} (attempt, rank) curve(s) within {band:.3%} of the golden "
                                 f"loss (largest deviation {biggest:.2e}); no spike after {len(resumes)} resume(s)",
                                 evidence)
         how = ("equal, step by step and bit for bit," if strict
                else f"stay within {band:.3%} (largest deviation {biggest:.2e}) of")
         runs = ", then ".join(f"{b.name} at {ws} rank(s)" if ws == golden.world_size else b.name
                               for ws, b in sorted(bases.items(), reverse=True) if b.losses is not None)
-        return OracleResult(name, True, f"{len(devs)} (attempt, rank) curve(s) {how} the fault-free run at their "
+        return Check(name, "pass", f"{len(devs)} (attempt, rank) curve(s) {how} the fault-free run at their "
                             f"world size ({runs}); no spike after {len(resumes)} resume(s){unjudged}", evidence)
     parts = []
     if diverged is not None:
@@ -593,31 +589,31 @@ def loss_continuity(golden: GoldenRun, record: RunRecord, band: float = DEFAULT_
                      f"loss in the next "
                      f"{SPIKE_WINDOW} steps (limit {s0['limit']:.2%})")
     evidence.update({"spikes": spikes, "first_outside_band": outside, "diverged_before_resize": diverged})
-    return OracleResult(name, False, "; ".join(parts) + unjudged, evidence)
+    return Check(name, "fail", "; ".join(parts) + unjudged, evidence)
 
 
-def liveness(golden: GoldenRun, record: RunRecord) -> OracleResult:
+def liveness(golden: GoldenRun, record: RunRecord) -> Check:
     """The job finishes within its restarts; when it cannot, the evidence says which load or save broke."""
     if record.completed:
-        return OracleResult("liveness", True, f"finished after {len(record.attempts)} attempt(s)",
+        return Check("liveness", "pass", f"finished after {len(record.attempts)} attempt(s)",
                             {"attempts": len(record.attempts)})
     errors = record.errors()
-    return OracleResult("liveness", False, _unfinished(record) + " - a failure of the checkpointer under test",
+    return Check("liveness", "fail", _unfinished(record) + " - a failure of the checkpointer under test",
                         {"outcomes": [a["outcome"] for a in record.attempts],
                          "errors": [{"rank": e["rank"], "attempt": e["attempt"], "type": e["type"],
                                      "message": e["message"][:500]} for e in errors[-4:]]})
 
 
-def hygiene(golden: GoldenRun, record: RunRecord) -> OracleResult:
+def hygiene(golden: GoldenRun, record: RunRecord) -> Check:
     """No rank process, mount or network namespace outlived the scenario."""
     left = {k: v for k, v in record.hygiene.items() if v}
     if left:
-        return OracleResult("hygiene", False, "left behind: " + "; ".join(f"{k}: {v}" for k, v in left.items()), left)
-    return OracleResult("hygiene", True, "no process, mount or namespace outlived the scenario",
+        return Check("hygiene", "fail", "left behind: " + "; ".join(f"{k}: {v}" for k, v in left.items()), left)
+    return Check("hygiene", "pass", "no process, mount or namespace outlived the scenario",
                         {k: v for k, v in record.hygiene.items()})
 
 
-ORACLES: dict[str, Callable[[GoldenRun, RunRecord], OracleResult]] = {
+ORACLES: dict[str, Callable[[GoldenRun, RunRecord], Check]] = {
     "bit_exact": bit_exact,
     "liveness": liveness,
     "committed_state": committed_state,
@@ -655,7 +651,7 @@ def tolerance_reason(record: RunRecord, nondeterministic: bool = False) -> str |
 
 def judge(golden: GoldenRun, record: RunRecord, names: list[str] | None = None, *,
           loss_band: float | None = None, nondeterministic: bool = False,
-          resized: Mapping[int, ResizedReference | str] | None = None) -> dict[str, OracleResult]:
+          resized: Mapping[int, ResizedReference | str] | None = None) -> dict[str, Check]:
     """Run the oracles; in tolerance mode (see ``tolerance_reason``) bit_exact is left out and the reason is
     carried in loss_continuity's evidence. ``resized`` (from ``chaos.record.golden.get_resized_references``, built by
     the runner when a rank was lost for good) is what loss_continuity compares the resized attempts with;

@@ -1,14 +1,16 @@
 """Check: one judgement — pass, fail or not judged — and the evidence it rests on.
 
 The one result type every judge returns, so that a report, the self-check and the results
-JSON read one shape: the built-in workload's oracles (``chaos.judge.oracles``, which still
-call it ``OracleResult``), a job point's oracles (``chaos.judge.job``, ``Oracle``) and
-``chaos certify``'s properties (``chaos.certify.battery``, ``Verdict``). Those names are
-this class. A check that lacks what it needs is ``not_judged`` and says why in its summary;
-it never passes silently, and it is never counted as a failure.
+JSON read one shape: the built-in workload's oracles (``chaos.judge.oracles``), a job
+point's oracles (``chaos.judge.job``) and ``chaos certify``'s properties
+(``chaos.certify.battery``). A check that lacks what it needs is ``not_judged`` and says
+why in its summary; it never passes silently, and it is never counted as a failure.
 
     Check("durability", "fail", "resumed from step 10, but step 20 was acknowledged", {"loaded": 10})
-    Check("bit_exact", True, "resumed state equal to the golden run's")   # a bool: pass or fail
+    Check("bit_exact", report.passed, "resumed state equal to the golden run's")  # a bool: pass or fail
+
+Results files written before one type carried certify's ``"n/a"``; it is read as
+``not_judged``.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.judge.oracles import OracleResult, judge
+from chaos.judge.oracles import judge
 from chaos.launch import cluster, reaper
 from chaos.launch.drivers import open_driver
+from chaos.model.check import Check
 from chaos.nemesis.environment import Environment, idle_faults
 from chaos.plan.scenario import Scenario
 from chaos.record.golden import GoldenRun, ResizedReference, get_golden, get_resized_references
@@ -41,7 +42,7 @@ class RunOptions:
 class ScenarioResult:
     scenario: Scenario
     verdict: str  # pass | fail | error | skipped
-    oracles: dict[str, OracleResult] = field(default_factory=dict)
+    oracles: dict[str, Check] = field(default_factory=dict)
     record: RunRecord | None = None
     golden: GoldenRun | None = None
     error: str | None = None
@@ -56,7 +57,7 @@ class ScenarioResult:
     def replay(self) -> str:
         return self.scenario.replay_command()
 
-    def failing(self) -> list[OracleResult]:
+    def failing(self) -> list[Check]:
         return [o for o in self.oracles.values() if not o.passed]
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,7 +77,7 @@ class ScenarioResult:
         }
 
 
-def _verdict(oracles: dict[str, OracleResult]) -> str:
+def _verdict(oracles: dict[str, Check]) -> str:
     return "pass" if all(o.passed for o in oracles.values()) else "fail"
 
 
@@ -135,7 +136,7 @@ def _save_trace(log_dir: str, rank: int, attempt: int, mark: int, step: int) -> 
 
 
 def _explore_power_loss(scenario: Scenario, plan: cluster.LaunchPlan, env: Environment,
-                        outcome: cluster.ClusterResult, scratch: Path) -> OracleResult | None:
+                        outcome: cluster.ClusterResult, scratch: Path) -> Check | None:
     """Every crash state of the traced save, recovered by the real checkpointer: one complete committed state?"""
     fired = [(f.index, f) for f in outcome.fired() if f.kind == "powerloss" and f.index in env.snapshots]
     if not fired:
@@ -163,7 +164,7 @@ def _explore_power_loss(scenario: Scenario, plan: cluster.LaunchPlan, env: Envir
         exhaustive_limit=int(fault.param("max_states", 200)),
         scratch=str(scratch / "crash-states"))
     report = explore(inp)
-    return OracleResult("atomic_commit", report.passed, report.summary(), report.to_dict(max_violations=20))
+    return Check("atomic_commit", report.passed, report.summary(), report.to_dict(max_violations=20))
 
 
 def _unfired_io_faults(scenario: Scenario, record: RunRecord) -> str | None:
