@@ -4,7 +4,8 @@ from hypothesis import strategies as st
 
 from chaos.cli.main import build_scenarios, make_parser
 from chaos.errors import ConfigError
-from chaos.plan.scenario import Fault, Scenario, _parse_value, format_value, parse_fault
+from chaos.model.keyvalue import _parse_value, format_value
+from chaos.plan.scenario import Fault, Scenario, parse_fault
 from chaos.target.workload.config import WorkloadConfig
 
 

@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config(args: argparse.Namespace) -> bench.BenchConfig:
     """The BenchConfig the arguments ask for; ConfigError (one line, exit 2) for a bad combination."""
     from chaos.errors import ConfigError
-    from chaos.plan.scenario import key_values
+    from chaos.model.keyvalue import key_values
 
     overrides = key_values(getattr(args, "workload", []), "--workload")
     parallel = str(overrides.pop("parallel", "ddp"))

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.plan.scenario import Scenario, key_values, parse_fault
+from chaos.model.keyvalue import key_values
+from chaos.plan.scenario import Scenario, parse_fault
 from chaos.run.campaign import DEFAULT_BUDGET_S
 from chaos.target.workload.config import DEVICES, WorkloadConfig
 

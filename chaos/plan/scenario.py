@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.errors import ConfigError
+from chaos.model.keyvalue import _parse_value, format_value
 from chaos.target.workload.config import WorkloadConfig
 
 
@@ -71,45 +72,6 @@ FAULT_KINDS: dict[str, FaultKind] = {
 }
 PROCESS_SIGNALS = {"kill": "SIGKILL", "term": "SIGTERM", "stop": "SIGSTOP"}
 COMMON_KEYS = frozenset({"rank", "step", "attempt"})
-
-
-_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-def _parse_value(text: str) -> Any:
-    """``key=value`` text to a value: int, float (also ``1e-05``), bool, else the string.
-
-    ``format_value`` is its inverse, so a replay command rebuilds exactly the values it
-    was made from.
-    """
-    if re.fullmatch(r"-?\d+", text):
-        return int(text)
-    if _NUMBER.fullmatch(text):
-        return float(text)
-    if text in ("true", "false"):
-        return text == "true"
-    return text
-
-
-def key_values(items: list[str], what: str) -> dict[str, Any]:
-    """``KEY=VALUE`` options (``--workload``, ``--ckpt-opt``) as a dict, values read by
-    ``_parse_value``; called by ``chaos.cli.main`` and the commands that take such options."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, eq, raw = item.partition("=")
-        if not eq or not key:
-            raise ConfigError(f"malformed {what} {item!r}: expected key=value")
-        out[key] = _parse_value(raw)
-    return out
-
-
-def format_value(value: Any) -> str:
-    """A value as ``_parse_value`` reads it back (``repr`` of a float round-trips exactly)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
 
 
 @dataclass(frozen=True)
