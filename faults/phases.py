@@ -33,7 +33,7 @@ def unsubscribe(listener: Listener) -> None:
         _listeners.remove(listener)
 
 
-def phase(name: str, **info: Any) -> None:
+def phase(name: str, /, **info: Any) -> None:
     """Announce that the calling rank enters phase ``name`` (with context such as step)."""
     for listener in list(_listeners):
         listener(name, info)

@@ -3,12 +3,15 @@ file events, fires a point before / after / torn, and stays out of children."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from chaos.launch.job import BOOT_DIR
 from chaos.model import jobspec as S
@@ -106,6 +109,33 @@ def test_the_probe_is_a_no_op_outside_the_harness_and_needs_no_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_every_probe_call_records_itself_under_the_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call appends its line and announces the ``chaos.probe`` phase with its fields: a
+    ``state`` fingerprint's own ``name`` included (it once collided with the phase's name and raised)."""
+    from chaos import phases, probe
+
+    heard: list[tuple[str, dict[str, object]]] = []
+    monkeypatch.setenv(probe.PROBE_FILE_ENV, str(tmp_path / "probe.jsonl"))
+    def listen(name: str, info: dict[str, object]) -> None:
+        heard.append((name, info))
+
+    phases.subscribe(listen)
+    try:
+        probe.step(3, 0.25)
+        probe.saved(2)
+        probe.resumed(2)
+        probe.state(b"abc")
+        probe.state("final weights", name="final")
+    finally:
+        phases.unsubscribe(listen)
+    lines = [json.loads(x) for x in (tmp_path / "probe.jsonl").read_text().splitlines()]
+    assert [(r["probe"], r.get("name")) for r in lines] == [("step", None), ("saved", None), ("resumed", None),
+                                                            ("state", "state"), ("state", "final")]
+    assert lines[3]["sha256"] == hashlib.sha256(b"abc").hexdigest()
+    assert [(n, i["kind"], i.get("name")) for n, i in heard][-2:] == [("chaos.probe", "state", "state"),
+                                                                      ("chaos.probe", "state", "final")]
 
 
 def test_the_tracer_is_compiled_once_into_the_scratch_pycache_even_without_bytecode_writing(tmp_path: Path) -> None:
