@@ -44,3 +44,6 @@ class RankSpec:
     # root is exported as CHAOS_SCENARIO, which every descendant inherits: the hygiene
     # check finds a helper that escaped the rank's process group by it.
     scratch: str | None = None
+    # Run as a job (``python -m chaos.target.workload``): ``env://``, the launcher's rendezvous
+    # (MASTER_ADDR/MASTER_PORT, or torchrun's agent store) instead of rank 0 hosting its own.
+    init_method: str | None = None

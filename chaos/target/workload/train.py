@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from chaos import phases
+from chaos import phases, probe
 from chaos.errors import ConfigError
 from chaos.model import statehash
 from chaos.target.protocol import auxiliary_files, load_checkpointer
@@ -253,8 +253,12 @@ def _init_process_group(spec: RankSpec, cfg: WorkloadConfig, conn: Any, listener
     ``store_ready``. A ``device=cuda`` job's group is ``cpu:gloo,cuda:nccl``
     (``chaos.target.workload.device.backend``): NCCL for every CUDA tensor, gloo for CPU ones.
     """
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = spec.master_addr, str(spec.master_port)
     timeout = timedelta(seconds=cfg.collective_timeout_s)
+    if spec.init_method is not None:  # a job: the rendezvous its launcher set up (torchrun, chaos run --ranks)
+        dist.init_process_group(devices.backend(cfg.device, spec.backend), init_method=spec.init_method,
+                                rank=spec.rank, world_size=spec.world_size, timeout=timeout)
+        return
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = spec.master_addr, str(spec.master_port)
     master = spec.rank == 0
     fd = listener.detach() if master and listener is not None else None  # the store owns it from here
     store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=master,
@@ -286,10 +290,19 @@ def _acknowledge(ckpt: Any, log: EventLog, pending: list[int]) -> list[int]:
     ckpt.wait()
     if pending:
         log.emit("ack", steps=pending, wait_seconds=time.time() - t0)
+    for step in pending:  # run as a job (python -m chaos.target.workload): the harness sees the ack
+        probe.saved(step)
     return []
 
 
-def train(spec: RankSpec, conn: Any, log: EventLog, listener: Any = None) -> None:
+def train(spec: RankSpec, conn: Any, log: EventLog, listener: Any = None) -> dict[str, Any] | None:
+    """One rank's run: resume, train to ``steps`` saving every ``save_every``, acknowledge.
+
+    Called by :func:`rank_entry` (the fork server's and torchrun's ranks) and by
+    ``chaos.target.workload.job`` (the workload as an unmodified job). Every event goes to
+    ``log``; the same moments go to ``chaos.probe`` (a no-op unless the harness runs this as
+    a job). Returns the final state's fingerprint (None for a ``verify`` launch).
+    """
     cfg = WorkloadConfig.from_dict(spec.workload)
     torch.set_num_threads(1)
     device = devices.setup(cfg.device, cfg.deterministic)  # before any CUDA work: the GPU, determinism
@@ -308,13 +321,14 @@ def train(spec: RankSpec, conn: Any, log: EventLog, listener: Any = None) -> Non
 
     if spec.mode == "verify":
         _verify(ckpt, trainer, log)
-        return
+        return None
     if ckpt is not None:
         t0 = time.time()
         loaded = ckpt.load_latest(trainer.template())
         if loaded is not None:
             step, state = loaded
             log.emit("resume", step=int(step), seconds=time.time() - t0, fingerprint=statehash.fingerprint(state))
+            probe.resumed(int(step))
             trainer.load_state_dict(state)
             if trainer.step != int(step):
                 log.emit("warning", message=f"load_latest said step {step} but the state says {trainer.step}")
@@ -331,6 +345,7 @@ def train(spec: RankSpec, conn: Any, log: EventLog, listener: Any = None) -> Non
         trigger.at_step(trainer.step + 1)
         loss, lr = trainer.train_step()
         log.emit("step", step=trainer.step, loss=loss, loss_hex=loss.hex(), lr=lr)
+        probe.step(trainer.step, loss)
         trigger.heartbeat(trainer.step)
         if ckpt is not None and cfg.save_every and trainer.step % cfg.save_every == 0:
             if pending:
@@ -346,9 +361,12 @@ def train(spec: RankSpec, conn: Any, log: EventLog, listener: Any = None) -> Non
     if ckpt is not None:
         _acknowledge(ckpt, log, pending)
         ckpt.close()
-    log.emit("final", step=trainer.step, fingerprint=statehash.fingerprint(trainer.state_dict()))
+    final = statehash.fingerprint(trainer.state_dict())
+    log.emit("final", step=trainer.step, fingerprint=final)
+    probe.state(repr(sorted(final.items())), name="final")
     dist.barrier()
     dist.destroy_process_group()
+    return {"step": trainer.step, "fingerprint": final}
 
 
 def rank_entry(spec: RankSpec, conn: Any = None, listener: Any = None) -> None:
