@@ -85,6 +85,7 @@ from typing import Any
 
 from chaos.judge import losscurve
 from chaos.judge.compare import first_difference
+from chaos.judge.registry import FAILURES, VERDICT_ORDER
 from chaos.launch.output import cause as _cause
 from chaos.launch.output import clip
 from chaos.model.check import Check
@@ -93,31 +94,8 @@ from chaos.nemesis import nodes
 from chaos.nemesis.atrest import halt_record, opens_for_writing, under, untraced_line
 from chaos.record.jobhistory import PointRecord
 
-# Which outcome a failing point gets: that of the first failing oracle in this order. Code run
-# from a checkpoint comes first (the job may well crash afterwards: the crash is not the news); a
-# job that did not finish is down whatever else it got wrong; a wrong result outranks lost work.
-VERDICT_ORDER = (
-    ("no_code_execution", "code_execution"),
-    ("liveness", "hard_failure"),
-    ("result_files", "silent_divergence"),
-    ("loss_continuity", "silent_divergence"),
-    ("durability", "lost_work"),
-    ("preemption_exit", "hard_failure"),
-)
-FAILURES = tuple(dict.fromkeys(outcome for _oracle, outcome in VERDICT_ORDER))  # worst first
-# What each oracle checks, in one line (the docs' table of VERDICT_ORDER is generated from these).
-CHECKS = {
-    "no_code_execution": "(payload points) loading the checkpoint never ran the code planted in it",
-    "liveness": "the job finished (every copy of the last attempt exited 0) within its restarts",
-    "result_files": "each `--result-file` equals the fault-free run's: safetensors and torch files tensor by "
-                    "tensor, JSON by key",
-    "loss_continuity": "every step's loss (`probe.step(n, loss)` or `--loss-regex`, one source a run) equals the "
-                       "fault-free run's, exactly when the two fault-free runs agreed, else within `--loss-band` "
-                       "(0.5 %), with no spike after a resume",
-    "durability": "the resume started at or after the newest checkpoint the job relied on",
-    "preemption_exit": "(term points) a SIGTERMed attempt exits non-zero unless it had finished: a job that exits "
-                       "0 mid-run is never restarted by a supervisor",
-}
+# Which outcome a failing point gets: that of the first failing oracle in the registry's order
+# (chaos.judge.registry, where each oracle's one line and outcome live).
 OUTCOMES = ("pass", *FAILURES)
 
 

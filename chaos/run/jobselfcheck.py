@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chaos.errors import ConfigError
-from chaos.judge.job import VERDICT_ORDER
+from chaos.judge.registry import of_job
 from chaos.model.jobspec import FAULT_KINDS, JobSpec
 from chaos.run.explore import PointResult, explore
 from chaos.run.selfcheck import (
@@ -52,8 +52,8 @@ PREFIX = "job:"  # a job's name in the report beside the checkpointers' (job:cor
 
 
 def job_oracles() -> list[str]:
-    """Every oracle a job point's verdict can carry (``chaos.judge.job.VERDICT_ORDER``)."""
-    return [name for name, _outcome in VERDICT_ORDER]
+    """Every oracle a job point's verdict can carry (``chaos.judge.registry``)."""
+    return of_job()
 
 
 def discover_jobs(directory: str | Path) -> dict[str, Path]:

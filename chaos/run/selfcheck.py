@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ConfigError
-from chaos.judge.oracles import ORACLES
+from chaos.judge.registry import of_workload
 from chaos.model.jobspec import FAULT_KINDS
 from chaos.plan.scenario import Fault, Scenario, parse_fault
 from chaos.run.runner import RunOptions, ScenarioResult, run_scenario
@@ -110,8 +110,9 @@ PROBES = {p.name: p for p in BATTERY}
 
 
 def known_oracles() -> list[str]:
-    """Every oracle name a probe's verdict can carry (an intended catch must name one of them)."""
-    return [*ORACLES, POWERLOSS_ORACLE]
+    """Every oracle name a probe's verdict can carry (an intended catch must name one of them):
+    the registry's built-in workload oracles (``chaos.judge.registry``)."""
+    return of_workload()
 
 
 @dataclass

@@ -283,16 +283,27 @@ def fault_families() -> str:
 
 
 def job_verdict_order() -> str:
-    """The job oracles in the order that names a failing point's outcome (chaos.judge.job.VERDICT_ORDER)."""
-    from chaos.judge.job import CHECKS, VERDICT_ORDER
+    """The job oracles in the order that names a failing point's outcome (chaos.judge.registry)."""
+    from chaos.judge.registry import BY_NAME, VERDICT_ORDER
 
     rows = ["| oracle | it checks | failing outcome |", "|---|---|---|"]
-    rows += [f"| `{name}` | {md_text(CHECKS[name])} | `{outcome}` |" for name, outcome in VERDICT_ORDER]
+    rows += [f"| `{name}` | {md_text(BY_NAME[name].checks)} | `{outcome}` |" for name, outcome in VERDICT_ORDER]
+    return "\n".join(rows) + "\n"
+
+
+def every_oracle() -> str:
+    """One row per oracle of either target (chaos.judge.registry.ORACLES)."""
+    from chaos.judge.registry import ORACLES
+
+    rows = ["| oracle | it checks | built-in workload | a job's failing outcome |", "|---|---|---|---|"]
+    rows += [f"| `{o.name}` | {md_text(o.checks)} | {'yes' if o.workload else '-'} | "
+             f"{f'`{o.job}`' if o.job else '-'} |" for o in ORACLES]
     return "\n".join(rows) + "\n"
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
     "fault-families": fault_families,
+    "every-oracle": every_oracle,
     "job-verdict-order": job_verdict_order,
     "cli": cli,
     "results-schema": results_schema,
