@@ -246,6 +246,8 @@ def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point |
     argv = job.argv(out, resume=attempt > 0)
     base = job_env(job, out, trace_dir, tmp, mark, attempt, point)
     base[S.ENV_PYCACHE] = os.path.join(os.path.dirname(os.path.abspath(scratch)), "pycache")  # one per exploration
+    if job.preload_modules:
+        base[S.ENV_PRELOAD] = ",".join(job.preload_modules)
     copies = job.ranks if job.ranks is not None else 1
     in_lab = lab is not None and job.ranks is not None
     plan = []

@@ -56,6 +56,8 @@ ENV_MARK = "CHAOS_JOB_MARK"              # every process of a point carries it: 
 ENV_TMP = "CHAOS_JOB_TMP"                # the point's temp dir: each rank's TMPDIR is its own folder in it
 ENV_PYCACHE = "CHAOS_JOB_PYCACHE"        # where the boot path compiles the tracer's modules (scratch root)
 ENV_GATE = "CHAOS_JOB_GATE"              # "GO_FD,READY_FD": a spare interpreter waits there (spares.py)
+ENV_PRELOAD = "CHAOS_JOB_PRELOAD"        # modules the boot path imports before the gate (explore.preload)
+IMPORTS_FILE = "imports-r{rank}-a{attempt}-p{pid}.json"  # what a rank had imported at its first file event
 PROBE_FILE_ENV = "CHAOS_PROBE_FILE"      # chaos.probe writes its JSON lines here
 # The ``chaos.probe`` announcements that say "step n ran": probe.step, a --step-regex match,
 # a --loss-regex match. Kill and term points at steps fire on them.

@@ -43,6 +43,7 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     ENV_MARK,
     ENV_OUT,
     ENV_POINT,
+    ENV_PRELOAD,
     ENV_PYCACHE,
     ENV_RANK,
     ENV_RANKS_ONLY,
@@ -309,6 +310,10 @@ class JobSpec:
     cwd: str = field(default_factory=os.getcwd)
     nodes: int | None = None                # --nodes N: one torchrun agent per simulated node (nodes.py)
     node_hold_s: float = DEFAULT_NODE_HOLD_S  # --node-hold: a link point's node stays cut off this long
+    preload: bool = True                    # --no-preload: False
+    # what explore found the fault-free run imported before its first file event (run-time only: never
+    # recorded, never replayed); the boot path imports them before the gate (ENV_PRELOAD)
+    preload_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -425,6 +430,8 @@ class JobSpec:
             args += ["--grace", repr(self.grace_s)]
         if self.net_hold_s != DEFAULT_NET_HOLD_S:
             args += ["--net-hold", repr(self.net_hold_s)]
+        if not self.preload:
+            args += ["--no-preload"]
         if self.nodes is not None:
             args += ["--nodes", str(self.nodes)]
         if self.node_hold_s != DEFAULT_NODE_HOLD_S:
@@ -456,7 +463,8 @@ class JobSpec:
                    faults=tuple(spec["faults"]) if spec.get("faults") is not None else None,
                    grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)),
                    net_hold_s=float(spec.get("net_hold_s", DEFAULT_NET_HOLD_S)), cwd=spec.get("cwd") or os.getcwd(),
-                   nodes=spec.get("nodes"), node_hold_s=float(spec.get("node_hold_s", DEFAULT_NODE_HOLD_S)))
+                   nodes=spec.get("nodes"), node_hold_s=float(spec.get("node_hold_s", DEFAULT_NODE_HOLD_S)),
+                   preload=spec.get("preload", True) is not False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"command": list(self.command), "resume_command": list(self.resume_command or []) or None,
@@ -467,7 +475,7 @@ class JobSpec:
                 "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes),
                 "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
                 "net_hold_s": self.net_hold_s, "cwd": self.cwd, "nodes": self.nodes,
-                "node_hold_s": self.node_hold_s}
+                "node_hold_s": self.node_hold_s, **({} if self.preload else {"preload": False})}
 
 
 # -- a job on simulated nodes (--nodes N): the pure checks, parsed here; nodes.py runs it

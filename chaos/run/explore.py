@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import errno
 import functools
 import glob
@@ -66,7 +67,7 @@ from chaos.judge import losscurve
 from chaos.judge.compare import first_difference
 from chaos.judge.job import Golden, PointVerdict, judge, last_steps, step_of
 from chaos.launch import job as launch
-from chaos.launch import spares
+from chaos.launch import preload, spares
 from chaos.launch.output import cause, clip
 from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
 from chaos.nemesis import atrest, diskfull, family, netcut, nodes
@@ -366,6 +367,7 @@ class Reference:
     facts: Facts = field(default_factory=Facts, repr=False)
     nodes: int | None = None  # --nodes: every run on that many simulated nodes, one agent each
     untraced_changes: list[dict[str, Any]] = field(default_factory=list)  # atrest.untraced_changes, fault-free
+    preload: tuple[str, ...] = ()  # imported before each attempt's gate (launch.preload.choose)
 
     def lookup(self, job: JobSpec, point: Point) -> Point:
         """A replayed point with what the fault-free run did there (any kind, asked for or not).
@@ -386,7 +388,7 @@ class Reference:
                 "checkpoints": sorted(self.golden.checkpoints), "acknowledged_saves": self.golden.acks,
                 "loss_steps": {str(r): len(c) for r, c in sorted(self.golden.losses.items())},
                 "notes": self.notes, "seconds": round(self.seconds, 3), "untraced_files": self.untraced,
-                "untraced_changes": self.untraced_changes,
+                "untraced_changes": self.untraced_changes, "preloaded": list(self.preload),
                 "file_events": {str(r): n for r, n in sorted(self.events.items())},
                 "peak_out_bytes": self.facts.peak or None,
                 "network": "each rank in its own network namespace (a NetworkLab per run)" if self.netlab
@@ -472,12 +474,15 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                     checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses,
                     last_steps=last_steps(traces), loss_source=loss_source)
     notes += durability_notes(job, golden)
+    preloaded, said = preload.choose(job, os.path.join(runs[0].scratch, "trace"), launch.can_prestart(job))
+    if said:
+        notes.append(said)
     facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
     facts.stable = pointset.stable_events(recs[1].traces)
     points = pointset.enumerate_points(job, traces, facts, kinds)
     notes += left_out + pointset.notes(job, traces, facts, kinds, points)
     return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
-                     traces, facts, job.nodes, changes), runs[0]
+                     traces, facts, job.nodes, changes, preloaded), runs[0]
 
 
 def _size(n: Any) -> str:
@@ -594,6 +599,7 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
     try:
         try:
             ref, _golden_run = reference(job, root, jobs, seed, netlab)
+            job = dataclasses.replace(job, preload_modules=ref.preload)  # every attempt from here on
             # The run order, classes first (every family, each save's end, ...: pointset.plan); what it
             # covers, and what --max-points leaves out, is a note shown with the fault-free runs'.
             plan = (None if only is not None or not ref.points else

@@ -127,6 +127,31 @@ class JobInterposer(Interposer):
         self._net_fired = False  # a net point fires once
         self._deferred: tuple[str, dict[str, Any]] | None = None  # a corruption waiting for its step (at_step)
         self._requests = os.path.dirname(trace_path)
+        self._imports: tuple[frozenset[str], dict[str, str]] | None = None  # (modules, environ) at install
+
+    def note_start(self, attempt: int) -> None:
+        """Remember what was imported and the environment as the job starts (``install``), so the
+        first file event can say what the job imported before it (:meth:`_write_imports`)."""
+        self._attempt = attempt
+        self._imports = (frozenset(sys.modules), dict(os.environ))
+
+    def _write_imports(self) -> None:
+        """Once, at the first file event: the top-level modules the job imported since it started,
+        with their files, and which environment variables it changed meanwhile. The harness
+        preloads such modules in the interpreters it starts ahead of an attempt (``explore``),
+        but only where the job changed no variable a module could have read as it was imported."""
+        started, env = self._imports  # type: ignore[misc]
+        self._imports = None
+        mods = {name: getattr(sys.modules.get(name), "__file__", None) for name in sys.modules
+                if "." not in name and name not in started}
+        changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
+        path = os.path.join(self._requests, S.IMPORTS_FILE.format(rank=self.rank, attempt=self._attempt,
+                                                                   pid=os.getpid()))
+        fd = self._o["open"](path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self._write_all(fd, json.dumps({"modules": mods, "env_changed": changed}, default=str).encode())
+        finally:
+            self._o["close"](fd)
 
     def _target(self, *modes: str) -> bool:
         p = self.point
@@ -135,6 +160,8 @@ class JobInterposer(Interposer):
     def _match(self, kind: str, paths: tuple[str, ...], offset: int | None = None,
                length: int | None = None) -> list[int]:
         # Called exactly once per traced op, before it is performed, under the lock.
+        if self._imports is not None:
+            self._write_imports()
         self._cur = self._ord
         self._ord += 1
         if self._anchor is not None:
@@ -413,6 +440,7 @@ def install() -> JobInterposer | None:
     _installed = ix
     env[S.ENV_BOOTED] = str(pid)
     env[S.PROBE_FILE_ENV] = os.path.join(tdir, f"probe-r{rank}-a{attempt}-p{pid}.jsonl")
+    ix.note_start(attempt)
     if env.get(S.ENV_CHILDREN) != "1":
         os.register_at_fork(after_in_child=_forget)
     step_rx, loss_rx = env.get(S.ENV_STEP_REGEX), env.get(S.ENV_LOSS_REGEX)

@@ -53,6 +53,29 @@ def _gate() -> None:
         os._exit(0)
 
 
+def _preload(saved: tuple) -> None:
+    """Import the modules the harness names (``CHAOS_JOB_PRELOAD``: what the fault-free run had
+    imported by its first file event, ``chaos.run.explore``) before the gate, so a spare
+    interpreter has torch and the like loaded while it waits and the job's own import of them
+    is instant. Compiled as the job's imports are (``saved``: the interpreter's own bytecode
+    settings); a module that fails here is left for the job to import, and to fail, itself."""
+    names = os.environ.pop("CHAOS_JOB_PRELOAD", "")  # the job sees the environment a plain launch gives
+    if not names:
+        return
+    import importlib
+
+    mine = (sys.pycache_prefix, sys.dont_write_bytecode)
+    sys.pycache_prefix, sys.dont_write_bytecode = saved
+    try:
+        for name in names.split(","):
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 - the job's own import will say what is wrong
+                continue
+    finally:
+        sys.pycache_prefix, sys.dont_write_bytecode = mine
+
+
 def _boot() -> None:
     if not os.environ.get("CHAOS_JOB_OUT"):
         return
@@ -76,6 +99,7 @@ def _boot() -> None:
                     os.path.abspath(__file__)))))))
             from chaos.target.job.inproc import install
         finally:
+            _preload(saved)
             _gate()  # a spare waits here even when the tracer failed to import
         install()
     except Exception as exc:  # noqa: BLE001 - never break the user's job; the judge sees no trace

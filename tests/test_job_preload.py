@@ -1,0 +1,118 @@
+"""Modules preloaded before an attempt's gate (#30): torch imported while the spare waits, not after.
+
+The tracer records what the job imported before its first file event and which variables
+it changed meanwhile; ``launch.preload.choose`` turns that into the list the boot path
+imports before the gate; the boot path imports it and takes the variable away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from chaos.launch.job import BOOT_DIR
+from chaos.launch.preload import choose
+from chaos.model import jobspec as S
+from chaos.model.jobspec import JobSpec
+
+SCRIPT = """
+import os, sys
+print("fractions" in sys.modules, "CHAOS_JOB_PRELOAD" in os.environ)
+import fractions
+if len(sys.argv) > 2:
+    os.environ["OMP_NUM_THREADS"] = "1"
+open(os.path.join(sys.argv[1], "a.txt"), "w").write("x")
+"""
+
+
+def _boot(tmp: Path, *extra: str, preload: str | None = None) -> subprocess.CompletedProcess:
+    out, trace = tmp / "out", tmp / "trace"
+    out.mkdir(parents=True, exist_ok=True)
+    trace.mkdir(exist_ok=True)
+    (tmp / "job.py").write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_") and k != "OMP_NUM_THREADS"}
+    env.update({"PYTHONPATH": BOOT_DIR, S.ENV_OUT: str(out), S.ENV_TRACE_DIR: str(trace)})
+    if preload is not None:
+        env[S.ENV_PRELOAD] = preload
+    proc = subprocess.run([sys.executable, str(tmp / "job.py"), str(out), *extra], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _record(tmp: Path) -> dict:
+    [path] = (tmp / "trace").glob("imports-r0-a0-p*.json")
+    return json.loads(path.read_text())
+
+
+def test_the_tracer_records_what_the_job_imported_before_its_first_file_event(tmp_path: Path) -> None:
+    assert _boot(tmp_path / "plain").stdout.split() == ["False", "False"]
+    record = _record(tmp_path / "plain")
+    assert record["modules"]["fractions"].endswith("fractions.py") and record["env_changed"] == []
+    assert "json" not in record["modules"]  # imported before the job started (by the tracer): not the job's
+    _boot(tmp_path / "env", "set-env")
+    assert _record(tmp_path / "env")["env_changed"] == ["OMP_NUM_THREADS"]
+
+
+def test_the_boot_path_imports_the_named_modules_before_the_job_and_hides_the_variable(tmp_path: Path) -> None:
+    proc = _boot(tmp_path, preload="fractions,no_such_module_xyz")  # one that fails is the job's to import
+    assert proc.stdout.split() == ["True", "False"]
+
+
+def _write(trace: Path, modules: dict[str, str | None], changed: list[str] = ()) -> str:
+    trace.mkdir(parents=True, exist_ok=True)
+    (trace / "imports-r0-a0-p42.json").write_text(json.dumps({"modules": modules, "env_changed": list(changed)}))
+    return str(trace)
+
+
+def test_only_installed_distributions_are_preloaded_and_never_after_the_job_changed_its_environment(
+        tmp_path: Path) -> None:
+    job = JobSpec(command=("python", "train.py", "{out}"), cwd=str(tmp_path / "proj"))
+    mods = {"torch": "/venv/lib/python3.11/site-packages/torch/__init__.py",
+            "yaml": "/usr/lib/python3/dist-packages/yaml/__init__.py",
+            "fractions": "/usr/lib/python3.11/fractions.py",            # the standard library: cheap, left alone
+            "mymodel": str(tmp_path / "proj" / "mymodel.py"),           # the job's own code: never run early
+            "_private": "/venv/lib/python3.11/site-packages/_private.py", "sys": None}
+    trace = _write(tmp_path / "t1", mods)
+    names, note = choose(job, trace, can_prestart=True)
+    assert names == ("torch", "yaml") and note is not None and "torch, yaml" in note
+    assert choose(job, trace, can_prestart=False) == ((), None)  # no spares: nothing to gain
+    assert choose(JobSpec(command=job.command, cwd=job.cwd, preload=False), trace, True) == ((), None)
+    names, note = choose(job, _write(tmp_path / "t2", mods, ["OMP_NUM_THREADS"]), can_prestart=True)
+    assert names == () and note is not None and "OMP_NUM_THREADS" in note
+    assert choose(job, str(tmp_path / "none"), True) == ((), None)  # no file event: nothing to go by
+
+
+def test_no_preload_is_replayed_and_recorded() -> None:
+    job = JobSpec(command=("python", "t.py", "{out}"), preload=False)
+    assert "--no-preload" in job.replay_args() and job.to_dict()["preload"] is False
+    assert JobSpec.from_dict(job.to_dict()).preload is False
+    assert "preload" not in JobSpec(command=("python", "t.py", "{out}")).to_dict()  # the default: as before
+
+
+def test_an_exploration_preloads_what_the_fault_free_run_imported_and_still_judges_the_same(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(
+        "import os, sys\n"
+        "cold = 'numpy' not in sys.modules\n"
+        "import numpy\n"
+        "out = sys.argv[1]\n"
+        "p = os.path.join(out, 'n')\n"
+        "n = int(open(p).read()) if os.path.exists(p) else 0\n"
+        "if n and cold:\n"
+        "    sys.exit('a restart started cold: numpy was not preloaded')\n"
+        "for i in range(n, 3):\n"
+        "    open(p + '.tmp', 'w').write(str(i + 1))\n"
+        "    os.replace(p + '.tmp', p)\n")
+    results = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(tmp_path), "--json",
+                           str(results), "--faults", "kill", "--point", "rank0:op2:after", "--",
+                           sys.executable, str(tmp_path / "job.py"), "{out}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(results.read_text())
+    assert doc["job"]["reference"]["preloaded"] == ["numpy"]
+    [point] = doc["scenarios"]
+    assert point["verdict"] == "pass" and len(point["attempts"]) == 2  # the restart found numpy loaded
