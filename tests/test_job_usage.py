@@ -115,6 +115,20 @@ def test_the_time_left_is_the_mean_point_time_over_the_rounds_left_within_the_bu
         "30 s of the 60 s budget left")
 
 
+def test_a_long_run_says_its_cost_before_the_first_point_and_what_the_options_would_make_of_it() -> None:
+    from chaos.cli.job import cost_line
+
+    # the torch script: 182 points at about 7 s each, one at a time, on 2 cores
+    assert cost_line(182, 7.3, 1, None, None, cores=2) == (
+        "estimate: about 22 min 9 s for 182 point(s) at about 7.3 s a point, 1 at a time; "
+        "--max-points 41 about 4 min 59 s, --jobs 2 about 11 min 4 s")
+    assert cost_line(40, 7.3, 1, None, None, cores=2) is None  # under five minutes: nothing to say
+    # --max-points already given: not suggested again; no core left for more --jobs: not suggested either
+    assert cost_line(100, 7.3, 2, None, 100, cores=2) == (
+        "estimate: about 6 min 5 s for 100 point(s) at about 7.3 s a point, 2 at a time")
+    assert cost_line(182, 7.3, 1, 600.0, None, cores=4).endswith("(within the --budget)")
+
+
 def test_html_and_the_last_line_says_where_each_output_was_written(tmp_path: Path) -> None:
     results, junit, summary, html = (tmp_path / n for n in ("r.json", "j.xml", "s.md", "r.html"))
     scratch = tmp_path / "scratch"

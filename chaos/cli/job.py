@@ -358,6 +358,9 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
             _say(f"  note: {note}")
         progress["found"] = len(ref.points)
         progress["planned"] = len(only) if only else min(len(ref.points), args.max_points or len(ref.points))
+        said = cost_line(progress["planned"], ref.seconds, args.jobs, args.budget, args.max_points)
+        if said:
+            print(said, file=sys.stderr, flush=True)
 
     def on_result(res: Any) -> None:
         results.append(res)
@@ -474,6 +477,38 @@ def _report(args: argparse.Namespace, job: JobSpec, doc: dict[str, Any], line: s
 
 
 PROGRESS_EVERY_S = 5.0  # at most one progress line this often: a CI log stays readable
+
+
+LONG_RUN_S = 300.0  # an exploration estimated longer than this says so before its first point
+
+
+def cost_line(planned: int, per_point: float, jobs: int, budget: float | None, max_points: int | None,
+              cores: int | None = None) -> str | None:
+    """Before the first point, where the run looks long (over :data:`LONG_RUN_S`): what it will
+    cost and what ``--max-points`` / ``--jobs`` would make of it; None for a short run.
+
+    A point is about as long as the fault-free runs were (``per_point``: the run to the point
+    and the resume, two interpreter starts), ``jobs`` at a time, never past ``--budget``;
+    more ``--jobs`` is suggested only where ``cores`` (default: this machine's) has room.
+    """
+    jobs = max(1, jobs)
+    cores = cores or os.cpu_count() or 1
+
+    def total(points: int, at_once: int) -> float:
+        t = per_point * -(-points // at_once)
+        return min(t, budget) if budget is not None else t
+
+    if planned < 1 or total(planned, jobs) <= LONG_RUN_S:
+        return None
+    fits = max(1, int(LONG_RUN_S // max(per_point, 1e-9)) * jobs)
+    options = []
+    if fits < planned and max_points is None:
+        options.append(f"--max-points {fits} about {_duration(total(fits, jobs))}")
+    if jobs < planned and jobs * 2 <= cores:
+        options.append(f"--jobs {jobs * 2} about {_duration(total(planned, jobs * 2))}")
+    return (f"estimate: about {_duration(total(planned, jobs))} for {planned} point(s) at about {per_point:.1f} s a "
+            f"point, {jobs} at a time" + (f"; {', '.join(options)}" if options else "")
+            + (" (within the --budget)" if budget is not None else ""))
 
 
 def progress_line(done: int, planned: int, seconds: list[float], jobs: int, elapsed: float,
