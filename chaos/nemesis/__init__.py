@@ -11,7 +11,7 @@ swap.py         two ranks' files of one checkpoint swapped
 payload.py      code planted in a completed file, in its own format (pickle, torch zip)
 reorder.py      a completed file's pending writes reaching the disk out of order, then a power cut
 power.py        a power loss right after an event: {out} becomes one of the cut's crash states
-atrest.py       what those share (Applied, the file a point strikes, file versions), and power loss
+atrest.py       what those share (Applied, the file a point strikes, file versions, merged traces)
 sites.py        where an at-rest fault can strike in a fault-free trace (completed files, later steps)
 diskfull.py     a real full disk: {out} on a size-limited tmpfs
 netcut.py       a network cut between a job's ranks
