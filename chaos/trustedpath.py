@@ -28,7 +28,6 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Iterator
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -92,16 +91,6 @@ def open_dir(path: str, *, uid: int | None = None, own_last: bool = True, privat
     except BaseException:
         os.close(fd)
         raise
-
-
-@contextlib.contextmanager
-def opened_dir(path: str, **kw: object) -> Iterator[int]:
-    """:func:`open_dir` as a context manager that closes the descriptor."""
-    fd = open_dir(path, **kw)  # type: ignore[arg-type]
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def private_dir(path: str, *, create: bool = True) -> None:

@@ -23,7 +23,6 @@ import glob
 import hashlib
 import os
 import re
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -378,13 +377,3 @@ def _short(path: Any, root: str) -> str:
 
 def files_under(root: str) -> list[str]:
     return [os.path.join(d, f) for d, _s, files in os.walk(root) for f in files]
-
-
-def empty_out(out: str) -> None:
-    """Empty {out} (keeping the directory); used before a restart on a fresh tmpfs copy-back."""
-    for name in os.listdir(out):
-        p = os.path.join(out, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p)
-        else:
-            os.unlink(p)
