@@ -9,12 +9,14 @@ next; nothing reaches back up, which ``lint-imports`` checks against pyproject's
                                                             evidence)                plugin)
 
 model/      plain types and documents every stage reads (job spec and points, results schema)
-target/     what is attacked: the built-in workload, a user's job, the checkpointer protocol
+target/     what is attacked: the built-in workload (also runnable as a job), a user's job, the
+            checkpointer protocol
 plan/       scenarios, fault schedules, a job's points, at-rest targets
 launch/     fork server, containers, a job's attempts, spare interpreters
-nemesis/    fault families carried out around the processes (at rest, disk, network, nodes)
+nemesis/    one module per fault family (family.py: the protocol, the registry), and what a
+            built-in scenario's faults need around its ranks (environment.py)
 record/     run records, fault-free reference runs (cached), fault points from traces
-judge/      oracles and verdicts, power-loss exploration
+judge/      one registry of oracles for both targets, verdicts, power-loss exploration
 run/        one scenario or job point end to end, campaigns, explorations, results JSON
 cli/        ``chaos`` and its subcommands, the pytest plugin
 bench/, certify/   on top of the pipeline
