@@ -119,15 +119,32 @@ def mounts_under(prefix: str | os.PathLike[str], pid: int | str = "self", *, res
             if m["mount_point"] == p or m["mount_point"].startswith(p + "/")]
 
 
-def fs_type(path: str | os.PathLike[str]) -> str:
-    """File-system type of the mount holding ``path`` (longest matching mount point)."""
+def mount_of(path: str | os.PathLike[str]) -> dict[str, str] | None:
+    """The mountinfo entry of the mount holding ``path`` (the longest matching mount point, the
+    last one mounted there); None where /proc/self/mountinfo names none."""
     p = os.path.realpath(os.fspath(path))
-    best, kind = "", "?"
+    best: dict[str, str] | None = None
     for m in mountinfo():
         mp = m["mount_point"]
-        if (p == mp or p.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
-            best, kind = mp, m["fstype"]
-    return kind
+        if (p == mp or p.startswith(mp.rstrip("/") + "/")) and (best is None or len(mp) >= len(best["mount_point"])):
+            best = m
+    return best
+
+
+def fs_type(path: str | os.PathLike[str]) -> str:
+    """File-system type of the mount holding ``path`` (longest matching mount point)."""
+    m = mount_of(path)
+    return m["fstype"] if m is not None else "?"
+
+
+# Kept in memory only: a node crash, a reboot or a power loss loses all of it. zram is a
+# block device in RAM (without a backing device, what is written there is gone the same way).
+MEMORY_FS = frozenset({"tmpfs", "ramfs"})
+
+
+def memory_backed(m: dict[str, str]) -> bool:
+    """Whether a mount (``mount_of``) keeps its files only in memory."""
+    return m["fstype"] in MEMORY_FS or os.path.basename(m.get("source", "")).startswith("zram")
 
 
 def _under(path: str, scratch_root: str | os.PathLike[str] | None) -> str:
@@ -391,7 +408,8 @@ def can_mount_tmpfs() -> tuple[bool, str]:
 
 
 __all__ = [
-    "FillRecord", "can_mount_tmpfs", "filled", "free_bytes", "fs_type", "mount",
+    "MEMORY_FS", "FillRecord", "can_mount_tmpfs", "filled", "free_bytes", "fs_type", "memory_backed", "mount",
+    "mount_of",
     "mounted_tmpfs", "mounts_under", "mountinfo", "plan_disk_full", "prefill", "private_tmpfs",
     "remove_fillers", "umount", "unmount_all", "unshare_mounts",
 ]

@@ -221,13 +221,23 @@ def _certification_cases(doc: dict[str, Any]) -> list[Case]:
         out.append(Case(backend, "cleanup", "fail", "fail", msg, "cleanup", [msg]))
     # The exit status in one case: a partial run passes every case it ran but is never certified.
     verdict = bool(doc.get("certified"))
+    word = certification_word(doc)
     reasons = ([f"failing: {', '.join(map(str, doc.get('failing') or []))}"] if doc.get("failing") else []) + (
+        [f"not tested: {'; '.join(map(str, doc.get('not_tested') or []))}"] if doc.get("not_tested") else []) + (
         [str(doc["partial"])] if doc.get("partial") else [])
-    why = "; ".join(reasons) or "not certified"
+    why = one_line("; ".join(reasons) or "not certified")
     out.append(Case(backend, "certified", "pass" if verdict else "fail", "pass" if verdict else "fail",
-                    "" if verdict else f"NOT CERTIFIED: {why}", "" if verdict else "not_certified",
-                    [] if verdict else [f"NOT CERTIFIED: {why}"], seconds=0.0))
+                    "" if verdict else f"{word}: {why}", "" if verdict else "not_certified",
+                    [] if verdict else [f"{word}: {why}"], seconds=0.0))
     return out
+
+
+def certification_word(doc: dict[str, Any]) -> str:
+    """CERTIFIED, NOT CERTIFIED or NOT TESTED (a scenario that tested nothing, and nothing failing),
+    from ``certified``; a ``verdict`` field is believed only where it agrees with it."""
+    if doc.get("certified") is True:
+        return "CERTIFIED"
+    return "NOT TESTED" if doc.get("verdict") == "NOT TESTED" and not doc.get("failing") else "NOT CERTIFIED"
 
 
 def kind(doc: dict[str, Any]) -> str:
@@ -298,8 +308,9 @@ def describe(doc: dict[str, Any]) -> RunInfo:
         props["schema_version"] = str(doc["schema_version"])
     if k == "certification":
         certified = bool(doc.get("certified"))
-        notes = [("CERTIFIED" if certified else "NOT CERTIFIED") + (
-            f": failing {', '.join(map(str, doc.get('failing') or []))}" if doc.get("failing") else "")]
+        notes = [certification_word(doc) + (
+            f": failing {', '.join(map(str, doc.get('failing') or []))}" if doc.get("failing") else "") + (
+            f"; not tested: {'; '.join(map(str, doc.get('not_tested') or []))}" if doc.get("not_tested") else "")]
         if doc.get("partial"):
             notes.append(str(doc["partial"]))
         if doc.get("commit_protocol"):

@@ -265,3 +265,46 @@ def test_crash_points_count_s3_mutating_requests_only():
 
     assert run_crashing(requests, None) == ("completed", ["PutObject k/latest", "DeleteObject k/latest"])
     assert run_crashing(requests, 2)[0] == "crashed"
+
+
+def test_a_memory_backed_mount_is_staging_only_and_a_disk_is_a_durable_medium(tmp_path, file_backend):
+    """#32: found from the mount (/proc/self/mountinfo), never guessed from the path."""
+    from faults.disk import can_mount_tmpfs, memory_backed, mount_of
+
+    m = mount_of(file_backend[len("file://"):])
+    if m is None or memory_backed(m):
+        pytest.skip(f"the test's temp dir is itself memory-backed here ({m})")
+    report = _run(file_backend, None, "durable_medium")  # --only: a partial run, never certified as a whole
+    assert _status(report, "durable_medium") == "pass" and report["failing"] == []
+    ok, why = can_mount_tmpfs()
+    if not ok:
+        pytest.skip(why)
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True, timeout=20)
+    try:
+        report = _run(f"file://{mnt}", None, "durable_medium")
+        p = next(p for p in report["properties"] if p["name"] == "durable_medium")
+        assert report["failing"] == ["durable_medium"] and report["verdict"] == "NOT CERTIFIED"
+        assert "memory-backed file system (tmpfs" in p["summary"] and "Staging only" in p["summary"]
+        assert p["evidence"]["mount_point"] == str(mnt) and p["evidence"]["fstype"] == "tmpfs"
+        assert not any(mnt.iterdir())  # certify left nothing on the backend
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], timeout=20)
+
+
+def test_a_scenario_that_tested_nothing_neither_certifies_nor_refuses():
+    """#32: a bit flip the reader never saw made a run NOT CERTIFIED one day and not the next."""
+    from chaos.certify import decide
+
+    passed = [("read_after_write", "pass"), ("full_disk", "n/a")]
+    kill = {"name": "kill mid-save", "verdict": "pass", "error": None}
+    flip = {"name": "bit flip", "verdict": "skipped", "error": "skipped: fault bitflip did nothing"}
+    assert decide(passed, [kill], None, []) == ("CERTIFIED", [], [], [])
+    verdict, failing, untested, _ = decide(passed, [kill, flip], None, [])
+    assert (verdict, failing) == ("NOT TESTED", []) and untested == [
+        "campaign: bit flip: skipped: fault bitflip did nothing"]
+    broken = {"name": "power loss", "verdict": "fail", "error": None}
+    assert decide(passed, [kill, flip, broken], None, [])[:2] == ("NOT CERTIFIED", ["campaign: power loss"])
+    assert decide([("commit_atomicity", "fail")], [flip], None, [])[0] == "NOT CERTIFIED"
+    assert decide(passed, [kill], None, ["--quick"])[0] == "NOT CERTIFIED"  # partial: never certified

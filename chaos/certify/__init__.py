@@ -11,7 +11,10 @@ Three parts, each with a verdict and its evidence:
 3. measured save and load throughput on the backend.
 
 The backend is *certified* only when no property fails (``n/a`` needs a reason), every
-campaign scenario passes and the run was whole: ``--only``, ``--no-campaign`` and
+campaign scenario passes and the run was whole. A campaign scenario whose fault did
+nothing (*skipped*: a bit flip the reader never saw) tested nothing: the verdict is then
+``NOT TESTED`` with the scenario named, never a certification and never a refusal, so
+one run's luck cannot flip the answer. Partial runs: ``--only``, ``--no-campaign`` and
 ``--quick`` (which skips the bit-flip and power-loss scenarios) are partial runs, never
 certified (exit 1, with the reason). The report is JSON (and HTML via ``reports.html``).
 
@@ -163,13 +166,10 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
     finally:
         if target.local_s3 is not None:
             target.local_s3.stop()
-    failing = [p.name for p in props if p.status == "fail"]
-    failing += [f"campaign: {s['name']}" for s in scenarios if s["verdict"] not in ("pass",)]
-    if cleanup_error:
-        failing.append("cleanup")
     given = {"only": bool(only), "no_campaign": not campaign, "quick": bool(quick and campaign)}
-    partial = [flag for key, flag in PARTIAL_FLAGS if given[key]]
-    certified = not failing and not partial
+    verdict, failing, not_tested, partial = decide([(p.name, p.status) for p in props], scenarios, cleanup_error,
+                                                   [flag for key, flag in PARTIAL_FLAGS if given[key]])
+    certified = verdict == "CERTIFIED"
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "certification",
@@ -179,7 +179,9 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
         "commit_protocol": protocol,
         "checkpointer": "reference",
         "certified": certified,
+        "verdict": verdict,
         "failing": failing,
+        "not_tested": not_tested,
         "partial": f"partial run ({'; '.join(partial)}): never certified" if partial else None,
         "cleanup_error": cleanup_error,
         "properties": [verdict_dict(p) for p in props],
@@ -191,6 +193,26 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
         "seconds": round(time.time() - started, 1),
         "host": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine()},
     }
+
+
+def decide(props: list[tuple[str, str]], scenarios: list[dict[str, Any]], cleanup_error: str | None,
+           partial: list[str]) -> tuple[str, list[str], list[str], list[str]]:
+    """(verdict, failing, not tested, partial) of a certification: CERTIFIED, NOT CERTIFIED or NOT TESTED.
+
+    A property that fails, a campaign scenario that fails or errs, or a clean-up that left
+    something refuses the backend. A scenario whose fault did nothing (*skipped*) tested
+    nothing: never a reason to certify, nor to refuse; with nothing failing the verdict is
+    NOT TESTED, naming it. A partial run is never certified.
+    """
+    failing = [name for name, status in props if status == "fail"]
+    failing += [f"campaign: {s['name']}" for s in scenarios if s["verdict"] not in ("pass", "skipped")]
+    if cleanup_error:
+        failing.append("cleanup")
+    not_tested = [f"campaign: {s['name']}: {s.get('error') or 'skipped'}" for s in scenarios
+                  if s["verdict"] == "skipped"]
+    verdict = ("NOT CERTIFIED" if failing else "NOT TESTED" if not_tested else
+               "NOT CERTIFIED" if partial else "CERTIFIED")
+    return verdict, failing, not_tested, partial
 
 
 @contextlib.contextmanager

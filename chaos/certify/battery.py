@@ -424,6 +424,33 @@ def full_disk(b: Bench) -> Check:
         shutil.rmtree(mnt, ignore_errors=True)
 
 
+def durable_medium(b: Bench) -> Check:
+    """The checkpoints live on a medium that survives a node crash: never a memory-backed file system.
+
+    Found from the mount that holds the target (``/proc/self/mountinfo``), never guessed from
+    its path: a tmpfs, a ramfs or a zram device loses every checkpoint, acknowledged or not,
+    when the node crashes, reboots or loses power. Such a mount is for staging only.
+    """
+    if b.target.kind != "posix":
+        return Check("durable_medium", "not_judged", f"a {b.target.kind} backend: whether its service keeps data "
+                     "across a crash of its own nodes is not something a client can see; not tested")
+    from faults.disk import memory_backed, mount_of
+
+    m = mount_of(b.target.location())
+    if m is None:
+        return Check("durable_medium", "not_judged", f"no mount in /proc/self/mountinfo holds {b.target.location()}")
+    where = {k: m[k] for k in ("mount_point", "fstype", "source")}
+    if memory_backed(m):
+        return Check("durable_medium", "fail",
+                     f"{b.target.location()} is on a memory-backed file system ({m['fstype']} {m['source']} at "
+                     f"{m['mount_point']}): a node crash, reboot or power loss loses every checkpoint on it, "
+                     "acknowledged or not. Staging only: save here, then upload to durable storage with its own "
+                     "commit protocol", where)
+    return Check("durable_medium", "pass", f"{m['fstype']} ({m['source']}) at {m['mount_point']}: kept on a device, "
+                 "not in memory only (what a power loss keeps of a save is commit_atomicity's and the power-loss "
+                 "scenario's to show)", where)
+
+
 def orphan_cleanup(b: Bench) -> Check:
     """Leftovers of crashed saves (temp dirs, data, uncompleted uploads) are removed at the next start; commits stay."""
     sub = "orphans"
@@ -451,6 +478,7 @@ PROPERTIES: list[tuple[str, Callable[[Bench], Check]]] = [
     ("dropped_connection", dropped_connection),
     ("full_disk", full_disk),
     ("orphan_cleanup", orphan_cleanup),
+    ("durable_medium", durable_medium),
 ]
 
 

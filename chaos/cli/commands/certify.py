@@ -66,8 +66,9 @@ def _print(report: dict[str, Any]) -> None:
         c.print(f"  DCP FsspecWriter {d['name']:<22} {d['status'].upper():<5} {d['summary'][:150]}", highlight=False, markup=False)
     if report.get("cleanup_error"):
         c.print(f"  cleanup FAIL {report['cleanup_error']}", highlight=False, markup=False)
-    verdict = "CERTIFIED" if report["certified"] else "NOT CERTIFIED"
+    verdict = report.get("verdict") or ("CERTIFIED" if report["certified"] else "NOT CERTIFIED")
     reasons = ([f"failing: {', '.join(report['failing'])}"] if report["failing"] else []) + (
+        [f"not tested: {'; '.join(report['not_tested'])}"] if report.get("not_tested") else []) + (
         [report["partial"]] if report.get("partial") else [])
     why = f" ({'; '.join(reasons)})" if reasons else ""
     c.print(f"{verdict}{why} in {report['seconds']}s", highlight=False, markup=False)
