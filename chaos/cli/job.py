@@ -75,6 +75,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--point", action="append", default=[], metavar="ID",
                    help="run only this point (a replay; repeatable)")
+    p.add_argument("--materialize", action="store_true",
+                   help="rebuild a kill point's first attempt from the fault-free trace (its files as they were "
+                        "at the event) and run only the resume; one-process jobs, kills before or after an event")
     p.add_argument("--no-preload", action="store_true",
                    help="do not import, in the interpreters started ahead of an attempt, the modules the "
                         "fault-free run imported before its first file event (torch, numpy, ...)")
@@ -143,7 +146,7 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
                   timeout_s=args.timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m),
                   faults=tuple(f for f in args.faults.split(",") if f) if args.faults is not None else None,
                   grace_s=args.grace, net_hold_s=args.net_hold, nodes=args.nodes, node_hold_s=args.node_hold,
-                  preload=not args.no_preload)
+                  preload=not args.no_preload, materialize=args.materialize)
     if args.chaos_mesh is not None and job.nodes is None:
         raise ConfigError("--chaos-mesh writes node faults: it needs --nodes N")
     return args, job

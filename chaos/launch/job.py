@@ -80,6 +80,7 @@ class AttemptOutcome:
     node: dict[str, Any] | None = None    # a node point answered (--nodes, nodes.py): the loss or cut, each agent's end
     prestarted: bool = False  # its copies were spares started ahead, held at the gate until it began
     interrupted: bool = False  # its copies were stopped because the exploration was interrupted (``cancel``)
+    materialized: bool = False  # rebuilt from the fault-free trace, never run (``chaos.run.materialize``)
 
     @property
     def ok(self) -> bool:
@@ -141,6 +142,8 @@ class AttemptOutcome:
             d["node"] = self.node
         if self.prestarted:
             d["prestarted"] = True
+        if self.materialized:
+            d["materialized"] = True
         if self.interrupted:
             d["interrupted"] = True
         return d

@@ -311,6 +311,7 @@ class JobSpec:
     nodes: int | None = None                # --nodes N: one torchrun agent per simulated node (nodes.py)
     node_hold_s: float = DEFAULT_NODE_HOLD_S  # --node-hold: a link point's node stays cut off this long
     preload: bool = True                    # --no-preload: False
+    materialize: bool = False               # --materialize: a kill point's attempt 0 rebuilt from the trace
     # what explore found the fault-free run imported before its first file event (run-time only: never
     # recorded, never replayed); the boot path imports them before the gate (ENV_PRELOAD)
     preload_modules: tuple[str, ...] = ()
@@ -432,6 +433,8 @@ class JobSpec:
             args += ["--net-hold", repr(self.net_hold_s)]
         if not self.preload:
             args += ["--no-preload"]
+        if self.materialize:
+            args += ["--materialize"]
         if self.nodes is not None:
             args += ["--nodes", str(self.nodes)]
         if self.node_hold_s != DEFAULT_NODE_HOLD_S:
@@ -464,7 +467,7 @@ class JobSpec:
                    grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)),
                    net_hold_s=float(spec.get("net_hold_s", DEFAULT_NET_HOLD_S)), cwd=spec.get("cwd") or os.getcwd(),
                    nodes=spec.get("nodes"), node_hold_s=float(spec.get("node_hold_s", DEFAULT_NODE_HOLD_S)),
-                   preload=spec.get("preload", True) is not False)
+                   preload=spec.get("preload", True) is not False, materialize=spec.get("materialize") is True)
 
     def to_dict(self) -> dict[str, Any]:
         return {"command": list(self.command), "resume_command": list(self.resume_command or []) or None,
@@ -475,7 +478,8 @@ class JobSpec:
                 "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes),
                 "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
                 "net_hold_s": self.net_hold_s, "cwd": self.cwd, "nodes": self.nodes,
-                "node_hold_s": self.node_hold_s, **({} if self.preload else {"preload": False})}
+                "node_hold_s": self.node_hold_s, **({} if self.preload else {"preload": False}),
+                **({"materialize": True} if self.materialize else {})}
 
 
 # -- a job on simulated nodes (--nodes N): the pure checks, parsed here; nodes.py runs it

@@ -74,6 +74,7 @@ from chaos.nemesis import atrest, diskfull, family, netcut, nodes
 from chaos.plan import pointset
 from chaos.plan.pointset import Facts
 from chaos.record.jobhistory import PointRecord, read_traces
+from chaos.run import materialize
 from chaos.scratch import make_root
 from faults import FaultError, disk
 
@@ -142,6 +143,7 @@ class Run:
     attempts: list[launch.AttemptOutcome] = field(default_factory=list)
     lab: NetworkLab | None = None  # where every copy runs, each rank in its namespace (network cuts explored)
     prestart: bool = False  # start the restart's copies while attempt 0 runs (launch.prestart)
+    replay_from: str | None = None  # a fault-free run's scratch: attempt 0 rebuilt from it (materialize.py)
 
     def attempt(self, job: JobSpec, attempt: int, point: Point | None) -> launch.AttemptOutcome:
         if self.prestart and attempt == 0 and point is not None and job.max_restarts > 0:
@@ -333,7 +335,15 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
     fam = _halting(point) if point is not None and point.mode in HALT_MODES else None
     prepared = fam.prepare(run.out) if fam is not None and fam.prepare is not None else None
     before = _sizes(run.out)
-    run.attempt(job, 0, point)
+    zero = None
+    if run.replay_from is not None and point is not None and fam is None:
+        if run.prestart and job.max_restarts > 0 and spares.port_of(run.scratch, 1) is None:
+            launch.prestart(job, run.out, run.scratch, 1, None, run.mark, run.lab)  # (unless the last point did)
+        zero = materialize.attempt_zero(job, point, run.replay_from, run.out, run.scratch)
+    if zero is not None:
+        run.attempts.append(zero)
+    else:
+        run.attempt(job, 0, point)
     untraced = untraced_after(job, run, before) if point is not None else []
     # what the job left, before the harness edits it: what it relied on is judged on this
     before_fault = checkpoint_state(run.out, job.checkpoint_glob) if fam is not None else None
@@ -657,6 +667,13 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
     """
     lock = threading.Lock()
     durations: list[float] = []
+    golden_scratch = os.path.dirname(ref.golden.out)
+
+    def replay_from(point: Point) -> str | None:
+        """Where a point's attempt 0 is rebuilt from (``--materialize``), or None: it runs."""
+        if not job.materialize or materialize.why_not(job, point, bool(ref.untraced_changes)) is not None:
+            return None
+        return golden_scratch
 
     def estimate() -> float:
         return sum(durations) / len(durations) if durations else ref.seconds
@@ -673,9 +690,13 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
         t0 = time.monotonic()
         run = _new_run(root, f"point-{i:05d}")
         run.prestart = warm
+        run.replay_from = replay_from(point)
         if warm and jobs == 1 and i + 1 < len(chosen):
             nxt = _new_run(root, f"point-{i + 1:05d}")
-            launch.prestart(job, nxt.out, nxt.scratch, 0, chosen[i + 1], nxt.mark)
+            if replay_from(chosen[i + 1]) is None:
+                launch.prestart(job, nxt.out, nxt.scratch, 0, chosen[i + 1], nxt.mark)
+            elif job.max_restarts > 0:  # its first attempt is rebuilt, not run: its restart comes first
+                launch.prestart(job, nxt.out, nxt.scratch, 1, None, nxt.mark)
         rec: PointRecord | None = None
         try:
             rec = run_chain(job, run, point, seed, ref.netlab)

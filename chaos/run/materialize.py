@@ -1,0 +1,133 @@
+"""A kill point's first attempt from the fault-free trace, not from a run to the point (#30).
+
+Why: a kill right before or after file event N of a one-process job leaves exactly what the
+fault-free run had done up to that event, and its trace says what that is: every write's
+bytes, every rename and unlink, in order. Running the job from step 0 to the point, one
+interpreter start and ``import torch`` included, only to be killed there, costs as much as
+the resume that is the point's real test. With ``--materialize`` (opt-in while it proves
+itself), ``explore`` calls :func:`attempt_zero` instead of launching attempt 0:
+
+1. {out} and the job's temp dir become the crash model's state at the cut with every
+   change kept (a process kill loses nothing the kernel was handed:
+   ``faults.crashstate.CrashModel``, base: the empty folders every run starts from);
+2. the point's attempt-0 trace is the fault-free trace up to that event (its ``.data``
+   companion as is), and then the ``fired`` record the rank's tracer writes as it kills;
+3. the attempt is recorded as killed by SIGKILL, ``materialized`` in the results.
+
+Then the restart runs for real and the point is judged as any other. Only where the trace
+can say it all (:func:`why_not`): a kill before or after an event (not torn, not a step),
+one process (no ``--ranks``, torchrun or ``--nodes``), every event of it under {out} or the
+job's temp dir, no
+change under {out} that no event explains, and a trace the crash model represents; any
+other point runs to the point as before.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+from typing import Any
+
+from chaos.launch.job import AttemptOutcome
+from chaos.model.jobspec import JobSpec, Point
+from chaos.nemesis.atrest import merged_records
+from faults import FaultError
+from faults.crashstate import CrashModel, Snapshot, clear
+
+
+def why_not(job: JobSpec, point: Point, untraced: bool) -> str | None:
+    """Why this point's first attempt must run to the point (None: it can be materialized)."""
+    if point.family != "kill" or point.op is None or point.mode not in ("before", "after"):
+        return "only a kill before or after a file event is materialized"
+    if job.ranks is not None or job.torchrun or job.nodes is not None:
+        return "only a one-process job's attempt is materialized"
+    if untraced:
+        return "the fault-free run changed files under {out} that no traced event explains"
+    return None
+
+
+def _lines_up_to(trace: str, ord_: int, inclusive: bool) -> list[bytes] | None:
+    """The raw lines of a trace file up to event ``ord_`` (that event's line included or not)."""
+    out: list[bytes] = []
+    with open(trace, "rb") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                return None  # a torn line: the trace ends early
+            if rec.get("event") == "op" and rec.get("ord") == ord_:
+                return out + [line] if inclusive else out
+            out.append(line)
+    return None
+
+
+def _moved(rec: dict[str, Any], roots: dict[str, str]) -> dict[str, Any] | None:
+    """An event of the fault-free run as if it had happened in this point's folders (``roots``:
+    the fault-free run's {out} and temp dir -> this point's); None for an event on a path in
+    neither."""
+    if rec.get("event") not in ("op", "fired", "read"):
+        return rec
+    moved = dict(rec)
+    for key in ("path", "src", "dst"):
+        p = rec.get(key)
+        if not isinstance(p, str):
+            continue
+        to = next(((src, dest) for src, dest in roots.items() if p == src or p.startswith(src + os.sep)), None)
+        if to is None:
+            return None
+        moved[key] = to[1] + p[len(to[0]):]
+    return moved
+
+
+def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scratch: str) -> AttemptOutcome | None:
+    """Attempt 0 of ``point`` rebuilt from the fault-free run in ``golden_scratch``; None (nothing
+    changed) where the trace cannot say what the disk held there."""
+    traces = sorted(glob.glob(os.path.join(glob.escape(golden_scratch), "trace", "trace-r0-a0-p*.jsonl")))
+    if len(traces) != 1:
+        return None  # a child process traced too: more than one timeline
+    after = point.mode == "after"
+    lines = _lines_up_to(traces[0], int(point.op), after)  # type: ignore[arg-type]
+    if lines is None:
+        return None
+    records = merged_records(golden_scratch, 0)
+    cut = next((i for i, r in enumerate(records) if r.get("event") == "op" and r.get("ord") == point.op), None)
+    if cut is None:
+        return None
+    tmp = os.path.join(scratch, "tmp")
+    roots = {os.path.join(golden_scratch, "out"): out, os.path.join(golden_scratch, "tmp"): tmp}
+    upto = [_moved(r, roots) for r in records[: cut + 1 if after else cut]]
+    if any(r is None for r in upto):
+        return None  # an event outside {out} and the job's temp dir: nothing to rebuild it from
+    os.makedirs(tmp, exist_ok=True)
+    try:
+        for root in (out, tmp):  # each tree as the kill left it: every change kept, a kill loses nothing
+            model = CrashModel(root, Snapshot(), upto)  # type: ignore[arg-type]
+            last = model.n_prefixes - 1
+            state = model.state(last, *model.extreme_choices(last)[1])
+            clear(root)
+            model.materialize(state, root)
+    except FaultError:
+        clear(out)
+        clear(tmp)
+        return None
+    event = records[cut]
+    fired: dict[str, Any] = {"event": "fired", "action": "kill", "op": event.get("op"), "when": point.mode, "ord": point.op,
+             "path": event.get("path"), "materialized": True, "rank": 0, "pid": event.get("pid"),
+             "ts": event.get("ts", 0.0), "seq": (event.get("seq") or 0) + (1 if after else 0)}
+    tdir = os.path.join(scratch, "trace")
+    os.makedirs(tdir, exist_ok=True)
+    name = os.path.basename(traces[0])
+    with open(os.path.join(tdir, name), "wb") as f:  # the same records, their paths in this point's {out}
+        for line in lines:
+            rec = json.loads(line)
+            moved = _moved(rec, roots)
+            f.write((json.dumps(moved if moved is not None else rec, separators=(",", ":")) + "\n").encode())
+        f.write((json.dumps(_moved(fired, roots) or fired, separators=(",", ":")) + "\n").encode())
+    if os.path.exists(traces[0] + ".data"):
+        shutil.copyfile(traces[0] + ".data", os.path.join(tdir, name + ".data"))
+    return AttemptOutcome(0, job.argv(out, resume=False), [-9], materialized=True)
+
+
+__all__ = ["attempt_zero", "why_not"]

@@ -1,0 +1,84 @@
+"""A kill point's first attempt rebuilt from the fault-free trace gives the verdict running to it gives (#30).
+
+``--materialize`` writes {out} (and the job's temp dir) as the fault-free trace says they
+were at the event, and the trace up to it, instead of running the job to the point; the
+restart then runs for real. Point by point, the verdict, the outcome and the summary must be
+the ones a run to the point gets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from chaos.model.jobspec import JobSpec, parse_point
+from chaos.run import explore
+from chaos.run.materialize import why_not
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "chaos" / "examples"
+
+TORCH_JOB = """
+import os, sys
+import torch
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+torch.manual_seed(0)
+w = torch.zeros(4)
+ckpt = os.path.join(out, "ckpt.pt")
+start = torch.load(ckpt)["step"] if os.path.exists(ckpt) else 0
+if start:
+    w = torch.load(ckpt)["w"]
+for step in range(start, 6):
+    w = w + torch.arange(4.0) * (step + 1)
+    if (step + 1) % 2 == 0:
+        torch.save({"w": w, "step": step + 1}, ckpt)
+torch.save(w, os.path.join(out, "final.pt"))
+"""
+
+
+def _both_ways(job: JobSpec, tmp: Path, max_points: int, seed: int) -> tuple[dict, dict, int]:
+    ran = explore.explore(job, max_points=max_points, jobs=1, seed=seed, scratch_base=str(tmp))
+    rebuilt = explore.explore(dataclasses.replace(job, materialize=True), max_points=max_points, jobs=1, seed=seed,
+                              scratch_base=str(tmp))
+    verdicts = [{r.point.id: (r.verdict.verdict, r.verdict.outcome, r.verdict.summary) for r in e.results}
+                for e in (ran, rebuilt)]
+    materialized = sum(1 for r in rebuilt.results if r.record.attempts and r.record.attempts[0].materialized)
+    return verdicts[0], verdicts[1], materialized
+
+
+@pytest.mark.parametrize("example", ["careless_job.py", "careful_job.py"])
+def test_every_materialized_point_gets_the_verdict_of_running_to_it(example: str, tmp_path: Path) -> None:
+    job = JobSpec(command=(sys.executable, str(EXAMPLES / example), "--out", "{out}"), faults=("kill",),
+                  result_globs=("final.json",), cwd=str(REPO))
+    ran, rebuilt, materialized = _both_ways(job, tmp_path, 16, seed=1)
+    assert len(ran) == 16 and rebuilt == ran
+    assert materialized >= 8  # the kills before and after events; step kills and torn writes still run
+    if example == "careless_job.py":
+        assert any(v[1] == "hard_failure" for v in ran.values())  # its defect, found both ways
+
+
+@pytest.mark.slow  # two explorations of a torch script: about 25 s
+def test_a_torch_script_gets_the_same_verdicts_materialized(tmp_path: Path) -> None:
+    script = tmp_path / "torch_job.py"
+    script.write_text(TORCH_JOB)
+    job = JobSpec(command=(sys.executable, str(script), "{out}"), faults=("kill",), modes=("before", "after"),
+                  result_globs=("final.pt",), cwd=str(tmp_path))
+    ran, rebuilt, materialized = _both_ways(job, tmp_path, 6, seed=0)
+    assert rebuilt == ran and materialized == 6
+
+
+def test_only_what_the_trace_can_say_is_materialized() -> None:
+    one = JobSpec(command=("python", "t.py", "{out}"))
+    assert why_not(one, parse_point("rank0:op3:after"), untraced=False) is None
+    assert why_not(one, parse_point("rank0:op3:before"), untraced=False) is None
+    assert "kill before or after" in why_not(one, parse_point("rank0:op3:torn"), untraced=False)
+    assert "kill before or after" in why_not(one, parse_point("rank0:step3:kill"), untraced=False)
+    assert "kill before or after" in why_not(one, parse_point("rank0:op3:bitflip"), untraced=False)
+    two = JobSpec(command=("python", "t.py", "{out}"), ranks=2)
+    assert "one-process" in why_not(two, parse_point("rank0:op3:after"), untraced=False)
+    assert "no traced event explains" in why_not(one, parse_point("rank0:op3:after"), untraced=True)
+    assert "--materialize" in JobSpec(command=one.command, materialize=True).replay_args()
