@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 WORKLOAD = [sys.executable, "-m", "chaos.target.workload", "{out}", "--steps", "4", "--save-every", "2"]
 MODEL_ONLY = "tests/checkpointers/model_only.py:ModelOnlyCheckpointer"
@@ -42,12 +44,16 @@ def test_the_workload_runs_alone_and_resumes_to_the_same_final_state(tmp_path: P
     assert bad.returncode == 2 and "--workload" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_the_reference_checkpointer_passes_as_a_job_and_a_model_only_one_diverges(tmp_path: Path) -> None:
+@pytest.mark.slow  # 15 s; the model-only test below keeps the job path in the per-commit run
+def test_the_reference_checkpointer_passes_as_a_job(tmp_path: Path) -> None:
     ok = explore(tmp_path / "reference")
     [point] = ok["scenarios"]
     assert (point["id"], point["verdict"]) == ("rank0:step3:kill", "pass"), point["summary"]
     assert point["oracles"]["result_files"]["result"] == "pass"
     assert point["oracles"]["durability"]["result"] == "pass"  # resumed at the acknowledged step 2
+
+
+def test_a_model_only_checkpointer_diverges_as_a_job_naming_the_leaf_it_lost(tmp_path: Path) -> None:
     bad = explore(tmp_path / "model-only", "--checkpointer", MODEL_ONLY)
     [point] = bad["scenarios"]
     assert (point["verdict"], point["outcome"]) == ("fail", "silent_divergence"), point["summary"]
