@@ -78,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="points run concurrently, both tools (default 1)")
     p.add_argument("--seed", type=int, default=0, help="our sampling seed, the same in every repeat (default 0)")
     p.add_argument("--modes", default=None, metavar="M,...", help="our --modes (default: ours, all of them)")
+    p.add_argument("--faults", default=None, metavar="K,...", help="our --faults (default: every kind that applies)")
+    p.add_argument("--materialize", action="store_true",
+                   help="our --materialize: kill points' first attempts rebuilt from the fault-free trace")
     p.add_argument("--peer-modes", default=PEER_MODES, metavar="M,...",
                    help=f"ckpt-chaos's --modes (default {PEER_MODES}: all it has)")
     p.add_argument("--result-file", default=None, metavar="NAME",
@@ -164,6 +167,10 @@ def run_ours(script: Path, args: argparse.Namespace, where: Path, repeat: int, f
         argv += ["--ranks", str(args.ranks)]
     if args.modes:
         argv += ["--modes", args.modes]
+    if getattr(args, "faults", None):
+        argv += ["--faults", args.faults]
+    if getattr(args, "materialize", False):
+        argv += ["--materialize"]
     wall, proc = _timed([*argv, "--", *_command(script)], where, _limit(args))
     run = ToolRun("chaos", repeat, first, round(wall, 3), proc.returncode)
     if proc.returncode not in (0, 1) or not results.exists():
@@ -365,6 +372,7 @@ def bench(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
         "tools": {"chaos": _version("chaos-ckpt"), PEER: _version(PEER)},
         "settings": {"repeat": args.repeat, "max_points": args.max_points, "ranks": args.ranks, "jobs": args.jobs,
                      "seed": args.seed, "modes": args.modes or "all", "peer_modes": args.peer_modes,
+                     "faults": getattr(args, "faults", None) or "all", "materialize": bool(getattr(args, "materialize", False)),
                      "result_files": dict(zip(("chaos", PEER), _result_names(args), strict=True)), "timeout_s": args.timeout},
         "scratch": str(root) if args.keep else None,
         "scripts": [],
@@ -412,7 +420,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [f"### chaos job mode vs {PEER} {doc['tools'][PEER]} ({doc['date']})", "",
              f"{m['cpus']} CPU(s), load average {m['load_avg_before']} before, {m['load_avg_after']} after; "
              f"{st['repeat']} repeat(s), at most {st['max_points']} points per run, {st['ranks']} rank(s), "
-             f"{st['jobs']} point(s) at a time; our modes {st['modes']}, theirs {st['peer_modes']}. "
+             f"{st['jobs']} point(s) at a time; our modes {st['modes']}, faults {st.get('faults', 'all')}"
+             f"{', materialized' if st.get('materialize') else ''}, theirs {st['peer_modes']}. "
              "Times: min / median / max over the repeats. Verdicts in our words, summed over the repeats "
              "(theirs: PASS, HARD_FAIL, SILENT_DIVERGENCE, LOST_WORK).", "",
              "| script | tool | points run (found) | file events | wall s per run | s per point | fault kinds "
