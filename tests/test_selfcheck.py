@@ -213,6 +213,7 @@ def test_cli_rejects_bad_input_with_status_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.chaos
+@pytest.mark.slow  # 33 s; the nightly runs it (.ci/nightly), and a CI run of 425d65e took 889 s of its 900
 def test_selfcheck_catches_every_planted_defect_with_no_false_positive(chaos_session, capsys) -> None:
     corpus = discover(CORPUS)
     report = run_selfcheck(corpus, SelfCheckOptions(run=chaos_session.options, fail_fast=True), correct={"correct"})
