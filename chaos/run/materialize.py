@@ -48,9 +48,9 @@ def why_not(job: JobSpec, point: Point, untraced: bool) -> str | None:
     return None
 
 
-def _lines_up_to(trace: str, ord_: int, inclusive: bool) -> list[bytes] | None:
-    """The raw lines of a trace file up to event ``ord_`` (that event's line included or not)."""
-    out: list[bytes] = []
+def _records_up_to(trace: str, ord_: int, inclusive: bool) -> list[dict[str, Any]] | None:
+    """The records of a trace file up to event ``ord_`` (that event's included or not), in file order."""
+    out: list[dict[str, Any]] = []
     with open(trace, "rb") as f:
         for line in f:
             try:
@@ -58,8 +58,8 @@ def _lines_up_to(trace: str, ord_: int, inclusive: bool) -> list[bytes] | None:
             except ValueError:
                 return None  # a torn line: the trace ends early
             if rec.get("event") == "op" and rec.get("ord") == ord_:
-                return out + [line] if inclusive else out
-            out.append(line)
+                return out + [rec] if inclusive else out
+            out.append(rec)
     return None
 
 
@@ -88,7 +88,7 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
     if len(traces) != 1:
         return None  # a child process traced too: more than one timeline
     after = point.mode == "after"
-    lines = _lines_up_to(traces[0], int(point.op), after)  # type: ignore[arg-type]
+    lines = _records_up_to(traces[0], int(point.op), after)  # type: ignore[arg-type]
     if lines is None:
         return None
     records = merged_records(golden_scratch, 0)
@@ -120,8 +120,7 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
     os.makedirs(tdir, exist_ok=True)
     name = os.path.basename(traces[0])
     with open(os.path.join(tdir, name), "wb") as f:  # the same records, their paths in this point's {out}
-        for line in lines:
-            rec = json.loads(line)
+        for rec in lines:
             moved = _moved(rec, roots)
             f.write((json.dumps(moved if moved is not None else rec, separators=(",", ":")) + "\n").encode())
         f.write((json.dumps(_moved(fired, roots) or fired, separators=(",", ":")) + "\n").encode())
