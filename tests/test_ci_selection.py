@@ -89,9 +89,9 @@ def test_the_nightly_installs_what_the_framework_suites_import():
 def test_the_selections_still_tell_slow_and_gpu_apart():
     text = _nightly()
     nightly = _selection(text)
-    for marks in ({"slow"}, {"gpu"}, {"chaos", "slow"}):
+    for marks in ({"slow"}, {"gpu"}, {"chaos", "slow"}, {"storage"}):
         assert nightly.evaluate(lambda name, m=marks: name in m)
-    assert opted_in(re.search(r'-m\s+"([^"]+)"', text.partition("-m pytest")[2]).group(1)) == {"slow", "bench"}
+    assert opted_in(re.search(r'-m\s+"([^"]+)"', text.partition("-m pytest")[2]).group(1)) == {"slow", "bench", "storage"}
     assert not nightly.evaluate(lambda name: name == "bench"), "the nightly names bench only to leave it out"
     assert opted_in("") == set() and opted_in("chaos") == set() and opted_in("not slowish") == set()
 

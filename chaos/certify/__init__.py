@@ -124,14 +124,15 @@ PARTIAL_FLAGS = (("only", "--only"), ("no_campaign", "--no-campaign"), ("quick",
 def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool = True, quick: bool = False,
             throughput_mib: int = 64, only: list[str] | None = None, scratch_base: str | None = None,
             progress: Callable[[str], None] | None = None, dcp: bool = False,
-            cache_dir: str | None = None) -> dict[str, Any]:
+            cache_dir: str | None = None, remount: list[str] | None = None) -> dict[str, Any]:
     """Run the whole certification; returns the report dict (see module docstring).
 
     Everything is written under the backend's own ``certify-<id>`` location and a private
     scratch dir (under ``scratch_base``, else the system temp dir), both removed at the
     end; golden runs are cached in that scratch dir unless ``cache_dir`` is given; an
     embedded S3 server is stopped even on error. A partial run (``only``, no campaign,
-    ``quick``) is never certified.
+    ``quick``) is never certified. ``remount``: how ``client_crash`` mounts a FUSE backend
+    again after killing its daemon (default: the daemon's own command line).
     """
     import torch
 
@@ -141,6 +142,7 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
     torch.set_num_threads(1)  # the battery forks; keep OpenMP out of the parent
     started = time.time()
     target = resolve(spec, wrapper)  # bad input fails here, before anything is created
+    target.remount = remount
     note = progress or (lambda msg: None)
     cleanup_error = None
     try:

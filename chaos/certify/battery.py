@@ -28,6 +28,7 @@ import torch
 from chaos.certify.crash import run_crashing
 from chaos.certify.target import Target
 from chaos.model.check import Check
+from chaos.reference.storage.base import parse_url
 
 
 def verdict_dict(v: Check) -> dict[str, Any]:
@@ -451,6 +452,82 @@ def durable_medium(b: Bench) -> Check:
                  "scenario's to show)", where)
 
 
+def client_crash(b: Bench, max_points: int = 40) -> Check:
+    """The mount's storage client (its FUSE daemon) crashes before, inside and after a save's operations.
+
+    Each crash is followed by a fresh mount (the daemon's own command line, or
+    ``--remount``) and a fresh reader: every listed step loads bit-exact, ``latest`` names a
+    committed step, and a save acknowledged before the crash is there. Mounts without a
+    daemon of their own (a kernel file system) have nothing to crash here: ``n/a``.
+    """
+    if b.target.kind != "posix":
+        return Check("client_crash", "not_judged", f"a {b.target.kind} backend is reached by this process's own "
+                     "client: its crash is the checkpointer's, which commit_atomicity kills")
+    from chaos.certify import clientcrash
+    from faults.errors import Unsupported
+    from faults.fusemount import find_daemon
+
+    try:
+        daemon = find_daemon(b.target.location())
+    except Unsupported as exc:
+        return Check("client_crash", "not_judged", f"{exc}: no storage client of its own to crash "
+                     "(a crash of the checkpointer is commit_atomicity's)")
+    sub = "client"
+    base, nxt = make_state(1, b.small, b.seed), make_state(2, b.small, b.seed)
+    b.save_once(sub, 1, base)
+    root = parse_url(b.target.url(sub)).location
+
+    def save_two() -> None:
+        b.ckpt(sub).save(2, nxt)  # no close(): nothing after the acknowledgement may matter
+
+    def judge(acknowledged: bool) -> list[str]:
+        bad = _expect_only(b, sub, {1: base, 2: nxt}, "after the client crash")
+        if acknowledged:
+            r = b.reader(sub)
+            try:
+                steps, latest = r.store.list_steps(), r.store.read_latest()
+            finally:
+                r.close()
+            if 2 not in steps or latest != 2:
+                bad.append(f"the save of step 2 was acknowledged before the crash, but a fresh mount lists "
+                           f"{steps} with latest {latest}: an acknowledged save was lost")
+        return bad
+
+    description = daemon.describe()
+    ops, by_request = clientcrash.count(daemon, save_two)
+    _reset_to_one(b, sub)
+    outcomes = []
+    for point in clientcrash.plan(ops, max_points):
+        outcome, daemon = clientcrash.run_point(daemon, save_two, point, ops, by_request, judge, lambda: _listing(root),
+                                                lambda: _reset_to_one(b, sub), b.target.remount)
+        outcomes.append(outcome)
+    bad = [o for o in outcomes if o.violations]
+    ev = {"daemon": description, "remount": list(b.target.remount or daemon.argv),
+          "ops": [o.describe() for o in ops], "counted": "mutating HTTP requests" if by_request else "sends", "points": len(outcomes),
+          "tried": [o.to_dict() for o in outcomes], "violations": [f"{o.where}: {v}" for o in bad for v in o.violations][:20]}
+    if bad:
+        first = bad[0]
+        seen = ", ".join(x for x in first.listing if "step-" in x)[:300]
+        return Check("client_crash", "fail", f"{daemon.fstype} client killed {first.where}; mounted again, a fresh "
+                     f"reader found: {first.violations[0]} (the directory held: {seen})", ev)
+    inside = sum(1 for o in outcomes if o.point.sends)
+    return Check("client_crash", "pass", f"{len(outcomes)} crashes of the {daemon.fstype} daemon ({inside} at an "
+                 f"upstream {'request' if by_request else 'send'} inside an operation) over {len(ops)} operations, each mounted again: every listed step loads, latest "
+                 "committed, acknowledged saves kept", ev)
+
+
+def _listing(root: str, limit: int = 200) -> list[str]:
+    """What a checkpoint directory holds, directories with a trailing slash (links not followed)."""
+    out: list[str] = []
+    for dirpath, dirs, files in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        out += [os.path.normpath(os.path.join(rel, d)) + "/" for d in sorted(dirs)]
+        out += [os.path.normpath(os.path.join(rel, f)) for f in sorted(files)]
+        if len(out) >= limit:
+            break
+    return sorted(out)[:limit]
+
+
 def orphan_cleanup(b: Bench) -> Check:
     """Leftovers of crashed saves (temp dirs, data, uncompleted uploads) are removed at the next start; commits stay."""
     sub = "orphans"
@@ -473,6 +550,7 @@ PROPERTIES: list[tuple[str, Callable[[Bench], Check]]] = [
     ("read_after_write", read_after_write),
     ("checksums_round_trip", checksums_round_trip),
     ("commit_atomicity", commit_atomicity),
+    ("client_crash", client_crash),
     ("partial_invisible", partial_invisible),
     ("concurrent_writers", concurrent_writers),
     ("dropped_connection", dropped_connection),

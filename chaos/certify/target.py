@@ -25,6 +25,7 @@ class Target:
     params: dict[str, str] = field(default_factory=dict)
     wrapper: str | None = None
     local_s3: Any = None
+    remount: list[str] | None = None  # --remount: how to mount a FUSE target again after its client crashed
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def location(self) -> str:

@@ -54,6 +54,8 @@ MARKERS = {
     "gpu": "needs CUDA (NCCL); gpu(count=N): N GPUs. Skips with the reason where they are missing",
     "docker": "needs a Docker engine",
     "bench": "benchmark; reports ratios, asserts no timings; excluded unless the -m expression names it",
+    "storage": "certifies real mounts (s3fs, rclone, loop images) end to end; minutes each, so excluded unless "
+               "the -m expression names it; the nightly runs it. Skips without root, FUSE or the tools",
     "frameworks": "needs the frameworks extra (transformers, Lightning, Accelerate); skips without it, "
                   "runs in the nightly (.ci/nightly installs it)",
 }
@@ -210,7 +212,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
-OPT_IN = ("slow", "bench")  # markers whose tests run only when the -m expression names them
+OPT_IN = ("slow", "bench", "storage")  # markers whose tests run only when the -m expression names them
 
 
 def opted_in(markexpr: str) -> set[str]:
@@ -221,7 +223,7 @@ def opted_in(markexpr: str) -> set[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave out ``slow`` and ``bench`` tests unless the ``-m`` expression names them.
+    """Leave out ``slow``, ``bench`` and ``storage`` tests unless the ``-m`` expression names them.
 
     A ``-m`` given on the command line replaces the one in ``addopts``, so a default of
     ``-m "not slow"`` there made the CI command of the design card, ``pytest suites/ -m

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="campaign: only the kill mid-save scenario (partial: never certified)")
     parser.add_argument("--throughput-mib", type=int, default=64, help="state size for the throughput measurement (0: skip)")
     parser.add_argument("--dcp", action="store_true", help="also certify PyTorch DCP's FsspecWriter on the backend (s3 only)")
+    parser.add_argument("--remount", default=None, metavar="CMD",
+                        help="how to mount a FUSE backend again after client_crash killed its daemon (default: the "
+                             "daemon's own command line, read from /proc/PID/cmdline)")
     parser.add_argument("--scratch", default=None, help="parent directory for local scratch (default: the system temp dir)")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                         help="keep the campaign's golden runs here (default: inside the scratch dir, removed at the end)")
@@ -96,10 +100,14 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} {path}: not an existing directory")
     if args.throughput_mib < 0:
         raise ConfigError(f"--throughput-mib must be >= 0, got {args.throughput_mib}")
+    remount = shlex.split(args.remount) if args.remount is not None else None
+    if remount is not None and not remount:
+        raise ConfigError("--remount: an empty command")
     try:
         report = certify(args.backend, args.wrapper, args.seed, campaign=not args.no_campaign, quick=args.quick,
                          throughput_mib=args.throughput_mib, only=only, scratch_base=args.scratch,
-                         progress=lambda msg: print(f".. {msg}", flush=True), dcp=args.dcp, cache_dir=args.cache_dir)
+                         progress=lambda msg: print(f".. {msg}", flush=True), dcp=args.dcp, cache_dir=args.cache_dir,
+                         remount=remount)
     except StorageConfigError as exc:
         raise ConfigError(str(exc)) from None
     _print(report)

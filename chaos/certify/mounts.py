@@ -1,0 +1,105 @@
+"""Real mounts to certify, made here: s3fs-fuse over the embedded S3, a tmpfs.
+
+Why: certify's answers about FUSE clients and memory-backed mounts are only worth what
+they were measured on. The storage suite (``suites/test_storage.py``) and the findings
+table mount these exactly as a user would (Debian's ``s3fs`` with a password file and a
+path-style endpoint; ``mount -t tmpfs``) and certify the mount point with nothing else on
+the command line. Each context manager unmounts even on error, kills a daemon that a
+crash test left behind, and says why it cannot run (not root, no ``/dev/fuse``, a tool
+missing) with :class:`faults.errors.Unsupported`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+from faults.disk import mount_of
+from faults.errors import FaultError, Unsupported
+from faults.fusemount import find_daemon, is_fuse, kill
+
+
+def fuse_ready(*tools: str) -> str | None:
+    """Why FUSE mounts cannot be made here (None when they can): root, ``/dev/fuse`` and ``tools``."""
+    if os.geteuid() != 0:
+        return "needs root (mount)"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    missing = [t for t in tools if shutil.which(t) is None]
+    return f"not installed: {', '.join(missing)}" if missing else None
+
+
+@contextlib.contextmanager
+def s3fs_mount(endpoint: str, bucket: str, workdir: str, timeout_s: float = 20.0) -> Iterator[str]:
+    """Mount ``bucket`` of the S3 endpoint with s3fs-fuse at ``workdir/mnt``; yields the mount point.
+
+    The password file (dummy keys: moto takes any) lives in ``workdir``, mode 0600 as s3fs
+    demands. On exit the mount is taken off lazily and whatever daemon serves it then (the
+    one started here, or one a client-crash test remounted) is killed.
+    """
+    why = fuse_ready("s3fs")
+    if why:
+        raise Unsupported(f"s3fs mount: {why}")
+    mnt = os.path.join(workdir, "mnt")
+    os.makedirs(mnt, exist_ok=True)
+    passwd = os.path.join(workdir, "s3fs.passwd")
+    fd = os.open(passwd, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("chaos:chaos-secret\n")
+    cmd = ["s3fs", bucket, mnt, "-o", f"url={endpoint},use_path_request_style,passwd_file={passwd}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise FaultError(f"s3fs mount of {bucket} at {mnt} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+    try:
+        _wait_mounted(mnt, timeout_s)
+        yield mnt
+    finally:
+        unmount(mnt)
+
+
+def unmount(mnt: str) -> None:
+    """Take every FUSE mount at ``mnt`` off and kill the daemon serving it, if any."""
+    for _ in range(4):
+        m = mount_of(mnt)
+        if m is None or m["mount_point"] != os.path.realpath(mnt):
+            return
+        if is_fuse(m["fstype"]):
+            with contextlib.suppress(Unsupported):
+                daemon = find_daemon(mnt)
+                subprocess.run(["umount", "-l", mnt], capture_output=True, timeout=20)
+                kill(daemon)
+                continue
+        subprocess.run(["umount", "-l", mnt], capture_output=True, timeout=20)
+
+
+@contextlib.contextmanager
+def tmpfs_mount(workdir: str, size: str = "64m") -> Iterator[str]:
+    """A tmpfs at ``workdir/tmpfs``: what certify must never call durable."""
+    if os.geteuid() != 0:
+        raise Unsupported("tmpfs mount: needs root")
+    mnt = os.path.join(workdir, "tmpfs")
+    os.makedirs(mnt, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", mnt], check=True, capture_output=True,
+                   timeout=20)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", mnt], capture_output=True, timeout=20)
+
+
+def _wait_mounted(mnt: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        m = mount_of(mnt)
+        if m is not None and m["mount_point"] == os.path.realpath(mnt) and is_fuse(m["fstype"]):
+            try:
+                os.listdir(mnt)
+                return
+            except OSError:
+                pass
+        time.sleep(0.02)
+    raise FaultError(f"no FUSE mount answered at {mnt} within {timeout_s:.0f} s")
