@@ -557,6 +557,7 @@ PROPERTIES: list[tuple[str, Callable[[Bench], Check]]] = [
     ("full_disk", full_disk),
     ("orphan_cleanup", orphan_cleanup),
     ("durable_medium", durable_medium),
+    ("block_power_loss", lambda b: __import__("chaos.certify.blockcrash", fromlist=["_"]).block_power_loss(b)),
 ]
 
 
