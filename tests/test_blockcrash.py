@@ -194,8 +194,8 @@ def test_a_truncated_log_is_an_error_naming_the_file(tmp_path):
 def test_the_property_is_not_judged_off_ext4_xfs_btrfs_and_off_posix(tmp_path):
     """proc (any non-disk type) and an S3 target: not judged, with the reason; options that
     describe the target's device are dropped for a fresh image."""
-    from chaos.certify.battery import Bench
     from chaos.certify.blockcrash import block_power_loss, fresh_options
+    from chaos.certify.harness import Bench
     from chaos.certify.target import Target
 
     c = block_power_loss(Bench(Target("file:///proc", "posix", "/proc"), str(tmp_path)))
@@ -209,8 +209,8 @@ def test_the_property_is_not_judged_off_ext4_xfs_btrfs_and_off_posix(tmp_path):
 def test_the_reference_judge_flags_an_acknowledged_step_that_did_not_survive(tmp_path):
     """The judge on a plain directory holding step 1 only: fine before the acknowledgement,
     a violation naming step 2 after it; a step whose shard was cut short is flagged too."""
-    from chaos.certify.battery import make_state
     from chaos.certify.blockcrash import _reference_judge
+    from chaos.certify.harness import make_state
     from chaos.reference.checkpoint.engine import ReferenceCheckpointer
 
     states = {1: make_state(1, 1 << 12), 2: make_state(2, 1 << 12)}
@@ -294,8 +294,8 @@ def test_sigterm_and_ctrl_c_leave_nothing_mounted_or_attached(tmp_path, sig):
 def test_the_reference_passes_block_power_loss_on_an_ext4_target(tmp_path):
     """The certify property on a target that is itself on ext4 (data=ordered, commit=7 from its
     mountinfo): the reference checkpointer loads a committed step bit-exact in every state."""
-    from chaos.certify.battery import Bench
     from chaos.certify.blockcrash import block_power_loss
+    from chaos.certify.harness import Bench
     from chaos.certify.target import Target
     from faults.blocklog import fs_mount, fs_unmount, loop_attach, mkfs
 

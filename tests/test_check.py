@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.certify.battery import verdict_dict
+from chaos.certify.harness import verdict_dict
 from chaos.model.check import RESULTS, Check
 
 

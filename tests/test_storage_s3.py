@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
-from chaos.certify.battery import fingerprint, make_state  # noqa: E402
+from chaos.certify.harness import fingerprint, make_state  # noqa: E402
 from chaos.certify.local_s3 import LocalS3  # noqa: E402
 from chaos.reference.checkpoint.engine import ReferenceCheckpointer  # noqa: E402
 from chaos.reference.storage import CommitConflict, open_storage, parse_url  # noqa: E402

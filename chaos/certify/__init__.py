@@ -94,7 +94,7 @@ def run_campaign(target: Any, scratch: str, seed: int = 0, quick: bool = False, 
 
 def measure_throughput(target: Any, scratch: str, mib: int = 64, repeats: int = 2) -> dict[str, Any]:
     """Save and verified-load MB/s of the reference checkpointer (one rank) on the backend."""
-    from chaos.certify.battery import Bench, make_state
+    from chaos.certify.harness import Bench, make_state
 
     b = Bench(target, scratch)
     st = make_state(1, mib << 20)
@@ -136,7 +136,8 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
     """
     import torch
 
-    from chaos.certify.battery import run_battery, verdict_dict
+    from chaos.certify.battery import run_battery
+    from chaos.certify.harness import verdict_dict
     from chaos.certify.target import resolve
 
     torch.set_num_threads(1)  # the battery forks; keep OpenMP out of the parent

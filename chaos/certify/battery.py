@@ -23,66 +23,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from chaos.certify.crash import run_crashing
+from chaos.certify.harness import Bench, expect_only, fingerprint, make_state, reset_to_one
 from chaos.certify.target import Target
 from chaos.model.check import Check
 from chaos.reference.storage.base import parse_url
-
-
-def verdict_dict(v: Check) -> dict[str, Any]:
-    """A property as certify's report writes it: ``status`` (pass | fail | n/a), not ``result``."""
-    return {"name": v.name, "status": v.status, "summary": v.summary, "evidence": v.evidence,
-            "seconds": round(v.seconds or 0.0, 3)}
-
-
-def make_state(i: int, nbytes: int = 1 << 20, seed: int = 0) -> dict[str, Any]:
-    """A small training-like state whose tensors are distinct per ``i`` (seeded)."""
-    g = torch.Generator().manual_seed(seed * 1000 + i)
-    n = max(1, nbytes // 4)
-    w = torch.randn(n, generator=g)
-    return {"model": {"w": w, "b": torch.randn(16, generator=g)},
-            "optimizer": {"state": {0: {"exp_avg": torch.randn(16, generator=g)}}, "param_groups": [{"params": [0], "lr": 0.1}]},
-            "progress": {"step": i}}
-
-
-def fingerprint(state: Any) -> str:
-    """SHA-256 over every tensor's bytes and every other value, in path order."""
-    from chaos.model.statehash import fingerprint as prints
-    from chaos.model.statehash import state_digest
-
-    return state_digest(prints(state))
-
-
-class Bench:
-    """Per-property helpers bound to one target and one scratch directory."""
-
-    def __init__(self, target: Target, scratch: str, seed: int = 0) -> None:
-        self.target, self.scratch, self.seed = target, scratch, seed
-        self.small = 1 << 18
-        self.large = 12 << 20 if target.kind == "s3" else 4 << 20  # > one S3 part: multipart
-
-    def ckpt(self, sub: str, endpoint: str | None = None, url_params: dict[str, Any] | None = None, **opts: Any) -> Any:
-        from chaos.reference.checkpoint.engine import ReferenceCheckpointer
-
-        local = tempfile.mkdtemp(prefix="local-", dir=self.scratch)
-        options = {"keep_last": 1000, "metrics": False, "storage": self.target.url(sub, endpoint, **(url_params or {}))}
-        if self.target.wrapper:
-            options["storage_wrapper"] = self.target.wrapper
-        options.update(opts)
-        return ReferenceCheckpointer(local, 0, 1, **options)
-
-    def reader(self, sub: str) -> Any:
-        return self.ckpt(sub)
-
-    def save_once(self, sub: str, step: int, state: Any) -> None:
-        """Save ``state`` at ``step`` with a checkpointer of its own, closed after (the set-up of most checks)."""
-        w = self.ckpt(sub)
-        try:
-            w.save(step, state)
-        finally:
-            w.close()
 
 
 def _guard(name: str, fn: Callable[[], Check]) -> Check:
@@ -149,46 +94,6 @@ def checksums_round_trip(b: Bench) -> Check:
                    {"shard_checksums": shards})
 
 
-def _expect_only(b: Bench, sub: str, states: dict[int, Any], what: str) -> list[str]:
-    """Every listed step must load completely and hold exactly the state saved at it (``states``)."""
-    allowed = {k: fingerprint(v) for k, v in states.items()}
-    from chaos.reference.checkpoint.loader import load_step
-
-    bad = []
-    r = b.reader(sub)
-    try:
-        steps = r.store.list_steps()
-        for s in steps:
-            try:
-                template = states.get(s, next(iter(states.values())))
-                loaded = load_step(r.store, s, template, 0, 1, True, 1 << 30)
-                if s not in allowed or fingerprint(loaded.state) != allowed[s]:
-                    bad.append(f"{what}: listed step {s} holds a state never saved at that step")
-            except Exception as exc:  # noqa: BLE001
-                bad.append(f"{what}: step {s} is listed (committed) but does not load: {type(exc).__name__}: {str(exc)[:200]}")
-        try:
-            latest = r.store.read_latest()
-        except Exception as exc:  # noqa: BLE001
-            latest = None
-            bad.append(f"{what}: latest pointer unreadable: {exc}")
-        if latest is not None and latest not in steps:
-            bad.append(f"{what}: latest names step {latest}, which is not committed")
-    finally:
-        r.close()
-    return bad
-
-
-def _reset_to_one(b: Bench, sub: str) -> None:
-    """Back to the starting point after a counting run or a crash: only step 1 committed and latest."""
-    c = b.ckpt(sub)
-    try:
-        if 2 in c.store.list_steps():
-            c.store.hide_step(2)()
-        c.store.set_latest(1)  # every backend has one
-    finally:
-        c.close()
-
-
 def commit_atomicity(b: Bench, max_points: int = 40) -> Check:
     """Kill the saving process before each mutating operation in turn: every committed step is complete."""
     sub = "atomic"
@@ -202,7 +107,7 @@ def commit_atomicity(b: Bench, max_points: int = 40) -> Check:
 
     outcome, ops = run_crashing(save_two, None)
     # The counting run committed step 2: remove it again so each crash starts from step 1 only.
-    _reset_to_one(b, sub)
+    reset_to_one(b, sub)
     if outcome != "completed" or len(ops) < 3:
         return Check("commit_atomicity", "fail", f"could not enumerate the save's operations (outcome {outcome}, {len(ops)} ops seen)",
                        {"ops": ops[:50]})
@@ -213,9 +118,9 @@ def commit_atomicity(b: Bench, max_points: int = 40) -> Check:
     for p in points:
         result, _ = run_crashing(save_two, p)
         tried.append({"point": p, "op": ops[p - 1], "outcome": result})
-        bad += [f"crash before op {p} ({ops[p - 1]}): {v}" for v in _expect_only(b, sub, {1: base, 2: nxt}, "after crash")]
+        bad += [f"crash before op {p} ({ops[p - 1]}): {v}" for v in expect_only(b, sub, {1: base, 2: nxt}, "after crash")]
         # Restore the starting point (only step 1 committed) for the next crash point.
-        _reset_to_one(b, sub)
+        reset_to_one(b, sub)
         if len(bad) > 20:
             break
     ev = {"ops": n, "points": len(points), "tried": tried[:60], "violations": bad[:20]}
@@ -240,7 +145,7 @@ def _one_committed_then_count_shard_writes(b: Bench, sub: str) -> tuple[Any, Cal
         b.ckpt(sub).save(2, big)
 
     _, ops = run_crashing(save_two, None)
-    _reset_to_one(b, sub)
+    reset_to_one(b, sub)
     marker = "UploadPart" if b.target.kind == "s3" else "write shard"
     return base, save_two, ops, marker, [i for i, op in enumerate(ops) if op.startswith(marker)]
 
@@ -255,7 +160,7 @@ def partial_invisible(b: Bench) -> Check:
     point = idx[len(idx) // 2] + 1
     outcome, _ = run_crashing(save_two, point)
     evidence: dict[str, Any] = {"stopped_before": ops[point - 1], "outcome": outcome}
-    bad = _expect_only(b, sub, {1: base}, "after a stopped upload")
+    bad = expect_only(b, sub, {1: base}, "after a stopped upload")
     r = b.reader(sub)
     try:
         if b.target.kind == "s3":
@@ -375,7 +280,7 @@ def dropped_connection(b: Bench, seed: int = 0) -> Check:
                 with contextlib.suppress(Exception):
                     c.close()
             log[-1:] and log[-1].setdefault("fired", [e for e in proxy.log if e["action"] in ("reset", "blackhole")][:3])
-        bad += _expect_only(b, sub, allowed, f"after {rule.kind} at byte {rule.after_bytes}")
+        bad += expect_only(b, sub, allowed, f"after {rule.kind} at byte {rule.after_bytes}")
     failed = sum(1 for e in log if e["save"].startswith("failed"))
     if bad:
         return Check("dropped_connection", "fail", bad[0], {"cases": log, "violations": bad})
@@ -416,7 +321,7 @@ def full_disk(b: Bench) -> Check:
                 why = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:
             w.close()
-        bad = _expect_only(b, sub, {1: base}, "after ENOSPC")
+        bad = expect_only(b, sub, {1: base}, "after ENOSPC")
         if bad:
             return Check("full_disk", "fail", bad[0], {"violations": bad})
         return Check("full_disk", "pass", f"ENOSPC reported, not acknowledged; step 1 intact ({why[:120]})", {"error": why})
@@ -481,7 +386,7 @@ def client_crash(b: Bench, max_points: int = 40) -> Check:
         b.ckpt(sub).save(2, nxt)  # no close(): nothing after the acknowledgement may matter
 
     def judge(acknowledged: bool) -> list[str]:
-        bad = _expect_only(b, sub, {1: base, 2: nxt}, "after the client crash")
+        bad = expect_only(b, sub, {1: base, 2: nxt}, "after the client crash")
         if acknowledged:
             r = b.reader(sub)
             try:
@@ -495,11 +400,11 @@ def client_crash(b: Bench, max_points: int = 40) -> Check:
 
     description = daemon.describe()
     ops, by_request = clientcrash.count(daemon, save_two)
-    _reset_to_one(b, sub)
+    reset_to_one(b, sub)
     outcomes = []
     for point in clientcrash.plan(ops, max_points):
         outcome, daemon = clientcrash.run_point(daemon, save_two, point, ops, by_request, judge, lambda: _listing(root),
-                                                lambda: _reset_to_one(b, sub), b.target.remount)
+                                                lambda: reset_to_one(b, sub), b.target.remount)
         outcomes.append(outcome)
     bad = [o for o in outcomes if o.violations]
     ev = {"daemon": description, "remount": list(b.target.remount or daemon.argv),
@@ -537,7 +442,7 @@ def orphan_cleanup(b: Bench) -> Check:
     fresh = b.ckpt(sub)  # rank 0 start-up cleans
     fresh.close()
     after = b.target.leftovers(sub)
-    bad = _expect_only(b, sub, {1: base}, "after cleanup")
+    bad = expect_only(b, sub, {1: base}, "after cleanup")
     ev = {"before": before, "after": after}
     if not any(before.values()):
         return Check("orphan_cleanup", "fail", "the crashed save left nothing to clean: the check did not exercise cleanup", ev)

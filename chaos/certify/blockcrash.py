@@ -201,7 +201,7 @@ def fresh_options(options: list[str]) -> tuple[str, list[str]]:
 
 
 class _MountReader:
-    """Stands in for a Bench where :func:`chaos.certify.battery._expect_only` asks for a reader:
+    """Stands in for a Bench where :func:`chaos.certify.harness.expect_only` asks for a reader:
     a fresh reference checkpointer on the crash state's checkpoint root."""
 
     def __init__(self, root: str) -> None:
@@ -216,8 +216,8 @@ class _MountReader:
 def _reference_judge(root_of: Callable[[str], str], states: dict[int, Any], template: Any) -> Judge:
     """A fresh reference checkpointer's view of a crash state: step 1 or 2 bit-exact (2 once
     acknowledged), ``latest`` committed, every listed step whole and as saved (the battery's
-    own check of that, :func:`chaos.certify.battery._expect_only`)."""
-    from chaos.certify.battery import _expect_only, fingerprint
+    own check of that, :func:`chaos.certify.harness.expect_only`)."""
+    from chaos.certify.harness import expect_only, fingerprint
 
     prints = {k: fingerprint(v) for k, v in states.items()}
 
@@ -242,7 +242,7 @@ def _reference_judge(root_of: Callable[[str], str], states: dict[int, Any], temp
                 bad.append(f"step {max(states)} was acknowledged before the crash, but load_latest returned step {got[0]}")
         finally:
             r.close()
-        return bad + _expect_only(reader, "", states, "after the crash")  # type: ignore[arg-type]
+        return bad + expect_only(reader, "", states, "after the crash")  # type: ignore[arg-type]
 
     return judge
 
@@ -254,7 +254,7 @@ def explore_reference(fstype: str, mount_opts: str, scratch: str, *, seed: int =
     Who calls it: :func:`block_power_loss` and the tests. ``nbytes``: the model's size
     (small: every crash state copies and mounts an image).
     """
-    from chaos.certify.battery import make_state
+    from chaos.certify.harness import make_state
     from chaos.reference.checkpoint.engine import ReferenceCheckpointer
 
     states = {1: make_state(1, nbytes, seed), 2: make_state(2, nbytes, seed)}

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from chaos.certify.battery import fingerprint, verdict_dict
 from chaos.certify.crash import Counter, run_crashing
+from chaos.certify.harness import fingerprint, verdict_dict
 from chaos.model.check import Check
 
 try:
