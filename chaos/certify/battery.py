@@ -451,6 +451,16 @@ def orphan_cleanup(b: Bench) -> Check:
     return Check("orphan_cleanup", "pass", f"removed {sum(len(v) for v in before.values())} orphan(s) at start-up; step 1 intact", ev)
 
 
+def block_power_loss(b: Bench) -> Check:
+    """Block-level crash states of the target's own file system type and options (:mod:`chaos.certify.blockcrash`).
+
+    Imported when it runs: it needs FUSE and loop devices, which the other properties do not.
+    """
+    from chaos.certify.blockcrash import block_power_loss as explore
+
+    return explore(b)
+
+
 PROPERTIES: list[tuple[str, Callable[[Bench], Check]]] = [
     ("read_after_write", read_after_write),
     ("checksums_round_trip", checksums_round_trip),
@@ -462,7 +472,7 @@ PROPERTIES: list[tuple[str, Callable[[Bench], Check]]] = [
     ("full_disk", full_disk),
     ("orphan_cleanup", orphan_cleanup),
     ("durable_medium", durable_medium),
-    ("block_power_loss", lambda b: __import__("chaos.certify.blockcrash", fromlist=["_"]).block_power_loss(b)),
+    ("block_power_loss", block_power_loss),
 ]
 
 
