@@ -10,6 +10,9 @@ the oracles and ``chaos replay`` all read the same description of a fault.
     disk         real ENOSPC: private tmpfs mounts and pre-filled file systems
     network      per-rank network namespaces on a veth bridge, link down/up, TCP proxy
     process      signals to process groups, and reaping that leaves nothing behind
+    fusemount    a FUSE mount's daemon: found from its mount, killed at a counted request, remounted
+    blocklog     a loop device's block writes and flushes, logged through a FUSE file
+    blockstates  the crash states a block log allows (everything before the last flush survives)
     errors       the error types of every layer (``chaos.errors`` re-exports them)
     phases       the bus on which a save's named phases are announced (``chaos.phases``)
 

@@ -1,4 +1,4 @@
-"""Real mounts to certify, made here: s3fs-fuse over the embedded S3, a tmpfs.
+"""Real mounts to certify, made here: s3fs-fuse over the embedded S3, a tmpfs, loop images.
 
 Why: certify's answers about FUSE clients and memory-backed mounts are only worth what
 they were measured on. The storage suite (``suites/test_storage.py``) and the findings
@@ -89,6 +89,31 @@ def tmpfs_mount(workdir: str, size: str = "64m") -> Iterator[str]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", mnt], capture_output=True, timeout=20)
+
+
+@contextlib.contextmanager
+def loop_mount(workdir: str, fstype: str = "ext4", size_mb: int = 128, options: str = "") -> Iterator[str]:
+    """A fresh ``fstype`` on a sparse loop image at ``workdir/<fstype>``, mounted with ``options``."""
+    if os.geteuid() != 0:
+        raise Unsupported("loop mount: needs root")
+    mkfs = shutil.which(f"mkfs.{fstype}")
+    if mkfs is None:
+        raise Unsupported(f"loop mount: mkfs.{fstype} is not installed")
+    image, mnt = os.path.join(workdir, f"{fstype}.img"), os.path.join(workdir, fstype)
+    os.makedirs(mnt, exist_ok=True)
+    with open(image, "wb") as f:
+        f.truncate(max(size_mb, 300 if fstype == "xfs" else size_mb) << 20)
+    quiet = {"ext4": ["-q", "-F"], "xfs": ["-q", "-f"], "btrfs": ["-q", "-f"]}.get(fstype, [])
+    subprocess.run([mkfs, *quiet, image], check=True, capture_output=True, timeout=120)
+    done = subprocess.run(["mount", "-o", ",".join(x for x in ("loop", options) if x), image, mnt],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise FaultError(f"mounting {image} ({fstype}, {options or 'defaults'}) at {mnt}: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", mnt], capture_output=True, timeout=60)  # the loop device goes with it
+        os.unlink(image)
 
 
 def _wait_mounted(mnt: str, timeout_s: float) -> None:
