@@ -80,3 +80,16 @@ def test_the_plan_crashes_at_every_request_that_fits_and_before_every_operation(
     assert len(small) <= 6 and small[-1] == Point(5)
     many = [Op(f"fsync {i}", 50, ()) for i in range(10)]
     assert len(plan(many, max_points=20)) <= 20
+
+
+def test_without_strace_a_fuse_mount_is_not_tested_rather_than_failed(s3fs, monkeypatch):
+    """The crashes inside an operation need strace: without it the property says so (n/a), never fail."""
+    import shutil
+
+    from chaos.certify import certify
+
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "strace" else which(name, *a, **k))
+    report = certify(f"file://{s3fs}", None, campaign=False, throughput_mib=0, only=["client_crash"])
+    p = report["properties"][0]
+    assert p["status"] == "n/a" and "strace is not installed" in p["summary"] and report["failing"] == []

@@ -377,6 +377,9 @@ def client_crash(b: Bench, max_points: int = 40) -> Check:
     except Unsupported as exc:
         return Check("client_crash", "not_judged", f"{exc}: no storage client of its own to crash "
                      "(a crash of the checkpointer is commit_atomicity's)")
+    if shutil.which("strace") is None:
+        return Check("client_crash", "not_judged", f"{daemon.describe()}: strace is not installed, and the crashes "
+                     "inside an operation (at the daemon's upstream requests) need it; not tested")
     sub = "client"
     base, nxt = make_state(1, b.small, b.seed), make_state(2, b.small, b.seed)
     b.save_once(sub, 1, base)
