@@ -28,6 +28,7 @@ def bench(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow  # 9 s: both tools end to end; the nightly runs it, the bench's unit tests stay per commit
 def test_both_tools_run_the_careless_example_and_ours_reports_its_defect(tmp_path: Path) -> None:
     out_json, out_md, scratch = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "scratch"
     scratch.mkdir()
