@@ -26,9 +26,11 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from faults.disk import mount_of, mountinfo
 from faults.errors import FaultError, Unsupported
@@ -259,11 +261,23 @@ def remount(daemon: FuseDaemon, command: list[str] | None = None, timeout_s: flo
             break
         subprocess.run(["umount", "-l", mp], capture_output=True, timeout=20)
     argv = list(command or daemon.argv)
+    # Its errors go to an unlinked temp file, not a pipe: a daemon that stays in the
+    # foreground would block once a pipe nobody reads filled up, or die of SIGPIPE (Go's
+    # rclone) once it was closed.
+    errors = tempfile.TemporaryFile()
     try:
         proc = subprocess.Popen(argv, env=daemon.environ, cwd=daemon.cwd, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                                stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True)
     except OSError as exc:
+        errors.close()
         raise FaultError(f"remounting {mp}: cannot run {argv[0]!r}: {exc}") from exc
+    with errors:
+        return _wait_remounted(daemon, proc, argv, errors, timeout_s)
+
+
+def _wait_remounted(daemon: FuseDaemon, proc: subprocess.Popen[bytes], argv: list[str], errors: Any,
+                    timeout_s: float) -> FuseDaemon:
+    mp = daemon.mount_point
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         m = next((x for x in mountinfo() if x["mount_point"] == mp and is_fuse(x["fstype"])), None)
@@ -275,11 +289,10 @@ def remount(daemon: FuseDaemon, command: list[str] | None = None, timeout_s: flo
             if fresh is not None and _answers(mp):
                 if proc.poll() is None and proc.pid != fresh.pid:
                     proc.wait(timeout=timeout_s)
-                if proc.stderr is not None and proc.poll() is not None:
-                    proc.stderr.close()
                 return fresh
         if proc.poll() not in (None, 0):
-            err = proc.stderr.read().decode(errors="replace")[-300:] if proc.stderr else ""
+            errors.seek(0)
+            err = errors.read().decode(errors="replace")[-300:]
             raise FaultError(f"remounting {mp}: {' '.join(argv)[:200]} exited {proc.returncode}: {err.strip()}")
         time.sleep(0.02)
     raise FaultError(f"remounting {mp}: no FUSE mount there {timeout_s:.0f} s after {' '.join(argv)[:200]}")
