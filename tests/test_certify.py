@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -288,6 +289,9 @@ def test_a_memory_backed_mount_is_staging_only_and_a_disk_is_a_durable_medium(tm
         assert report["failing"] == ["durable_medium"] and report["verdict"] == "NOT CERTIFIED"
         assert "memory-backed file system (tmpfs" in p["summary"] and "Staging only" in p["summary"]
         assert p["evidence"]["mount_point"] == str(mnt) and p["evidence"]["fstype"] == "tmpfs"
+        assert report["mount"]["mount_point"] == str(mnt) and report["mount"]["fstype"] == "tmpfs"
+        assert "size=4096k" in report["mount"]["options"] and report["mount"]["client"] is None
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", report["date"])  # the findings table's date column
         assert not any(mnt.iterdir())  # certify left nothing on the backend
     finally:
         subprocess.run(["umount", "-l", str(mnt)], timeout=20)
@@ -308,3 +312,28 @@ def test_a_scenario_that_tested_nothing_neither_certifies_nor_refuses():
     assert decide(passed, [kill, flip, broken], None, [])[:2] == ("NOT CERTIFIED", ["campaign: power loss"])
     assert decide([("commit_atomicity", "fail")], [flip], None, [])[0] == "NOT CERTIFIED"
     assert decide(passed, [kill], None, ["--quick"])[0] == "NOT CERTIFIED"  # partial: never certified
+
+
+def test_a_throughput_load_that_fails_refuses_the_backend_instead_of_ending_certify(tmp_path):
+    """#32: on an rclone mount the throughput's verified load read EIO and certify ended as a harness
+    error (exit 2) with no report; now that failure is in the report and refuses the backend."""
+    from chaos.certify import decide, measure_throughput
+    from chaos.certify.target import resolve
+
+    root = tmp_path / "backend"
+    root.mkdir()
+    target = resolve(f"file://{root}", f"{BROKEN}:LaggingList")  # the fresh step is not listed yet
+    got = measure_throughput(target, str(tmp_path), mib=1, repeats=1)
+    assert "save_mb_s" not in got and got["bytes"] > 0
+    assert "NoValidCheckpointError" in got["error"] or "found nothing" in got["error"], got
+    assert decide([("read_after_write", "pass")], [], None, [], got["error"])[:2] == ("NOT CERTIFIED", ["throughput"])
+
+
+def test_a_long_storage_error_keeps_what_went_wrong_at_its_end():
+    """#32: on a deep mount path the evidence was cut before "Input/output error"."""
+    from chaos.certify.harness import error_text
+
+    exc = OSError(f"/mnt/{'d' * 400}/step-0000000001/manifest.json: cannot be opened: Input/output error")
+    text = error_text(exc, 200)
+    assert len(text) <= 200 and text.startswith("OSError: /mnt/ddd") and text.endswith("Input/output error")
+    assert error_text(ValueError("short\n  message"), 200) == "ValueError: short message"

@@ -93,8 +93,13 @@ def run_campaign(target: Any, scratch: str, seed: int = 0, quick: bool = False, 
 
 
 def measure_throughput(target: Any, scratch: str, mib: int = 64, repeats: int = 2) -> dict[str, Any]:
-    """Save and verified-load MB/s of the reference checkpointer (one rank) on the backend."""
-    from chaos.certify.harness import Bench, make_state
+    """Save and verified-load MB/s of the reference checkpointer (one rank) on the backend.
+
+    A save or load that fails here (a mount that answers EIO right after a rename) is no
+    speed at all: the result is ``{"bytes", "error"}`` and :func:`decide` refuses the
+    backend for it, as it would for a failing property.
+    """
+    from chaos.certify.harness import Bench, error_text, make_state
 
     b = Bench(target, scratch)
     st = make_state(1, mib << 20)
@@ -109,7 +114,11 @@ def measure_throughput(target: Any, scratch: str, mib: int = 64, repeats: int = 
             t = time.perf_counter()
             got = c.load_latest(st)
             loads.append(time.perf_counter() - t)
-            assert got is not None and got[0] == i + 1
+            if got is None or got[0] != i + 1:
+                return {"bytes": nbytes, "error": f"the load right after saving step {i + 1} found "
+                        f"{'nothing' if got is None else f'step {got[0]}'}"}
+    except Exception as exc:  # noqa: BLE001 - the backend's failure is the finding; it refuses the backend
+        return {"bytes": nbytes, "error": error_text(exc, 400)}
     finally:
         c.close()
     best_s, best_l = min(saves), min(loads)
@@ -144,6 +153,7 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
     started = time.time()
     target = resolve(spec, wrapper)  # bad input fails here, before anything is created
     target.remount = remount
+    mount = target.mount()  # before the run: client_crash restarts a FUSE daemon
     note = progress or (lambda msg: None)
     cleanup_error = None
     try:
@@ -171,13 +181,16 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
             target.local_s3.stop()
     given = {"only": bool(only), "no_campaign": not campaign, "quick": bool(quick and campaign)}
     verdict, failing, not_tested, partial = decide([(p.name, p.status) for p in props], scenarios, cleanup_error,
-                                                   [flag for key, flag in PARTIAL_FLAGS if given[key]])
+                                                   [flag for key, flag in PARTIAL_FLAGS if given[key]],
+                                                   (throughput or {}).get("error"))
     certified = verdict == "CERTIFIED"
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "certification",
         "backend": spec,
         "backend_kind": target.kind,
+        "mount": mount,
+        "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
         "wrapper": wrapper,
         "commit_protocol": protocol,
         "checkpointer": "reference",
@@ -199,16 +212,18 @@ def certify(spec: str, wrapper: str | None = None, seed: int = 0, campaign: bool
 
 
 def decide(props: list[tuple[str, str]], scenarios: list[dict[str, Any]], cleanup_error: str | None,
-           partial: list[str]) -> tuple[str, list[str], list[str], list[str]]:
+           partial: list[str], throughput_error: str | None = None) -> tuple[str, list[str], list[str], list[str]]:
     """(verdict, failing, not tested, partial) of a certification: CERTIFIED, NOT CERTIFIED or NOT TESTED.
 
-    A property that fails, a campaign scenario that fails or errs, or a clean-up that left
-    something refuses the backend. A scenario whose fault did nothing (*skipped*) tested
+    A property that fails, a campaign scenario that fails or errs, a throughput measurement
+    whose save or verified load failed, or a clean-up that left something refuses the backend. A scenario whose fault did nothing (*skipped*) tested
     nothing: never a reason to certify, nor to refuse; with nothing failing the verdict is
     NOT TESTED, naming it. A partial run is never certified.
     """
     failing = [name for name, status in props if status == "fail"]
     failing += [f"campaign: {s['name']}" for s in scenarios if s["verdict"] not in ("pass", "skipped")]
+    if throughput_error:
+        failing.append("throughput")
     if cleanup_error:
         failing.append("cleanup")
     not_tested = [f"campaign: {s['name']}: {s.get('error') or 'skipped'}" for s in scenarios
@@ -250,8 +265,10 @@ def _scratch_dir(parent: str | None) -> Iterator[str]:
 
 def _remove_run(target: Any) -> str | None:
     """Delete this run's location on the backend; the error, when that failed (never silent)."""
+    from chaos.certify.harness import error_text
+
     try:
         target.remove_run()
     except Exception as exc:  # noqa: BLE001 - reported in the report and the verdict, never swallowed
-        return f"could not remove {target.url('')}: {type(exc).__name__}: {str(exc)[:300]}"
+        return f"could not remove {target.url('')}: {error_text(exc, 300)}"
     return None

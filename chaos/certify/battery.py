@@ -24,7 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 from chaos.certify.crash import run_crashing
-from chaos.certify.harness import Bench, expect_only, fingerprint, make_state, reset_to_one
+from chaos.certify.harness import (
+    Bench,
+    error_text,
+    expect_only,
+    fingerprint,
+    make_state,
+    reset_to_one,
+)
 from chaos.certify.target import Target
 from chaos.model.check import Check
 from chaos.reference.storage.base import parse_url
@@ -35,7 +42,7 @@ def _guard(name: str, fn: Callable[[], Check]) -> Check:
     try:
         v = fn()
     except Exception as exc:  # noqa: BLE001 - a property that cannot even run is a failure with its error
-        v = Check(name, "fail", f"the check itself failed: {type(exc).__name__}: {str(exc)[:300]}",
+        v = Check(name, "fail", f"the check itself failed: {error_text(exc, 300)}",
                     {"traceback": traceback.format_exc()[-2000:]})
     v.seconds = time.perf_counter() - t
     return v
@@ -65,7 +72,7 @@ def read_after_write(b: Bench) -> Check:
                     bad.append(f"read-after-write: a fresh reader loaded {None if got is None else got[0]} "
                                f"{'(different bytes)' if got and got[0] == i else ''} right after step {i} was acknowledged")
             except Exception as exc:  # noqa: BLE001
-                bad.append(f"read-after-write: fresh reader failed right after step {i}: {type(exc).__name__}: {str(exc)[:300]}")
+                bad.append(f"read-after-write: fresh reader failed right after step {i}: {error_text(exc, 300)}")
             finally:
                 r.close()
     finally:
@@ -205,7 +212,7 @@ def concurrent_writers(b: Bench) -> Check:
             ckpts[k].save(5, states[k])
             results[k] = "acknowledged"
         except Exception as exc:  # noqa: BLE001
-            results[k] = f"rejected: {type(exc).__name__}: {str(exc)[:200]}"
+            results[k] = f"rejected: {error_text(exc, 200)}"
 
     phases.subscribe(listener)
     try:
@@ -274,7 +281,7 @@ def dropped_connection(b: Bench, seed: int = 0) -> Check:
                 allowed[2 + i] = big
                 log.append({"rule": rule.__dict__, "save": "acknowledged (the client retried on a new connection)"})
             except Exception as exc:  # noqa: BLE001 - the expected outcome
-                log.append({"rule": rule.__dict__, "save": f"failed: {type(exc).__name__}: {str(exc)[:160]}"})
+                log.append({"rule": rule.__dict__, "save": f"failed: {error_text(exc, 160)}"})
             finally:
                 proxy.set_rules([])
                 with contextlib.suppress(Exception):
@@ -318,7 +325,7 @@ def full_disk(b: Bench) -> Check:
                 w.save(2, make_state(2, 8 << 20, b.seed))
                 return Check("full_disk", "fail", "an 8 MiB save into 3 MiB of free space was acknowledged")
             except Exception as exc:  # noqa: BLE001 - expected
-                why = f"{type(exc).__name__}: {str(exc)[:200]}"
+                why = error_text(exc, 200)
         finally:
             w.close()
         bad = expect_only(b, sub, {1: base}, "after ENOSPC")

@@ -217,7 +217,7 @@ def _reference_judge(root_of: Callable[[str], str], states: dict[int, Any], temp
     """A fresh reference checkpointer's view of a crash state: step 1 or 2 bit-exact (2 once
     acknowledged), ``latest`` committed, every listed step whole and as saved (the battery's
     own check of that, :func:`chaos.certify.harness.expect_only`)."""
-    from chaos.certify.harness import expect_only, fingerprint
+    from chaos.certify.harness import error_text, expect_only, fingerprint
 
     prints = {k: fingerprint(v) for k, v in states.items()}
 
@@ -227,12 +227,12 @@ def _reference_judge(root_of: Callable[[str], str], states: dict[int, Any], temp
         try:
             r = reader.reader("")
         except Exception as exc:  # noqa: BLE001 - a reader that cannot start is the finding
-            return [f"a fresh reader does not start: {type(exc).__name__}: {str(exc)[:200]}"]
+            return [f"a fresh reader does not start: {error_text(exc, 200)}"]
         try:
             got = r.load_latest(template)
         except Exception as exc:  # noqa: BLE001
             got = None
-            bad.append(f"load_latest failed: {type(exc).__name__}: {str(exc)[:200]}")
+            bad.append(f"load_latest failed: {error_text(exc, 200)}")
         else:
             if got is None:
                 bad.append("load_latest found no checkpoint (step 1 was committed before the save began)")

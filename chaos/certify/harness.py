@@ -19,6 +19,20 @@ from chaos.certify.target import Target
 from chaos.model.check import Check
 
 
+def error_text(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line, at most ``limit`` characters, keeping both ends.
+
+    Why both ends: a storage error names a long path first and says what went wrong last
+    (``.../step-0000000001/manifest.json: cannot be opened: Input/output error``); a cut
+    that keeps only the head drops the one word the evidence needed.
+    """
+    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    if len(text) <= limit:
+        return text
+    half = (limit - 3) // 2
+    return f"{text[:half]} … {text[-half:]}"
+
+
 def verdict_dict(v: Check) -> dict[str, Any]:
     """A property as certify's report writes it: ``status`` (pass | fail | n/a), not ``result``."""
     return {"name": v.name, "status": v.status, "summary": v.summary, "evidence": v.evidence,
@@ -89,7 +103,7 @@ def expect_only(b: Bench, sub: str, states: dict[int, Any], what: str) -> list[s
                 if s not in allowed or fingerprint(loaded.state) != allowed[s]:
                     bad.append(f"{what}: listed step {s} holds a state never saved at that step")
             except Exception as exc:  # noqa: BLE001
-                bad.append(f"{what}: step {s} is listed (committed) but does not load: {type(exc).__name__}: {str(exc)[:200]}")
+                bad.append(f"{what}: step {s} is listed (committed) but does not load: {error_text(exc, 200)}")
         try:
             latest = r.store.read_latest()
         except Exception as exc:  # noqa: BLE001

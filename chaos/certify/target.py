@@ -44,6 +44,33 @@ class Target:
         q.update({k: str(v) for k, v in params.items()})
         return f"{self.base.rstrip('/')}/certify-{self.run_id}/{sub}?" + urllib.parse.urlencode(q, safe=":/")
 
+    def mount(self) -> dict[str, Any] | None:
+        """What a POSIX target is mounted on, for the report and the findings table; None for object stores.
+
+        From ``/proc/self/mountinfo`` (never guessed from the path): mount point, fs type,
+        source, options (per-mount then the file system's own), and for a FUSE mount the
+        program serving it (its command's base name only: its arguments may hold secrets).
+        """
+        if self.kind != "posix":
+            return None
+        from faults.blocklog import mount_options_of
+        from faults.disk import mount_of
+        from faults.errors import Unsupported
+        from faults.fusemount import find_daemon, is_fuse
+
+        m = mount_of(self.base)
+        found = mount_options_of(self.base)
+        if m is None or found is None:
+            return None
+        client = None
+        if is_fuse(m["fstype"]):
+            try:
+                client = os.path.basename(find_daemon(self.base).argv[0])
+            except Unsupported:
+                client = None
+        return {"mount_point": m["mount_point"], "fstype": m["fstype"], "source": m["source"],
+                "options": found[1], "client": client}
+
     def endpoint_hostport(self) -> tuple[str, int]:
         ep = urllib.parse.urlsplit(self.params.get("endpoint_url", ""))
         if not ep.hostname or not ep.port:

@@ -63,7 +63,9 @@ def _print(report: dict[str, Any]) -> None:
     for s in report["campaign"]:
         c.print(f"  campaign {s['verdict'].upper():<5} {s['name']} ({s['seconds']}s)", highlight=False, markup=False)
     t = report.get("throughput")
-    if t:
+    if t and t.get("error"):
+        c.print(f"  throughput FAIL {t['error'][:200]}", highlight=False, markup=False)
+    elif t:
         c.print(f"  throughput: save {t['save_mb_s']} MB/s, verified load {t['load_mb_s']} MB/s ({t['bytes'] >> 20} MiB)",
                 highlight=False, markup=False)
     for d in report.get("dcp") or []:
