@@ -339,15 +339,36 @@ def test_the_reference_save_survives_every_block_level_crash_state(tmp_path, fst
 
 
 @real
-def test_rename_without_fsync_loses_the_file_on_ext4_writeback_and_the_safe_save_never_does(tmp_path):
+def test_rename_without_fsync_loses_the_file_on_ext4_writeback_and_the_safe_save_never_does(tmp_path, capsys):
     """data=writeback: the unsafe saver (no fsync of the file or the directory) is lost (the old
-    content after its save returned) or torn in some state; fsync, rename, fsync dir never is."""
-    from chaos.certify.blockcrash import compare_savers
+    content after its save returned) or torn in some state; fsync, rename, fsync dir never is.
+    Run as a user runs it, ``chaos savers --json``, and rendered by ``chaos findings``."""
+    import json
 
-    rows = compare_savers(str(tmp_path), options=("data=writeback",))
-    got = {r["saver"]: r for r in rows}
-    assert got["unsafe"]["lost"] + got["unsafe"]["torn"] >= 1, rows
-    assert got["safe"]["lost"] == got["safe"]["torn"] == 0 and got["safe"]["ok"] == got["safe"]["distinct"], rows
+    from chaos.cli.main import main
+
+    out = tmp_path / "savers.json"
+    assert main(["savers", "--options", "data=writeback", "--json", str(out), "--dir", str(tmp_path)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "block-crash-savers" and doc["date"][:2] == "20" and len(doc["rows"]) == 2
+    got = {r["saver"]: r for r in doc["rows"]}
+    assert got["unsafe"]["lost"] + got["unsafe"]["torn"] >= 1, doc["rows"]
+    assert got["safe"]["lost"] == got["safe"]["torn"] == 0 and got["safe"]["ok"] == got["safe"]["distinct"], doc
+    capsys.readouterr()
+    assert main(["findings", str(out)]) == 0
+    table = capsys.readouterr().out
+    r = got["unsafe"]
+    assert (f"| ext4 | data=writeback | unsafe | {r['states']} | {r['distinct']} | {r['lost']} | {r['torn']} | "
+            f"{r['ok']} | {doc['date']} |") in table
+    assert not list(tmp_path.glob("chaos-savers-*"))  # its scratch dir is gone
+
+
+def test_chaos_savers_refuses_an_empty_option_set_in_one_line(capsys):
+    from chaos.cli.main import main
+
+    assert main(["savers", "--options", "data=ordered;"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--options 'data=ordered;'" in err and "none empty" in err
 
 
 @real

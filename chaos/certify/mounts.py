@@ -1,9 +1,11 @@
-"""Real mounts to certify, made here: s3fs-fuse over the embedded S3, a tmpfs, loop images.
+"""Real mounts to certify, made here: s3fs-fuse and rclone mount over the embedded S3, a tmpfs, loop images.
 
 Why: certify's answers about FUSE clients and memory-backed mounts are only worth what
 they were measured on. The storage suite (``suites/test_storage.py``) and the findings
 table mount these exactly as a user would (Debian's ``s3fs`` with a password file and a
-path-style endpoint; ``mount -t tmpfs``) and certify the mount point with nothing else on
+path-style endpoint; ``rclone mount --daemon`` with an ``s3`` remote configured by
+environment variables and its VFS write cache on, as rclone's docs advise for programs
+that write files; ``mount -t tmpfs``) and certify the mount point with nothing else on
 the command line. Each context manager unmounts even on error, kills a daemon that a
 crash test left behind, and says why it cannot run (not root, no ``/dev/fuse``, a tool
 missing) with :class:`faults.errors.Unsupported`.
@@ -54,6 +56,41 @@ def s3fs_mount(endpoint: str, bucket: str, workdir: str, timeout_s: float = 20.0
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise FaultError(f"s3fs mount of {bucket} at {mnt} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+    try:
+        _wait_mounted(mnt, timeout_s)
+        yield mnt
+    finally:
+        unmount(mnt)
+
+
+@contextlib.contextmanager
+def rclone_mount(endpoint: str, bucket: str, workdir: str, cache_mode: str = "writes",
+                 timeout_s: float = 20.0) -> Iterator[str]:
+    """Mount ``bucket`` of the S3 endpoint with ``rclone mount`` at ``workdir/rclone``; yields the mount point.
+
+    The remote is defined by ``RCLONE_CONFIG_CHAOS_*`` environment variables (no config
+    file to leave behind; the daemon keeps them, so a client-crash remount from its own
+    command line and environment finds the remote again). ``cache_mode`` is
+    ``--vfs-cache-mode`` (``writes``: what rclone advises for programs that write files;
+    the cache lives in ``workdir``). The daemon detaches (``--daemon``).
+    """
+    why = fuse_ready("rclone")
+    if why:
+        raise Unsupported(f"rclone mount: {why}")
+    mnt, cache = os.path.join(workdir, "rclone"), os.path.join(workdir, "rclone-cache")
+    os.makedirs(mnt, exist_ok=True)
+    os.makedirs(cache, exist_ok=True)
+    # AWS_* (a CA bundle, a profile) would reach rclone's S3 client too: the remote is ours alone.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RCLONE_"))}
+    env.update(RCLONE_CONFIG_CHAOS_TYPE="s3", RCLONE_CONFIG_CHAOS_PROVIDER="Other",
+               RCLONE_CONFIG_CHAOS_ENDPOINT=endpoint, RCLONE_CONFIG_CHAOS_ACCESS_KEY_ID="chaos",
+               RCLONE_CONFIG_CHAOS_SECRET_ACCESS_KEY="chaos-secret", RCLONE_CONFIG_CHAOS_FORCE_PATH_STYLE="true",
+               RCLONE_CONFIG_CHAOS_REGION="us-east-1")
+    cmd = ["rclone", "mount", f"chaos:{bucket}", mnt, "--daemon", "--vfs-cache-mode", cache_mode,
+           "--cache-dir", cache, "--config", "/dev/null"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    if done.returncode != 0:
+        raise FaultError(f"rclone mount of {bucket} at {mnt} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
     try:
         _wait_mounted(mnt, timeout_s)
         yield mnt
