@@ -25,8 +25,9 @@ from chaos.target.workload.config import DEVICES, WorkloadConfig
 
 # Modules that add a subcommand (each has NAME, HELP, add_arguments and run), in help order.
 EXTRA_COMMANDS = ("chaos.cli.commands.interval", "chaos.bench.command", "chaos.cli.commands.report",
-                  "chaos.cli.commands.selfcheck", "chaos.cli.commands.engine", "chaos.cli.commands.certify",
-                  "chaos.cli.commands.savers", "chaos.cli.commands.repro", "chaos.cli.commands.findings", "chaos.cli.commands.clean")
+                  "chaos.cli.commands.selfcheck", "chaos.cli.commands.engine", "chaos.cli.commands.slurm",
+                  "chaos.cli.commands.certify", "chaos.cli.commands.savers", "chaos.cli.commands.repro",
+                  "chaos.cli.commands.findings", "chaos.cli.commands.clean")
 
 
 def default_campaign(cfg: WorkloadConfig, world_size: int) -> list[list[str]]:

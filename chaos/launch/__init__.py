@@ -9,6 +9,7 @@ recovery_pool.py  a warm group of ranks that runs a checkpointer's recovery agai
 ports.py          a free loopback TCP port (rendezvous, local servers)
 protocol.py       what a driver and a job's attempt launcher offer, and in which order they are called
 reaper.py         every process launched and not yet reaped, and the one kill_all (atexit too)
+slurmcluster.py   a private one-node Slurm cluster (munged, slurmctld, slurmd) for ``chaos slurm``
 
 Siblings of ``chaos.plan`` and ``chaos.nemesis`` (a launcher drives the nemesis hooks of its
 attempts); called by ``chaos.record`` (reference runs) and the stages above.
