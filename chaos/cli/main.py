@@ -87,6 +87,13 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
         require_hypothesis()  # before the family scenarios, not a minute later
     plans = [args.fault] if args.fault else default_campaign(cfg, args.world_size)
     options = key_values(args.ckpt_opt, "--ckpt-opt")
+    if args.checkpointer == "reference" and "storage" in options:  # refused now, not once ranks are up
+        from chaos.reference.storage.base import StorageConfigError, parse_url
+
+        try:
+            parse_url(str(options["storage"]))
+        except StorageConfigError as exc:
+            raise ConfigError(f"--ckpt-opt storage: {exc}") from None
     scenarios = []
     for specs in plans:
         faults = [parse_fault(f) for f in specs]

@@ -60,6 +60,8 @@ MARKERS = {
                   "runs in the nightly (.ci/nightly installs it)",
 }
 BUILTINS = ("reference", "dcp", "dcp-async", "torch-save")
+# Built-ins the per-commit run leaves to the nightly (marked slow unless --chaos-checkpointer names them).
+NIGHTLY_CHECKPOINTERS = ("dcp-async",)
 
 
 class ChaosVerdictError(AssertionError):
@@ -259,11 +261,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A suite's ``checkpointer`` argument: each ``--chaos-checkpointer``, else every built-in.
+
+    Without the option, the built-ins of :data:`NIGHTLY_CHECKPOINTERS` are marked ``slow``:
+    the per-commit run keeps one DCP writer (``dcp``) and the nightly adds its async twin,
+    which writes the same files from a background thread. Named with the option, a
+    checkpointer always runs.
+    """
     if "checkpointer" in metafunc.fixturenames and not any(
         m.name == "parametrize" and "checkpointer" in m.args[0] for m in metafunc.definition.iter_markers()
     ):
-        chosen = metafunc.config.getoption("--chaos-checkpointer") or list(BUILTINS)
-        metafunc.parametrize("checkpointer", chosen)
+        chosen = metafunc.config.getoption("--chaos-checkpointer")
+        if chosen:
+            metafunc.parametrize("checkpointer", chosen)
+        else:
+            metafunc.parametrize("checkpointer", [
+                pytest.param(name, marks=pytest.mark.slow) if name in NIGHTLY_CHECKPOINTERS else name
+                for name in BUILTINS])
 
 
 @dataclass
