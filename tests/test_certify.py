@@ -336,3 +336,18 @@ def test_a_long_storage_error_keeps_what_went_wrong_at_its_end():
     text = error_text(exc, 200)
     assert len(text) <= 200 and text.startswith("OSError: /mnt/ddd") and text.endswith("Input/output error")
     assert error_text(ValueError("short\n  message"), 200) == "ValueError: short message"
+
+
+def test_two_refused_writers_with_nothing_committed_are_not_a_failure_of_concurrent_writers(tmp_path):
+    """Seen once on a tmpfs: both racing writers were refused and nothing was committed, and the
+    property said "fail: the step holds neither writer's complete state" though nothing was promised."""
+    from chaos.certify.battery import concurrent_writers
+    from chaos.certify.harness import Bench
+    from chaos.certify.target import resolve
+
+    root = tmp_path / "backend"
+    root.mkdir()
+    check = concurrent_writers(Bench(resolve(f"file://{root}", f"{BROKEN}:RefusesPublish"), str(tmp_path)))
+    assert check.result == "not_judged", (check.result, check.summary)
+    assert check.summary.startswith("both writers were refused and nothing was committed")
+    assert all(v.startswith("rejected") for v in check.evidence["writers"].values())

@@ -49,6 +49,13 @@ class CopyThenDeleteRename(_Wrapper):
         commit.update_latest(root, step)
 
 
+class RefusesPublish(_Wrapper):
+    """Every commit fails: nothing is ever published (read_after_write must refuse it)."""
+
+    def publish(self, tmp_name: str, step: int, manifest_bytes: bytes) -> None:
+        raise OSError(5, "publish refused by the RefusesPublish wrapper")
+
+
 class LaggingList(_Wrapper):
     LAG_S = 2.0
 
