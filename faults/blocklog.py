@@ -569,7 +569,12 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 def _start_daemon(backing: str, fuse_dir: str, log_path: str, err_path: str) -> subprocess.Popen[bytes]:
+    """Start the FUSE daemon, marked with its mount point: if the harness is SIGKILLed, the sweep of
+    its scratch root (``chaos.scratch``) finds the daemon by that mark and stops it."""
+    from faults.process import DAEMON_MARK
+
     env = dict(os.environ)
+    env[DAEMON_MARK] = os.path.abspath(fuse_dir)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with open(err_path, "wb") as err:

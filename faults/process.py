@@ -92,9 +92,11 @@ def marked_with(name: str, value: str) -> list[int]:
 # The environment variables the harness marks the processes of a scratch root with, each
 # holding a path that starts with that root: a scenario's ranks and their children
 # (CHAOS_SCENARIO), a job attempt's processes (CHAOS_JOB_MARK), a node's agent and workers
-# (CHAOS_JOB_NODE). Nothing else counts as a mark: CHAOS_CLAIMS_DIR, CHAOS_CACHE_DIR or a
-# user's own CHAOS_* setting never make a process a target of the sweep.
-MARK_VARS = ("CHAOS_SCENARIO", "CHAOS_JOB_MARK", "CHAOS_JOB_NODE")
+# (CHAOS_JOB_NODE), a helper daemon serving a mount under the root (CHAOS_DAEMON: the block
+# log's FUSE file system). Nothing else counts as a mark: CHAOS_CLAIMS_DIR, CHAOS_CACHE_DIR
+# or a user's own CHAOS_* setting never make a process a target of the sweep.
+MARK_VARS = ("CHAOS_SCENARIO", "CHAOS_JOB_MARK", "CHAOS_JOB_NODE", "CHAOS_DAEMON")
+DAEMON_MARK = "CHAOS_DAEMON"
 
 
 def uids(pid: int | str) -> tuple[int, int] | None:

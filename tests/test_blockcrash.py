@@ -384,3 +384,46 @@ def test_data_ordered_with_auto_da_alloc_never_tears_the_renamed_file(tmp_path):
     unsafe = next(r for r in rows if r["saver"] == "unsafe")
     assert unsafe["torn"] == 0 and unsafe["lost"] >= 1, rows
     assert all(r["lost"] == r["torn"] == 0 for r in rows if r["saver"] == "safe"), rows
+
+
+_KILLED_HOLDER = """
+import sys, time
+from chaos.scratch import make_root
+from faults.blocklog import logged_fs
+root = make_root("chaos-blocklog-", sys.argv[1])
+with logged_fs(root, "ext4", 64 << 20) as lf:
+    lf.start()
+    print(root, flush=True)
+    time.sleep(60)
+"""
+
+
+@real
+def test_chaos_clean_sweeps_what_a_sigkilled_holder_left_mounted_and_attached(tmp_path, monkeypatch):
+    """SIGKILL leaves the file system, its loop device, the FUSE mount and the block-log daemon
+    behind; the sweep of the dead holder's claimed root (``chaos clean``) takes all four."""
+    from chaos import scratch
+
+    monkeypatch.setenv(scratch.CLAIMS_ENV, str(tmp_path / "claims"))
+    base = tmp_path / "base"
+    base.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_HOLDER, str(base)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout is not None
+        root = p.stdout.readline().strip()
+        assert root, p.stderr.read() if p.stderr else ""
+        held = leftovers(root)
+        assert len(held["mounts"]) == 2 and len(held["loops"]) == 1, held
+        p.kill()
+        p.wait(timeout=30)
+        assert leftovers(root)["loops"], "the SIGKILL took the loop device with it; nothing to test"
+        swept = scratch.sweep()
+        assert [s.pid for s in swept] == [p.pid], swept
+        assert leftovers(root) == {"mounts": [], "loops": []} and not _daemons(root)
+        assert not os.path.exists(root) and not swept[0].refused, swept[0].refused
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
