@@ -61,6 +61,19 @@ def test_every_materialized_point_gets_the_verdict_of_running_to_it(example: str
         assert any(v[1] == "hard_failure" for v in ran.values())  # its defect, found both ways
 
 
+@pytest.mark.parametrize("example", ["careless_job.py", "careful_job.py"])
+def test_every_materialized_corruption_gets_the_verdict_of_running_to_it(example: str, tmp_path: Path) -> None:
+    """A corruption right after event N: attempt 0 rebuilt and marked halted, then the file corrupted
+    and the job restarted, exactly as after a real halt."""
+    job = JobSpec(command=(sys.executable, str(EXAMPLES / example), "--out", "{out}"), faults=("corrupt",),
+                  result_globs=("final.json",), cwd=str(REPO))
+    ran, rebuilt, materialized = _both_ways(job, tmp_path, 12, seed=2)
+    assert len(ran) == 12 and rebuilt == ran
+    assert materialized >= 4, materialized  # those waiting for a step (:stepN) still run
+    if example == "careless_job.py":
+        assert any(v[0] == "fail" for v in ran.values())  # its defect, found both ways
+
+
 @pytest.mark.slow  # two explorations of a torch script: about 25 s
 def test_a_torch_script_gets_the_same_verdicts_materialized(tmp_path: Path) -> None:
     script = tmp_path / "torch_job.py"
@@ -77,7 +90,11 @@ def test_only_what_the_trace_can_say_is_materialized() -> None:
     assert why_not(one, parse_point("rank0:op3:before"), untraced=False) is None
     assert "kill before or after" in why_not(one, parse_point("rank0:op3:torn"), untraced=False)
     assert "kill before or after" in why_not(one, parse_point("rank0:step3:kill"), untraced=False)
-    assert "kill before or after" in why_not(one, parse_point("rank0:op3:bitflip"), untraced=False)
+    assert why_not(one, parse_point("rank0:op3:bitflip"), untraced=False) is None  # halted right after event 3
+    assert why_not(one, parse_point("rank0:op3:delete"), untraced=False) is None
+    assert "a corruption right after one" in why_not(one, parse_point("rank0:op3:bitflip:step4"), untraced=False)
+    assert "kill before or after" in why_not(one, parse_point("rank0:op3:power"), untraced=False)
+    assert "kill before or after" in why_not(one, parse_point("rank0:op3:stale"), untraced=False)
     two = JobSpec(command=("python", "t.py", "{out}"), ranks=2)
     assert "one-process" in why_not(two, parse_point("rank0:op3:after"), untraced=False)
     assert "no traced event explains" in why_not(one, parse_point("rank0:op3:after"), untraced=True)

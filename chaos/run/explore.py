@@ -336,7 +336,7 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
     prepared = fam.prepare(run.out) if fam is not None and fam.prepare is not None else None
     before = _sizes(run.out)
     zero = None
-    if run.replay_from is not None and point is not None and fam is None:
+    if run.replay_from is not None and point is not None:  # materialize.why_not said it can be
         if run.prestart and job.max_restarts > 0 and spares.port_of(run.scratch, 1) is None:
             launch.prestart(job, run.out, run.scratch, 1, None, run.mark, run.lab)  # (unless the last point did)
         zero = materialize.attempt_zero(job, point, run.replay_from, run.out, run.scratch)

@@ -14,8 +14,14 @@ itself), ``explore`` calls :func:`attempt_zero` instead of launching attempt 0:
    companion as is), and then the ``fired`` record the rank's tracer writes as it kills;
 3. the attempt is recorded as killed by SIGKILL, ``materialized`` in the results.
 
+A corruption point right after event N (``rank0:op9:bitflip``, not one that waits for a
+step) stops every copy there: the same state as a kill after it. Its attempt is rebuilt the
+same way, recorded as *halted* with the tracer's ``halt`` record, and the corruption is then
+applied to the rebuilt file as after a real halt.
+
 Then the restart runs for real and the point is judged as any other. Only where the trace
-can say it all (:func:`why_not`): a kill before or after an event (not torn, not a step),
+can say it all (:func:`why_not`): a kill before or after an event (not torn, not a step), a
+corruption right after one,
 one process (no ``--ranks``, torchrun or ``--nodes``), every event of it under {out} or the
 job's temp dir, no
 change under {out} that no event explains, and a trace the crash model represents; any
@@ -39,8 +45,10 @@ from faults.crashstate import CrashModel, Snapshot, clear
 
 def why_not(job: JobSpec, point: Point, untraced: bool) -> str | None:
     """Why this point's first attempt must run to the point (None: it can be materialized)."""
-    if point.family != "kill" or point.op is None or point.mode not in ("before", "after"):
-        return "only a kill before or after a file event is materialized"
+    kill = point.family == "kill" and point.mode in ("before", "after")
+    rot = point.family == "corrupt" and point.at_step is None  # halted right after the event, then corrupted
+    if point.op is None or not (kill or rot):
+        return "only a kill before or after a file event, or a corruption right after one, is materialized"
     if job.ranks is not None or job.torchrun or job.nodes is not None:
         return "only a one-process job's attempt is materialized"
     if untraced:
@@ -87,7 +95,8 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
     traces = sorted(glob.glob(os.path.join(glob.escape(golden_scratch), "trace", "trace-r0-a0-p*.jsonl")))
     if len(traces) != 1:
         return None  # a child process traced too: more than one timeline
-    after = point.mode == "after"
+    halt = point.family == "corrupt"  # the copies are stopped right after the event, as a kill after it
+    after = point.mode == "after" or halt
     lines = _records_up_to(traces[0], int(point.op), after)  # type: ignore[arg-type]
     if lines is None:
         return None
@@ -113,9 +122,12 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
         clear(tmp)
         return None
     event = records[cut]
-    fired: dict[str, Any] = {"event": "fired", "action": "kill", "op": event.get("op"), "when": point.mode, "ord": point.op,
-             "path": event.get("path"), "materialized": True, "rank": 0, "pid": event.get("pid"),
-             "ts": event.get("ts", 0.0), "seq": (event.get("seq") or 0) + (1 if after else 0)}
+    fired: dict[str, Any] = {"event": "fired", "action": "halt" if halt else "kill", "op": event.get("op"),
+                             "when": point.mode, "ord": point.op, "path": event.get("path"), "materialized": True,
+                             "rank": 0, "pid": event.get("pid"), "ts": event.get("ts", 0.0),
+                             "seq": (event.get("seq") or 0) + (1 if after else 0)}
+    if halt:
+        fired["dst"] = event.get("dst")
     tdir = os.path.join(scratch, "trace")
     os.makedirs(tdir, exist_ok=True)
     name = os.path.basename(traces[0])
@@ -126,7 +138,8 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
         f.write((json.dumps(_moved(fired, roots) or fired, separators=(",", ":")) + "\n").encode())
     if os.path.exists(traces[0] + ".data"):
         shutil.copyfile(traces[0] + ".data", os.path.join(tdir, name + ".data"))
-    return AttemptOutcome(0, job.argv(out, resume=False), [-9], materialized=True)
+    halted = {"rank": 0, "ord": point.op, "ts": fired["ts"]} if halt else None
+    return AttemptOutcome(0, job.argv(out, resume=False), [-9], materialized=True, halted=halted)
 
 
 __all__ = ["attempt_zero", "why_not"]
