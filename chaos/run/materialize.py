@@ -14,14 +14,15 @@ itself), ``explore`` calls :func:`attempt_zero` instead of launching attempt 0:
    companion as is), and then the ``fired`` record the rank's tracer writes as it kills;
 3. the attempt is recorded as killed by SIGKILL, ``materialized`` in the results.
 
-A corruption point right after event N (``rank0:op9:bitflip``, not one that waits for a
-step) stops every copy there: the same state as a kill after it. Its attempt is rebuilt the
-same way, recorded as *halted* with the tracer's ``halt`` record, and the corruption is then
-applied to the rebuilt file as after a real halt.
+A corruption or power-loss point right after event N (``rank0:op9:bitflip``,
+``rank0:op9:power:s2``; not a corruption that waits for a step) stops every copy there: the
+same state as a kill after it. Its attempt is rebuilt the same way, recorded as *halted*
+with the tracer's ``halt`` record, and then the file is corrupted, or {out} replaced by the
+cut's crash state (from the rebuilt trace, with its ``.data``), as after a real halt.
 
 Then the restart runs for real and the point is judged as any other. Only where the trace
 can say it all (:func:`why_not`): a kill before or after an event (not torn, not a step), a
-corruption right after one,
+corruption or a power loss right after one,
 one process (no ``--ranks``, torchrun or ``--nodes``), every event of it under {out} or the
 job's temp dir, no
 change under {out} that no event explains, and a trace the crash model represents; any
@@ -46,9 +47,10 @@ from faults.crashstate import CrashModel, Snapshot, clear
 def why_not(job: JobSpec, point: Point, untraced: bool) -> str | None:
     """Why this point's first attempt must run to the point (None: it can be materialized)."""
     kill = point.family == "kill" and point.mode in ("before", "after")
-    rot = point.family == "corrupt" and point.at_step is None  # halted right after the event, then corrupted
+    rot = point.family in ("corrupt", "power") and point.at_step is None  # halted right after the event
     if point.op is None or not (kill or rot):
-        return "only a kill before or after a file event, or a corruption right after one, is materialized"
+        return ("only a kill before or after a file event, or a corruption or power loss right after one, is "
+                "materialized")
     if job.ranks is not None or job.torchrun or job.nodes is not None:
         return "only a one-process job's attempt is materialized"
     if untraced:
@@ -95,7 +97,7 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
     traces = sorted(glob.glob(os.path.join(glob.escape(golden_scratch), "trace", "trace-r0-a0-p*.jsonl")))
     if len(traces) != 1:
         return None  # a child process traced too: more than one timeline
-    halt = point.family == "corrupt"  # the copies are stopped right after the event, as a kill after it
+    halt = point.family in ("corrupt", "power")  # the copies are stopped right after the event, as a kill after it
     after = point.mode == "after" or halt
     lines = _records_up_to(traces[0], int(point.op), after)  # type: ignore[arg-type]
     if lines is None:
