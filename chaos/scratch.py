@@ -72,7 +72,8 @@ MAX_CLAIM_BYTES = 1 << 20  # a few lines per root or lab; a bigger file is not a
 
 # The only clean-ups a sweep ever calls, by the name a claim records: what stops something
 # that runs detached under a root (given that root), as ``module:function`` of this package.
-CLEANUPS: dict[str, str] = {"dockerd": "chaos.launch.drivers.engine:stop_engine_at"}
+CLEANUPS: dict[str, str] = {"dockerd": "chaos.launch.drivers.engine:stop_engine_at",
+                             "slurm": "chaos.launch.slurmcluster:stop_cluster_at"}
 
 _lock = threading.RLock()  # _claim holds it while claims_dir() takes it again
 _mine: dict[str, Any] = {"pid": None, "path": None, "swept_pid": None, "default_dir": None, "said": set()}

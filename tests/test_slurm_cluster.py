@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos import scratch
 from chaos.cli.main import main
 from chaos.launch.slurmcluster import BINARIES, DAEMONS, PrivateSlurm, can_start
 
@@ -55,9 +56,24 @@ def _live_holders(root: Path) -> list[str]:
     return found
 
 
+@pytest.fixture
+def claims(tmp_path, monkeypatch) -> Path:
+    d = tmp_path / "claims"
+    monkeypatch.setenv(scratch.CLAIMS_ENV, str(d))
+    return d
+
+
+def _claimed_root() -> Path:
+    """A root of this test's own, claimed with the "slurm" clean-up: a killed session's cluster is swept.
+    In the temp dir, not under ``tmp_path``: munged's socket path must fit in 107 bytes."""
+    root = scratch.make_root("chaos-slurm-")
+    scratch.claim_cleanup(root, "slurm")
+    return Path(root)
+
+
 @real
-def test_start_runs_real_jobs_and_stop_leaves_no_daemon_job_or_file(tmp_path, capsys):
-    root = tmp_path / "slurm"
+def test_start_runs_real_jobs_and_stop_leaves_no_daemon_job_or_file(tmp_path, capsys, claims):
+    root = _claimed_root()
     code, out, err = _cli(capsys, "slurm", "start", "--root", str(root))
     try:
         assert code == 0, err
@@ -86,6 +102,43 @@ def test_start_runs_real_jobs_and_stop_leaves_no_daemon_job_or_file(tmp_path, ca
     assert code == 0 and "not running" in out
 
 
+_KILLED_STARTER = """
+import sys, time
+from chaos import scratch
+from chaos.launch.slurmcluster import PrivateSlurm
+root = scratch.make_root("chaos-slurm-")
+scratch.claim_cleanup(root, "slurm")
+cluster = PrivateSlurm(root).start()
+cluster.command("sbatch", "--output", "/dev/null", "--chdir", root, "--wrap", "sleep 300")
+print(root, flush=True)
+time.sleep(120)
+"""
+
+
+@real
+def test_the_cluster_of_a_sigkilled_starter_is_swept(tmp_path, claims):
+    """``chaos clean`` after a test session was SIGKILLed: its cluster (daemons, job, files) is gone."""
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_STARTER], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        root = Path(p.stdout.readline().strip())
+        assert str(root) != ".", p.stderr.read() if p.stderr else ""
+        assert set(PrivateSlurm(root).pids()) == set(DAEMONS)
+        p.kill()
+        p.wait(timeout=30)
+        assert set(PrivateSlurm(root).pids()) == set(DAEMONS), "the daemons went with their starter: nothing to test"
+        swept = scratch.sweep()
+        assert [s.pid for s in swept] == [p.pid] and not swept[0].refused, swept
+        assert swept[0].stopped == [f"slurm {root}"]
+        assert not root.exists() and _live_holders(root) == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        PrivateSlurm(tmp_path / "never").stop()  # nothing there: a no-op
+
+
 def test_without_the_daemons_start_refuses_in_one_line(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path)}  # nothing of slurm-wlm or munge found
     done = _chaos("slurm", "start", "--root", str(tmp_path / "slurm"), env=env)
@@ -94,6 +147,16 @@ def test_without_the_daemons_start_refuses_in_one_line(tmp_path):
     assert "\n" not in line and line.startswith("chaos: error: cannot start a Slurm cluster: ")
     assert ("not installed: " + ", ".join(BINARIES)) in line or "needs root" in line, line
     assert not (tmp_path / "slurm").exists()
+
+
+def test_a_root_too_long_for_the_munge_socket_is_refused_in_one_line(tmp_path, capsys):
+    root = tmp_path / ("x" * 100)
+    code, out, err = _cli(capsys, "slurm", "start", "--root", str(root))
+    if not CAN:
+        assert code == 2 and WHY in err
+        return
+    assert code == 2 and out == "" and "too long for munged's socket path" in err and "\n" not in err.strip()
+    assert not root.exists()
 
 
 def test_without_root_start_refuses(monkeypatch):

@@ -16,7 +16,8 @@ directory and off the host's own ``/etc/slurm`` and ``/run/munge``:
   ``SLURM_CONF=ROOT/slurm.conf`` (:meth:`PrivateSlurm.env`).
 
 Who calls what: ``chaos slurm start | status | stop`` (:mod:`chaos.cli.commands.slurm`)
-and the tests. :meth:`PrivateSlurm.stop` cancels every job, waits for their steps to end,
+and the tests, which claim their cluster's root with the clean-up ``"slurm"``
+(:func:`stop_cluster_at`) so that ``chaos clean`` stops the cluster of a killed session. :meth:`PrivateSlurm.stop` cancels every job, waits for their steps to end,
 stops the daemons, kills any process still holding a file under the root (a
 ``slurmstepd`` whose daemon died first) and deletes the root: nothing is left. Against a
 real cluster none of this runs: the user's own ``SLURM_CONF`` and ``sbatch`` are used.
@@ -120,6 +121,9 @@ class PrivateSlurm:
         ok, why = can_start()
         if not ok:
             raise SlurmUnavailable(why)
+        if len(os.fsencode(str(self.munge_socket))) > 107:  # sun_path holds 108 bytes, its NUL included
+            raise SlurmUnavailable(f"root {self.root} is too long for munged's socket path "
+                                   f"({len(os.fsencode(str(self.munge_socket)))} bytes > 107): choose a shorter --root")
         if self.running():
             return self
         if self.pids():
@@ -222,8 +226,9 @@ class PrivateSlurm:
             out["jobs"] = len([ln for ln in self.command("squeue", "-h", "-o", "%i").stdout.splitlines() if ln.strip()])
         return out
 
-    def stop(self, timeout_s: float = 30.0) -> dict[str, Any]:
-        """Cancel every job, stop the daemons, kill what still holds a file of the root, delete the root."""
+    def stop(self, timeout_s: float = 30.0, remove: bool = True) -> dict[str, Any]:
+        """Cancel every job, stop the daemons, kill what still holds a file of the root, delete the root
+        (unless not ``remove``: the sweep deletes a root it verified itself)."""
         done: dict[str, Any] = {"root": str(self.root), "stopped": {}}
         pids = self.pids()
         if "slurmctld" in pids:
@@ -246,7 +251,7 @@ class PrivateSlurm:
                 os.kill(pid, signal.SIGKILL)
             done["stopped"][name] = pid
         done["killed"] = self._kill_holders()
-        if self.root.exists():
+        if remove and self.root.exists():
             why = self._remove_root()
             if why:
                 done["not_removed"] = why
@@ -284,3 +289,14 @@ class PrivateSlurm:
             return ""
         finally:
             os.close(parent_fd)
+
+
+def stop_cluster_at(root: str) -> dict[str, Any]:
+    """Stop the private cluster under ``root`` whose starter is gone.
+
+    Called by ``chaos.scratch``'s sweep (the clean-up ``"slurm"``, claimed with
+    ``claim_cleanup`` by whoever started a cluster in a root of its own: the tests) when that
+    process was killed: jobs cancelled, daemons stopped, holders killed. The sweep itself
+    then removes the root it has verified.
+    """
+    return PrivateSlurm(root).stop(remove=False)
