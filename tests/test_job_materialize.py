@@ -62,7 +62,7 @@ def test_every_materialized_point_gets_the_verdict_of_running_to_it(example: str
 
 
 @pytest.mark.parametrize("example", ["careless_job.py", "careful_job.py"])
-@pytest.mark.parametrize(("family", "least"), [("corrupt", 4), ("power", 16)])
+@pytest.mark.parametrize(("family", "least"), [("corrupt", 16), ("power", 16)])
 def test_every_materialized_halt_gets_the_verdict_of_running_to_it(example: str, family: str, least: int,
                                                                    tmp_path: Path) -> None:
     """A corruption or a power loss right after event N: attempt 0 rebuilt and marked halted, then the
@@ -72,7 +72,7 @@ def test_every_materialized_halt_gets_the_verdict_of_running_to_it(example: str,
                   result_globs=("final.json",), cwd=str(REPO))
     ran, rebuilt, materialized = _both_ways(job, tmp_path, 16, seed=3)
     assert len(ran) == 16 and rebuilt == ran
-    assert materialized >= least, materialized  # a corruption waiting for a step (:stepN) still runs
+    assert materialized >= least, materialized  # a corruption waiting for a step (:stepN) too
     if example == "careless_job.py":
         assert any(v[0] == "fail" for v in ran.values())  # its defect, found both ways
 
@@ -95,7 +95,7 @@ def test_only_what_the_trace_can_say_is_materialized() -> None:
     assert "kill before or after" in why_not(one, parse_point("rank0:step3:kill"), untraced=False)
     assert why_not(one, parse_point("rank0:op3:bitflip"), untraced=False) is None  # halted right after event 3
     assert why_not(one, parse_point("rank0:op3:delete"), untraced=False) is None
-    assert "power loss right after one" in why_not(one, parse_point("rank0:op3:bitflip:step4"), untraced=False)
+    assert why_not(one, parse_point("rank0:op3:bitflip:step4"), untraced=False) is None  # halted at step 4
     assert why_not(one, parse_point("rank0:op3:power"), untraced=False) is None
     assert why_not(one, parse_point("rank0:op3:power:s2"), untraced=False) is None
     assert "kill before or after" in why_not(one, parse_point("rank0:op3:stale"), untraced=False)

@@ -15,14 +15,17 @@ itself), ``explore`` calls :func:`attempt_zero` instead of launching attempt 0:
 3. the attempt is recorded as killed by SIGKILL, ``materialized`` in the results.
 
 A corruption or power-loss point right after event N (``rank0:op9:bitflip``,
-``rank0:op9:power:s2``; not a corruption that waits for a step) stops every copy there: the
-same state as a kill after it. Its attempt is rebuilt the same way, recorded as *halted*
-with the tracer's ``halt`` record, and then the file is corrupted, or {out} replaced by the
-cut's crash state (from the rebuilt trace, with its ``.data``), as after a real halt.
+``rank0:op9:power:s2``) stops every copy there: the same state as a kill after it. A
+corruption that waits for a step (``rank0:op9:bitflip:step12``) stops them at the job's
+announcement of that step instead, which the trace records too. Its attempt is rebuilt the
+same way up to that moment, recorded as *halted* with the tracer's ``halt`` record (with
+``step_n`` and ``last_ord`` for a deferred one), and then the file is corrupted, or {out}
+replaced by the cut's crash state (from the rebuilt trace, with its ``.data``), as after a
+real halt.
 
 Then the restart runs for real and the point is judged as any other. Only where the trace
 can say it all (:func:`why_not`): a kill before or after an event (not torn, not a step), a
-corruption or a power loss right after one,
+corruption or a power loss right after one (or a corruption at the step it waits for),
 one process (no ``--ranks``, torchrun or ``--nodes``), every event of it under {out} or the
 job's temp dir, no
 change under {out} that no event explains, and a trace the crash model represents; any
@@ -38,6 +41,7 @@ import shutil
 from typing import Any
 
 from chaos.launch.job import AttemptOutcome
+from chaos.model.contract import STEP_KINDS
 from chaos.model.jobspec import JobSpec, Point
 from chaos.nemesis.atrest import merged_records
 from faults import FaultError
@@ -47,7 +51,7 @@ from faults.crashstate import CrashModel, Snapshot, clear
 def why_not(job: JobSpec, point: Point, untraced: bool) -> str | None:
     """Why this point's first attempt must run to the point (None: it can be materialized)."""
     kill = point.family == "kill" and point.mode in ("before", "after")
-    rot = point.family in ("corrupt", "power") and point.at_step is None  # halted right after the event
+    rot = point.family in ("corrupt", "power")  # halted right after the event, or at the step it waits for
     if point.op is None or not (kill or rot):
         return ("only a kill before or after a file event, or a corruption or power loss right after one, is "
                 "materialized")
@@ -91,6 +95,31 @@ def _moved(rec: dict[str, Any], roots: dict[str, str]) -> dict[str, Any] | None:
     return moved
 
 
+def _is_step(rec: dict[str, Any], n: int) -> bool:
+    """Whether a trace record is the job's announcement of step ``n`` (what a deferred corruption waits for)."""
+    info = rec.get("info")
+    return (rec.get("event") == "phase" and rec.get("name") == "chaos.probe" and isinstance(info, dict)
+            and info.get("kind") in STEP_KINDS and info.get("n") == n)
+
+
+def _records_to_step(trace: str, ord_: int, step: int) -> list[dict[str, Any]] | None:
+    """The records of a trace file up to the first announcement of ``step`` after event ``ord_``, included."""
+    out: list[dict[str, Any]] = []
+    seen = False
+    with open(trace, "rb") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                return None
+            out.append(rec)
+            if rec.get("event") == "op" and rec.get("ord") == ord_:
+                seen = True
+            elif seen and _is_step(rec, step):
+                return out
+    return None
+
+
 def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scratch: str) -> AttemptOutcome | None:
     """Attempt 0 of ``point`` rebuilt from the fault-free run in ``golden_scratch``; None (nothing
     changed) where the trace cannot say what the disk held there."""
@@ -99,12 +128,17 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
         return None  # a child process traced too: more than one timeline
     halt = point.family in ("corrupt", "power")  # the copies are stopped right after the event, as a kill after it
     after = point.mode == "after" or halt
-    lines = _records_up_to(traces[0], int(point.op), after)  # type: ignore[arg-type]
+    deferred = point.at_step is not None  # halted at the job's announcement of that step, after the event
+    lines = (_records_to_step(traces[0], int(point.op), int(point.at_step)) if deferred  # type: ignore[arg-type]
+             else _records_up_to(traces[0], int(point.op), after))  # type: ignore[arg-type]
     if lines is None:
         return None
     records = merged_records(golden_scratch, 0)
-    cut = next((i for i, r in enumerate(records) if r.get("event") == "op" and r.get("ord") == point.op), None)
-    if cut is None:
+    at = next((i for i, r in enumerate(records) if r.get("event") == "op" and r.get("ord") == point.op), None)
+    cut = at
+    if deferred and at is not None:
+        cut = next((i for i in range(at + 1, len(records)) if _is_step(records[i], point.at_step)), None)
+    if at is None or cut is None:
         return None
     tmp = os.path.join(scratch, "tmp")
     roots = {os.path.join(golden_scratch, "out"): out, os.path.join(golden_scratch, "tmp"): tmp}
@@ -123,13 +157,18 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
         clear(out)
         clear(tmp)
         return None
-    event = records[cut]
+    event, last = records[at], records[cut]
     fired: dict[str, Any] = {"event": "fired", "action": "halt" if halt else "kill", "op": event.get("op"),
                              "when": point.mode, "ord": point.op, "path": event.get("path"), "materialized": True,
-                             "rank": 0, "pid": event.get("pid"), "ts": event.get("ts", 0.0),
-                             "seq": (event.get("seq") or 0) + (1 if after else 0)}
+                             "rank": 0, "pid": last.get("pid"), "ts": last.get("ts", 0.0),
+                             "seq": (last.get("seq") or 0) + (1 if after else 0)}
     if halt:
         fired["dst"] = event.get("dst")
+    last_ord = point.op
+    if deferred:  # as the tracer's deferred halt says it: the step, and the last event before it
+        last_ord = max((r.get("ord") for r in records[: cut + 1] if r.get("event") == "op"
+                        and r.get("pid") == last.get("pid") and isinstance(r.get("ord"), int)), default=point.op)
+        fired.update(step_n=point.at_step, last_ord=last_ord)
     tdir = os.path.join(scratch, "trace")
     os.makedirs(tdir, exist_ok=True)
     name = os.path.basename(traces[0])
@@ -140,7 +179,7 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
         f.write((json.dumps(_moved(fired, roots) or fired, separators=(",", ":")) + "\n").encode())
     if os.path.exists(traces[0] + ".data"):
         shutil.copyfile(traces[0] + ".data", os.path.join(tdir, name + ".data"))
-    halted = {"rank": 0, "ord": point.op, "ts": fired["ts"]} if halt else None
+    halted = {"rank": 0, "ord": last_ord, "ts": fired["ts"]} if halt else None
     return AttemptOutcome(0, job.argv(out, resume=False), [-9], materialized=True, halted=halted)
 
 
