@@ -87,6 +87,44 @@ def test_a_torch_script_gets_the_same_verdicts_materialized(tmp_path: Path) -> N
     assert rebuilt == ran and materialized == 6
 
 
+VARYING_JOB = """
+import json, os, sys, uuid
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+runs = os.path.join(os.getcwd(), "runs")  # outside {out}: counts this job's runs, untraced
+n = (int(open(runs).read()) if os.path.exists(runs) else 0) + 1
+open(runs, "w").write(str(n))
+p = os.path.join(out, "ckpt.json")
+start = json.load(open(p))["step"] if os.path.exists(p) else 0
+for step in range(start, 4):
+    tmp = os.path.join(out, f"ckpt-{uuid.uuid4().hex}.tmp")  # a new name each run: that alone is no variation
+    with open(tmp, "w") as f:
+        json.dump({"step": step + 1}, f)
+        if n % 2 and sys.argv[2] == "vary":  # but an fsync every other run makes is: the two fault-free runs differ
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, p)
+with open(os.path.join(out, "final.json"), "w") as f:
+    json.dump({"done": True}, f)
+"""
+
+
+@pytest.mark.parametrize("vary", [True, False])
+def test_a_job_whose_events_vary_between_runs_is_never_materialized(tmp_path: Path, vary: bool) -> None:
+    """Accelerate's traced events vary from run to run (docs/benchmarks.md): one fault-free trace
+    cannot stand for every run, so every point runs to the point, and the notes say why. A temp
+    file's random name alone is no such variation."""
+    script = tmp_path / "varying_job.py"
+    script.write_text(VARYING_JOB)
+    job = JobSpec(command=(sys.executable, str(script), "{out}", "vary" if vary else "same"), faults=("kill",),
+                  modes=("before", "after"), result_globs=("final.json",), cwd=str(tmp_path), materialize=True)
+    e = explore.explore(job, max_points=4, seed=0, scratch_base=str(tmp_path))
+    materialized = [r for r in e.results if r.record.attempts and r.record.attempts[0].materialized]
+    said = any("--materialize: the two fault-free runs traced different file events" in n for n in e.reference.notes)
+    assert len(e.results) == 4 and e.reference.same_events is not vary and said is vary
+    assert len(materialized) == (0 if vary else 4)
+
+
 def test_only_what_the_trace_can_say_is_materialized() -> None:
     one = JobSpec(command=("python", "t.py", "{out}"))
     assert why_not(one, parse_point("rank0:op3:after"), untraced=False) is None
@@ -102,4 +140,5 @@ def test_only_what_the_trace_can_say_is_materialized() -> None:
     two = JobSpec(command=("python", "t.py", "{out}"), ranks=2)
     assert "one-process" in why_not(two, parse_point("rank0:op3:after"), untraced=False)
     assert "no traced event explains" in why_not(one, parse_point("rank0:op3:after"), untraced=True)
+    assert "traced different file events" in why_not(one, parse_point("rank0:op3:after"), untraced=False, varies=True)
     assert "--materialize" in JobSpec(command=one.command, materialize=True).replay_args()

@@ -71,6 +71,7 @@ from chaos.launch import preload, spares
 from chaos.launch.output import cause, clip
 from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
 from chaos.nemesis import atrest, diskfull, family, netcut, nodes
+from chaos.nemesis.sites import event_keys
 from chaos.plan import pointset
 from chaos.plan.pointset import Facts
 from chaos.record.jobhistory import PointRecord, read_traces
@@ -378,6 +379,7 @@ class Reference:
     nodes: int | None = None  # --nodes: every run on that many simulated nodes, one agent each
     untraced_changes: list[dict[str, Any]] = field(default_factory=list)  # atrest.untraced_changes, fault-free
     preload: tuple[str, ...] = ()  # imported before each attempt's gate (launch.preload.choose)
+    same_events: bool = True  # both fault-free runs traced the same kinds of file event, in the same order
 
     def lookup(self, job: JobSpec, point: Point) -> Point:
         """A replayed point with what the fault-free run did there (any kind, asked for or not).
@@ -491,8 +493,14 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
     facts.stable = pointset.stable_events(recs[1].traces)
     points = pointset.enumerate_points(job, traces, facts, kinds)
     notes += left_out + pointset.notes(job, traces, facts, kinds, points)
+    # The same kinds of event in the same order (paths may differ: a temp file's random name is no variation)
+    same = [(rk, r["op"]) for rk, r, _, _ in event_keys(traces)] == [(rk, r["op"]) for rk, r, _, _ in
+                                                                      event_keys(recs[1].traces)]
+    if job.materialize and not same:
+        notes.append("--materialize: the two fault-free runs traced different file events, so one trace cannot "
+                     "stand for every run; every point runs to the point")
     return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
-                     traces, facts, job.nodes, changes, preloaded), runs[0]
+                     traces, facts, job.nodes, changes, preloaded, same), runs[0]
 
 
 def _size(n: Any) -> str:
@@ -671,7 +679,8 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
 
     def replay_from(point: Point) -> str | None:
         """Where a point's attempt 0 is rebuilt from (``--materialize``), or None: it runs."""
-        if not job.materialize or materialize.why_not(job, point, bool(ref.untraced_changes)) is not None:
+        if not job.materialize or materialize.why_not(job, point, bool(ref.untraced_changes),
+                                                      varies=not ref.same_events) is not None:
             return None
         return golden_scratch
 

@@ -27,9 +27,9 @@ Then the restart runs for real and the point is judged as any other. Only where 
 can say it all (:func:`why_not`): a kill before or after an event (not torn, not a step), a
 corruption or a power loss right after one (or a corruption at the step it waits for),
 one process (no ``--ranks``, torchrun or ``--nodes``), every event of it under {out} or the
-job's temp dir, no
-change under {out} that no event explains, and a trace the crash model represents; any
-other point runs to the point as before.
+job's temp dir, no change under {out} that no event explains, both fault-free runs tracing
+the same file events (a job whose events vary from run to run is not one trace), and a
+trace the crash model represents; any other point runs to the point as before.
 """
 
 from __future__ import annotations
@@ -48,8 +48,12 @@ from faults import FaultError
 from faults.crashstate import CrashModel, Snapshot, clear
 
 
-def why_not(job: JobSpec, point: Point, untraced: bool) -> str | None:
-    """Why this point's first attempt must run to the point (None: it can be materialized)."""
+def why_not(job: JobSpec, point: Point, untraced: bool, varies: bool = False) -> str | None:
+    """Why this point's first attempt must run to the point (None: it can be materialized).
+
+    ``untraced``: the fault-free run changed files no event explains; ``varies``: the two
+    fault-free runs traced different file events, so the trace of one is not what every
+    run does up to the point (a job whose saves race a thread, say)."""
     kill = point.family == "kill" and point.mode in ("before", "after")
     rot = point.family in ("corrupt", "power")  # halted right after the event, or at the step it waits for
     if point.op is None or not (kill or rot):
@@ -59,6 +63,8 @@ def why_not(job: JobSpec, point: Point, untraced: bool) -> str | None:
         return "only a one-process job's attempt is materialized"
     if untraced:
         return "the fault-free run changed files under {out} that no traced event explains"
+    if varies:
+        return "the two fault-free runs traced different file events: one trace cannot stand for every run"
     return None
 
 
