@@ -452,18 +452,21 @@ class Swept:
     killed: list[int] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)  # namespaces and links deleted
     stopped: list[str] = field(default_factory=list)  # clean-ups run: "name root"
+    detached: list[str] = field(default_factory=list)  # loop devices whose image lay under a root
     refused: list[str] = field(default_factory=list)  # claims that are not a harness root: left alone, said why
 
     @property
     def acted(self) -> bool:
         """Whether the sweep did (or, dry, would do) anything for this owner, or refused something."""
-        return bool(self.removed or self.killed or self.netns or self.unmounted or self.refused or self.stopped)
+        return bool(self.removed or self.killed or self.netns or self.unmounted or self.refused or self.stopped
+                    or self.detached)
 
     def line(self) -> str:
         what = self.argv[1:3] if len(self.argv) > 1 else self.argv
         cmd = " ".join([os.path.basename(self.argv[0]) if self.argv else "?", *what])
         parts = [f"{len(self.removed)} scratch root(s) removed"]
-        for label, items in (("stopped", self.stopped), ("unmounted", self.unmounted), ("process(es) killed", self.killed),
+        for label, items in (("stopped", self.stopped), ("unmounted", self.unmounted),
+                             ("loop device(s) detached", self.detached), ("process(es) killed", self.killed),
                              ("network namespace(s)/link(s) deleted", self.netns), ("kept (--keep)", self.kept)):
             if items:
                 parts.append(f"{len(items)} {label}")
@@ -536,7 +539,9 @@ def _ours(pids: list[int], since: int) -> list[int]:
 
 
 def _sweep_one(claim: Claim, dry_run: bool) -> Swept:
+    from faults.blocklog import loop_detach, loops_of
     from faults.disk import mounts_under, unmount_all
+    from faults.errors import FaultError
     from faults.process import marked_under, marks
 
     done = Swept(claim.pid, claim.argv)
@@ -586,14 +591,24 @@ def _sweep_one(claim: Claim, dry_run: bool) -> Swept:
                 done.kept.append(r.path)
                 continue
             mounts = mounts_under(r.path, resolve=False)
+            # Loop devices over images under the root (a block log's disk): named now, while their
+            # backing path still reads as under the root; a lazy unmount of the FUSE file system
+            # beneath would make it read "/disk.img" and the device would never be detached.
+            loops = loops_of(r.path)
             if not dry_run:
                 try:
                     unmount_all(r.path, resolve=False)
                 except OSError as exc:
                     done.refused.append(f"{r.path}: unmount failed ({exc}); not removed")
                     continue
+                for dev in loops:
+                    try:
+                        loop_detach(dev)
+                    except FaultError as exc:
+                        done.refused.append(f"{dev} (an image under {r.path}): {exc}")
                 trustedpath.remove_tree(pfd, os.path.basename(r.path))
             done.unmounted += mounts
+            done.detached += loops
             done.removed.append(r.path)
         finally:
             os.close(pfd)

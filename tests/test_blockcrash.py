@@ -416,6 +416,7 @@ def test_chaos_clean_sweeps_what_a_sigkilled_holder_left_mounted_and_attached(tm
         assert root, p.stderr.read() if p.stderr else ""
         held = leftovers(root)
         assert len(held["mounts"]) == 2 and len(held["loops"]) == 1, held
+        [dev] = held["loops"]
         p.kill()
         p.wait(timeout=30)
         assert leftovers(root)["loops"], "the SIGKILL took the loop device with it; nothing to test"
@@ -423,6 +424,8 @@ def test_chaos_clean_sweeps_what_a_sigkilled_holder_left_mounted_and_attached(tm
         assert [s.pid for s in swept] == [p.pid], swept
         assert leftovers(root) == {"mounts": [], "loops": []} and not _daemons(root)
         assert not os.path.exists(root) and not swept[0].refused, swept[0].refused
+        # by its name, not its backing path: once the FUSE mount beneath is gone that reads "/disk.img"
+        assert swept[0].detached == [dev] and not os.path.exists(f"/sys/block/{os.path.basename(dev)}/loop")
     finally:
         if p.poll() is None:
             p.kill()
