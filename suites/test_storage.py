@@ -81,23 +81,34 @@ def _mounted(cm):
         pytest.skip(str(exc))
 
 
-@pytest.mark.xfail(strict=True, raises=NotCertified,
-                   reason="s3fs renames a directory object by object: a client crash leaves a half-renamed step")
-def test_an_s3fs_mount_over_s3(tmp_path):
-    from chaos.certify.local_s3 import LocalS3
-    from chaos.certify.mounts import fuse_ready, s3fs_mount
+def _certify_on(cm, tmp_path, setup: str) -> dict:
+    """Certify the mount ``cm`` makes (skip where it cannot be made here), taking it off afterwards."""
+    mnt = _mounted(cm)
+    try:
+        return _certify(mnt, tmp_path, setup)
+    finally:
+        cm.__exit__(None, None, None)
 
-    why = fuse_ready("s3fs", "strace")
+
+def _certify_fuse_over_s3(tool: str, mount, tmp_path, options: str, how: str = "") -> dict:
+    """Certify ``tool``'s FUSE mount (``mount(endpoint, bucket, workdir)``) of a bucket of the embedded S3."""
+    from chaos.certify.local_s3 import LocalS3
+    from chaos.certify.mounts import fuse_ready
+
+    why = fuse_ready(tool, "strace")
     if why:
         pytest.skip(why)
     with LocalS3("chaos-storage") as s3:
-        cm = s3fs_mount(s3.endpoint, s3.bucket, str(tmp_path))
-        mnt = _mounted(cm)
-        try:
-            report = _certify(mnt, tmp_path, f"s3fs {_version('s3fs')} over the embedded S3 (moto), "
-                              "use_path_request_style, no other option")
-        finally:
-            cm.__exit__(None, None, None)
+        return _certify_on(mount(s3.endpoint, s3.bucket, str(tmp_path)), tmp_path,
+                           f"{tool} {_version(tool)}{how} over the embedded S3 (moto), {options}")
+
+
+@pytest.mark.xfail(strict=True, raises=NotCertified,
+                   reason="s3fs renames a directory object by object: a client crash leaves a half-renamed step")
+def test_an_s3fs_mount_over_s3(tmp_path):
+    from chaos.certify.mounts import s3fs_mount
+
+    report = _certify_fuse_over_s3("s3fs", s3fs_mount, tmp_path, "use_path_request_style, no other option")
     crash = _property(report, "client_crash")
     assert "step-0000000002" in crash["summary"], crash["summary"]
     assert any("rename" in t["where"] for t in crash["evidence"]["tried"] if t["violations"])
@@ -108,20 +119,9 @@ def test_an_s3fs_mount_over_s3(tmp_path):
                    reason="rclone mount's write cache uploads after close: a crashed client loses an acknowledged "
                           "save, and a renamed directory's files read EIO until their upload ends")
 def test_an_rclone_mount_over_s3(tmp_path):
-    from chaos.certify.local_s3 import LocalS3
-    from chaos.certify.mounts import fuse_ready, rclone_mount
+    from chaos.certify.mounts import rclone_mount
 
-    why = fuse_ready("rclone", "strace")
-    if why:
-        pytest.skip(why)
-    with LocalS3("chaos-storage") as s3:
-        cm = rclone_mount(s3.endpoint, s3.bucket, str(tmp_path))
-        mnt = _mounted(cm)
-        try:
-            report = _certify(mnt, tmp_path, f"rclone {_version('rclone')} mount over the embedded S3 (moto), "
-                              "--vfs-cache-mode writes, --daemon")
-        finally:
-            cm.__exit__(None, None, None)
+    report = _certify_fuse_over_s3("rclone", rclone_mount, tmp_path, "--vfs-cache-mode writes, --daemon", " mount")
     assert report["mount"]["client"] == "rclone"
     assert "an acknowledged save was lost" in _property(report, "client_crash")["summary"]
     # One cause shows through most properties: a file of a just-renamed directory reads EIO until its
@@ -138,11 +138,7 @@ def test_a_tmpfs(tmp_path):
     from chaos.certify.mounts import tmpfs_mount
 
     cm = tmpfs_mount(str(tmp_path), "4g")  # room for the power-loss scenario's crash states (memory only as written)
-    mnt = _mounted(cm)
-    try:
-        report = _certify(mnt, tmp_path, "mount -t tmpfs -o size=4g")
-    finally:
-        cm.__exit__(None, None, None)
+    report = _certify_on(cm, tmp_path, "mount -t tmpfs -o size=4g")
     assert "Staging only" in _property(report, "durable_medium")["summary"]
     _refused_exactly(report, ["durable_medium"])
 
@@ -153,12 +149,8 @@ def test_a_loop_image_is_certified(tmp_path, fstype, options):
     from chaos.certify.mounts import loop_mount
 
     cm = loop_mount(str(tmp_path), fstype, 4096, options)  # sparse: room for the power-loss scenario's crash states
-    mnt = _mounted(cm)
-    try:
-        report = _certify(mnt, tmp_path, f"mkfs.{fstype} on a 4 GB sparse loop image, mounted with "
-                          f"{options or 'the defaults'}")
-    finally:
-        cm.__exit__(None, None, None)
+    report = _certify_on(cm, tmp_path, f"mkfs.{fstype} on a 4 GB sparse loop image, mounted with "
+                         f"{options or 'the defaults'}")
     assert report["verdict"] == "CERTIFIED", (report["failing"], report["not_tested"])
     block = _property(report, "block_power_loss")
     assert block["status"] == "pass" and "distinct" in block["summary"]

@@ -84,3 +84,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if reporter is not None:
             reporter.write_line("\n".join(lines), red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private claims directory for this test (``chaos.scratch``): its sweeps see only its own claims."""
+    from chaos import scratch
+
+    d = tmp_path / "claims"
+    monkeypatch.setenv(scratch.CLAIMS_ENV, str(d))
+    return d

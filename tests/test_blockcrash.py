@@ -399,12 +399,11 @@ with logged_fs(root, "ext4", 64 << 20) as lf:
 
 
 @real
-def test_chaos_clean_sweeps_what_a_sigkilled_holder_left_mounted_and_attached(tmp_path, monkeypatch):
+def test_chaos_clean_sweeps_what_a_sigkilled_holder_left_mounted_and_attached(tmp_path, claims):
     """SIGKILL leaves the file system, its loop device, the FUSE mount and the block-log daemon
     behind; the sweep of the dead holder's claimed root (``chaos clean``) takes all four."""
     from chaos import scratch
 
-    monkeypatch.setenv(scratch.CLAIMS_ENV, str(tmp_path / "claims"))
     base = tmp_path / "base"
     base.mkdir()
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -53,13 +53,6 @@ time.sleep(600)
 """
 
 
-@pytest.fixture
-def claims(tmp_path, monkeypatch) -> Path:
-    d = tmp_path / "claims"
-    monkeypatch.setenv(scratch.CLAIMS_ENV, str(d))
-    return d
-
-
 def _killed_harness(tmp_path: Path, want: str) -> dict:
     """Start HARNESS, read what it made, SIGKILL it, reap it; what it made."""
     base = tmp_path / "base"

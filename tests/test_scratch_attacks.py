@@ -264,13 +264,6 @@ def _own_claim(claims: Path, *entries: dict) -> Path:
     return path
 
 
-@pytest.fixture
-def claims(tmp_path, monkeypatch) -> Path:
-    d = tmp_path / "claims"
-    monkeypatch.setenv(scratch.CLAIMS_ENV, str(d))
-    return d
-
-
 def test_a_claim_file_of_another_owner_is_never_read(tmp_path, claims):
     root = tmp_path / "chaos-r"
     root.mkdir()

@@ -56,13 +56,6 @@ def _live_holders(root: Path) -> list[str]:
     return found
 
 
-@pytest.fixture
-def claims(tmp_path, monkeypatch) -> Path:
-    d = tmp_path / "claims"
-    monkeypatch.setenv(scratch.CLAIMS_ENV, str(d))
-    return d
-
-
 def _claimed_root() -> Path:
     """A root of this test's own, claimed with the "slurm" clean-up: a killed session's cluster is swept.
     In the temp dir, not under ``tmp_path``: munged's socket path must fit in 107 bytes."""

@@ -53,14 +53,8 @@ def s3fs_mount(endpoint: str, bucket: str, workdir: str, timeout_s: float = 20.0
     with os.fdopen(fd, "w") as f:
         f.write("chaos:chaos-secret\n")
     cmd = ["s3fs", bucket, mnt, "-o", f"url={endpoint},use_path_request_style,passwd_file={passwd}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise FaultError(f"s3fs mount of {bucket} at {mnt} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
-    try:
-        _wait_mounted(mnt, timeout_s)
-        yield mnt
-    finally:
-        unmount(mnt)
+    with _daemon_mount(cmd, mnt, f"s3fs mount of {bucket}", timeout_s) as mounted:
+        yield mounted
 
 
 @contextlib.contextmanager
@@ -88,9 +82,17 @@ def rclone_mount(endpoint: str, bucket: str, workdir: str, cache_mode: str = "wr
                RCLONE_CONFIG_CHAOS_REGION="us-east-1")
     cmd = ["rclone", "mount", f"chaos:{bucket}", mnt, "--daemon", "--vfs-cache-mode", cache_mode,
            "--cache-dir", cache, "--config", "/dev/null"]
+    with _daemon_mount(cmd, mnt, f"rclone mount of {bucket}", timeout_s, env) as mounted:
+        yield mounted
+
+
+@contextlib.contextmanager
+def _daemon_mount(cmd: list[str], mnt: str, what: str, timeout_s: float,
+                  env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run a FUSE client's mount command (it detaches its daemon), wait for the mount, unmount on exit."""
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if done.returncode != 0:
-        raise FaultError(f"rclone mount of {bucket} at {mnt} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+        raise FaultError(f"{what} at {mnt} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
     try:
         _wait_mounted(mnt, timeout_s)
         yield mnt
