@@ -250,10 +250,10 @@ def _matrix(mounts: list[MountRun]) -> list[str]:
     for r in mounts:
         names += [n for n, _ in r.statuses if n not in names]
     shown = {"pass": "pass", "fail": "**FAIL**", "n/a": "n/a"}
+    statuses = [dict(r.statuses) for r in mounts]
     rows = ["| Property | " + " | ".join(cell(r.label) for r in mounts) + " |",
             "|---|" + "---|" * len(mounts)]
     for n in names:
-        rows.append(f"| {n} | " + " | ".join(shown[dict(r.statuses).get(n, 'n/a')] if n in dict(r.statuses)
-                                             else "-" for r in mounts) + " |")
+        rows.append(f"| {n} | " + " | ".join(shown[s[n]] if n in s else "-" for s in statuses) + " |")
     return rows
 
