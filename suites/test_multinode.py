@@ -37,7 +37,7 @@ from chaos.judge.job import judge
 from chaos.model.jobspec import TORCHRUN_STRIDE, JobSpec, parse_point
 from chaos.nemesis import netcut
 from chaos.nemesis.nodes import REPLACEMENT_BASE
-from chaos.run.explore import Reference, _new_run, reference, run_chain
+from chaos.run.explore import Reference, new_run, reference, run_chain
 
 pytestmark = [pytest.mark.chaos, pytest.mark.root, pytest.mark.slow]
 
@@ -82,7 +82,7 @@ def _run(two_nodes: tuple[JobSpec, Reference, str], point_id: str):  # type: ign
     job, ref, root = two_nodes
     point = ref.lookup(job, parse_point(point_id))
     assert point.rank == 2 * int(point.node or 0), "node i's first local rank announces its steps"
-    rec = run_chain(job, _new_run(root, point_id.replace(":", "-")), point)
+    rec = run_chain(job, new_run(root, point_id.replace(":", "-")), point)
     labs = own.netns if (own := scratch.own()) else []
     assert labs, "the chain's nodes ran in no network lab of this process"
     # this process's labs only: another harness on the machine may have its own up right now

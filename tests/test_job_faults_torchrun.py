@@ -19,7 +19,7 @@ import pytest
 
 from chaos.judge.job import judge
 from chaos.model.jobspec import JobSpec, parse_point
-from chaos.run.explore import _new_run, reference, run_chain
+from chaos.run.explore import new_run, reference, run_chain
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 REPO = Path(__file__).resolve().parent.parent
@@ -39,9 +39,9 @@ def test_sigterm_and_a_corruption_stop_torchrun_and_the_harness_relaunches_it(tm
         # file written, the save acknowledged)
         trunc = max((p for p in ref.points if p.mode == "truncate" and p.at_step is not None
                      and p.path.startswith("ckpt-") and p.path.endswith(".pt")), key=lambda p: p.op)
-        rec_term = run_chain(job, _new_run(root, "term"), term)
+        rec_term = run_chain(job, new_run(root, "term"), term)
         v_term = judge(job, ref.golden, rec_term)
-        rec_trunc = run_chain(job, _new_run(root, "trunc"), trunc, seed=0)
+        rec_trunc = run_chain(job, new_run(root, "trunc"), trunc, seed=0)
         v_trunc = judge(job, ref.golden, rec_trunc)
         logs = "".join(open(log, errors="replace").read() for a in rec_trunc.attempts[1:] for log in a.logs)
     finally:

@@ -174,7 +174,7 @@ def test_without_network_namespaces_net_is_left_out_with_the_reason_and_a_net_po
     from chaos.judge.job import Golden, judge
     from chaos.nemesis import netcut
     from chaos.plan.pointset import kinds_to_explore
-    from chaos.run.explore import _new_run, run_chain
+    from chaos.run.explore import new_run, run_chain
 
     monkeypatch.setattr(netcut, "_available", (False, "not root: network namespaces need CAP_SYS_ADMIN/CAP_NET_ADMIN"))
     job = JobSpec(command=("python", "t.py", "{out}"), ranks=2)
@@ -188,7 +188,7 @@ def test_without_network_namespaces_net_is_left_out_with_the_reason_and_a_net_po
     # asked for explicitly: the family stays, and each of its points is skipped with the reason
     asked = JobSpec(command=("python", "t.py", "{out}"), ranks=2, faults=("net",))
     assert kinds_to_explore(asked) == (("net",), [])
-    rec = run_chain(asked, _new_run(str(tmp_path), "p"), parse_point("rank1:step3:net"))
+    rec = run_chain(asked, new_run(str(tmp_path), "p"), parse_point("rank1:step3:net"))
     v = judge(asked, Golden(out=str(tmp_path), results=[], tolerance=False, checkpoints={}, acks=False), rec)
     assert (v.verdict, v.outcome) == ("skipped", "unsupported")
     assert v.summary == ("a network cut between ranks cannot be made here: network namespaces cannot be made here: "
@@ -340,7 +340,7 @@ def test_a_cut_longer_than_the_collective_timeout_makes_both_copies_raise_and_th
 @needs_netns
 def test_a_partition_that_outlasts_the_hold_mid_save_is_sigkilled_and_recorded_as_such(tmp_path: Path) -> None:
     from chaos.judge.job import judge
-    from chaos.run.explore import _new_run, reference, run_chain
+    from chaos.run.explore import new_run, reference, run_chain
 
     before = set(network.leftovers())
     job = JobSpec(command=tuple(job_script(tmp_path, timeout_s=120.0)), ranks=2, result_globs=("final.json",),
@@ -353,7 +353,7 @@ def test_a_partition_that_outlasts_the_hold_mid_save_is_sigkilled_and_recorded_a
     saves = [p for p in ref.points if p.op is not None and p.path == "ckpt.pt.tmp" and p.kind == "write"]
     assert len(saves) == 3 and all(p.rank == 0 for p in saves)
     point = saves[1]
-    rec = run_chain(job, _new_run(str(root), "point"), point, netlab=ref.netlab)
+    rec = run_chain(job, new_run(str(root), "point"), point, netlab=ref.netlab)
     assert _ours(before) == []
     v = judge(job, ref.golden, rec)
     net = rec.attempts[0].net

@@ -13,7 +13,7 @@ import pytest
 
 from chaos.judge.job import judge
 from chaos.model.jobspec import JobSpec
-from chaos.run.explore import _new_run, reference, run_chain
+from chaos.run.explore import new_run, reference, run_chain
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 REPO = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ def test_a_kill_after_the_truncating_open_is_restarted_by_torchelastic_and_judge
         ref, _ = reference(job, root, jobs=2)
         assert ref.golden.results == ["final.pt"] and not ref.golden.tolerance and ref.golden.acks
         point = next(p for p in ref.points if p.rank == 0 and p.kind == "open" and p.path == "ckpt.pt")
-        rec = run_chain(job, _new_run(root, "point"), point)
+        rec = run_chain(job, new_run(root, "point"), point)
         verdict = judge(job, ref.golden, rec)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -155,7 +155,8 @@ class Run:
         return out
 
 
-def _new_run(root: str, name: str) -> Run:
+def new_run(root: str, name: str) -> Run:
+    """A run chain's folder under the scratch root (``golden-0``, ``point-00007``): {out}, trace, logs, tmp."""
     scratch = os.path.join(root, name)
     out = os.path.join(scratch, "out")
     os.makedirs(out, exist_ok=True)  # made already where the point's first attempt was prestarted
@@ -424,7 +425,7 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
     kinds, left_out = pointset.kinds_to_explore(job)
     if netlab is None:
         netlab = "net" in kinds and netcut.usable(job)[0]
-    runs = [_new_run(root, "golden-0"), _new_run(root, "golden-1")]
+    runs = [new_run(root, "golden-0"), new_run(root, "golden-1")]
     with cf.ThreadPoolExecutor(max_workers=min(2, max(1, jobs))) as pool:
         try:
             recs = list(pool.map(lambda r: run_chain(job, r, None, netlab=bool(netlab)), runs))
@@ -697,11 +698,11 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
         if launch.cancelled():
             return None
         t0 = time.monotonic()
-        run = _new_run(root, f"point-{i:05d}")
+        run = new_run(root, f"point-{i:05d}")
         run.prestart = warm
         run.replay_from = replay_from(point)
         if warm and jobs == 1 and i + 1 < len(chosen):
-            nxt = _new_run(root, f"point-{i + 1:05d}")
+            nxt = new_run(root, f"point-{i + 1:05d}")
             if replay_from(chosen[i + 1]) is None:
                 launch.prestart(job, nxt.out, nxt.scratch, 0, chosen[i + 1], nxt.mark)
             elif job.max_restarts > 0:  # its first attempt is rebuilt, not run: its restart comes first
