@@ -71,7 +71,14 @@ def make_parser() -> argparse.ArgumentParser:
                         "and sizes equal the fault-free run's is complete")
     p.add_argument("--max-points", type=int, default=None, metavar="N", help="a seeded sample of N points")
     p.add_argument("--budget", type=float, default=None, metavar="S", help="start no point after S seconds")
-    p.add_argument("--jobs", type=int, default=1, metavar="J", help="points run concurrently")
+    p.add_argument("--jobs", type=int, default=1, metavar="J",
+                   help="points run concurrently (--executor slurm: the array's tasks, each a share of the points)")
+    p.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="where the chosen points run: here (default), or as a Slurm job array (sbatch --array, the "
+                        "SLURM_CONF of this environment; --scratch must then be a file system every node mounts), "
+                        "judged here with this run's fault-free runs")
+    p.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
+                   help="--executor slurm: an option for every sbatch (e.g. --sbatch-arg=--partition=debug; repeatable)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--point", action="append", default=[], metavar="ID",
                    help="run only this point (a replay; repeatable)")
@@ -148,6 +155,8 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
                   faults=tuple(f for f in args.faults.split(",") if f) if args.faults is not None else None,
                   grace_s=args.grace, net_hold_s=args.net_hold, nodes=args.nodes, node_hold_s=args.node_hold,
                   preload=not args.no_preload, materialize=args.materialize)
+    if args.sbatch_arg and args.executor != "slurm":
+        raise ConfigError("--sbatch-arg is for --executor slurm")
     if args.chaos_mesh is not None and job.nodes is None:
         raise ConfigError("--chaos-mesh writes node faults: it needs --nodes N")
     return args, job
@@ -340,6 +349,12 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
     if only and job.nodes is None and any(p.family == "node" for p in only):
         raise ConfigError(f"--point {next(p.id for p in only if p.family == 'node')}: a node point needs --nodes N")
     _check_ci_outputs(args)
+    executor = None
+    if args.executor == "slurm":
+        from chaos.run import slurmexec
+
+        slurmexec.check()  # before the fault-free runs: one line where no controller answers
+        executor = slurmexec.SlurmExecutor(args.jobs, tuple(args.sbatch_arg))
     results: list[Any] = []
     started = time.monotonic()
     progress: dict[str, Any] = {"planned": 0, "found": 0, "shown": started, "seconds": []}
@@ -380,7 +395,7 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
     try:
         exploration = explore(job, seed=args.seed, max_points=args.max_points, budget_s=args.budget, jobs=args.jobs,
                               only=only, scratch_base=args.scratch, keep=args.keep, on_reference=on_reference,
-                              on_result=on_result)
+                              on_result=on_result, executor=executor)
     except Interrupted as interrupted:  # every process of the job is gone, the scratch root too
         if stop is not None:
             stop.settled = True
@@ -389,6 +404,8 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
         stop.settled = True  # from here on a signal waits for the results to be written
     final = exploration.results
     doc = job_results_document(job, exploration, final)
+    if executor is not None and executor.record:  # which array jobs ran the points, retried, lost
+        doc["job"]["executor"] = executor.record
     tally = _tally(final)
     line = (f"{tally}; coverage {len(final)}/{exploration.found} point(s) "
             f"({exploration.coverage:.0%}) in {time.monotonic() - started:.1f} s")

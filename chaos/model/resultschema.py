@@ -142,6 +142,10 @@ _JOB = _object({
     # a run stopped by SIGINT / SIGTERM (chaos.run.explore.interrupt_record): its points cut short are
     # scenarios with verdict skipped and outcome "interrupted", so readers older than this key still read them
     "interrupted": _object({"signal": _STR, "during": _STR, "after": _INT, "of": _INT, "points": _array(_STR)}),
+    # --executor slurm (chaos.run.slurmexec): the array jobs that ran the points, tasks retried, points lost
+    "executor": _object({"kind": _STR, "tasks": _INT,
+                         "arrays": _array(_object({"job_id": _STR, "tasks": _array(_INT)})),
+                         "retried": _array(_INT), "lost": _array(_STR)}, required=("kind",)),
 }, required=("spec",))
 ORIGIN = _object({"host": _STR, "uid": _INT, "mac": _STR}, required=("host", "uid", "mac"))
 

@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from chaos.errors import ChaosError, ConfigError
 from chaos.judge import losscurve
@@ -594,10 +594,14 @@ class Exploration:
 def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budget_s: float | None = None,
             jobs: int = 1, only: Point | list[Point] | None = None, scratch_base: str | None = None, keep: bool = False,
             on_reference: Callable[[Reference], None] | None = None,
-            on_result: Callable[[PointResult], None] | None = None) -> Exploration:
+            on_result: Callable[[PointResult], None] | None = None,
+            executor: PointsRunner | None = None) -> Exploration:
     """The whole exploration in one scratch root (removed afterwards unless ``keep``).
 
     ``only``: run exactly these points (``--point``, ``chaos replay``) instead of a sample.
+    ``executor``: who runs the chosen points (default :func:`_run_points`, ``jobs`` at a time
+    here); ``chaos run --executor slurm`` passes ``slurmexec.SlurmExecutor``, which runs them
+    as a Slurm job array over the same scratch root and judges them here, with this golden.
 
     An interrupt (KeyboardInterrupt: Ctrl-C, or ``launch.Interrupt`` for the SIGTERM that
     ``cli_job`` turns into one) stops every running attempt (``launch.cancel``) and
@@ -633,7 +637,8 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
                 raise JobError(_no_point(job, ref))
             else:
                 chosen = plan.points
-            _run_points(job, ref, chosen, root, seed, budget_s, jobs, keep, started, results, on_result)
+            (executor or _run_points)(job, ref, chosen, root, seed, budget_s, jobs, keep, started, results,
+                                      on_result)
             exploration = _exploration(job, ref, chosen, results, budget_s, started)
             if plan is not None:  # the classes tried, and those the --budget ran out before
                 ref.notes += plan.tried_notes([r.point for r in exploration.results], max_points, budget_s)
@@ -665,6 +670,27 @@ def _exploration(job: JobSpec, ref: Reference, chosen: list[Point], results: lis
     return Exploration(ref, done, len(ref.points), len(chosen), budget_s, time.monotonic() - started, job.faults)
 
 
+class PointsRunner(Protocol):
+    """Runs and judges the chosen points into ``results`` (``on_result`` for each, from any
+    thread), never starting one after ``budget_s``; on an interrupt it stops what runs, records
+    the points cut short (:func:`interrupted_result`) and lets the interrupt go on. Called once
+    by :func:`explore`: :func:`_run_points` here, ``slurmexec.SlurmExecutor`` on a cluster."""
+
+    def __call__(self, job: JobSpec, ref: Reference, chosen: list[Point], root: str, seed: int,
+                 budget_s: float | None, jobs: int, keep: bool, started: float, results: list[PointResult],
+                 on_result: Callable[[PointResult], None] | None) -> None: ...
+
+
+def replay_source(job: JobSpec, ref: Reference, point: Point) -> str | None:
+    """Where a point's attempt 0 is rebuilt from (``--materialize``: the first fault-free run's
+    folder), or None: it runs. Called for each point by :func:`_run_points` and by the Slurm
+    executor's plan (``slurmexec``)."""
+    if not job.materialize or materialize.why_not(job, point, bool(ref.untraced_changes),
+                                                  varies=not ref.same_events) is not None:
+        return None
+    return os.path.dirname(ref.golden.out)
+
+
 def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, seed: int, budget_s: float | None,
                 jobs: int, keep: bool, started: float, results: list[PointResult],
                 on_result: Callable[[PointResult], None] | None) -> None:
@@ -676,14 +702,9 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
     """
     lock = threading.Lock()
     durations: list[float] = []
-    golden_scratch = os.path.dirname(ref.golden.out)
 
     def replay_from(point: Point) -> str | None:
-        """Where a point's attempt 0 is rebuilt from (``--materialize``), or None: it runs."""
-        if not job.materialize or materialize.why_not(job, point, bool(ref.untraced_changes),
-                                                      varies=not ref.same_events) is not None:
-            return None
-        return golden_scratch
+        return replay_source(job, ref, point)
 
     def estimate() -> float:
         return sum(durations) / len(durations) if durations else ref.seconds
