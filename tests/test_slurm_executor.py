@@ -198,3 +198,15 @@ def _run_local(env: dict[str, str], tmp_path: Path) -> str:
     done = _chaos(env, "--jobs", "4", *OPTIONS, "--json", str(tmp_path / "local.json"), "--", *CARELESS)
     assert done.returncode == 1, done.stderr
     return (tmp_path / "local.json").read_text()
+
+
+def test_a_task_on_a_node_without_the_scratch_says_so(tmp_path: Path) -> None:
+    """A task whose node does not mount the scratch root (a node-local --scratch) ends in one line that
+    says why; the coordinator's 'lost' verdict quotes that line from the task's log."""
+    plan = tmp_path / "elsewhere" / "array" / "plan.json"
+    done = subprocess.run([sys.executable, "-m", "chaos.run.slurmexec", str(plan)], capture_output=True, text=True,
+                          env={**os.environ, "SLURM_ARRAY_TASK_ID": "0"}, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"chaos: error: the plan {plan} cannot be read on {os.uname().nodename} (No such file or directory): "
+        "--scratch must be a file system every node mounts at the same path"]

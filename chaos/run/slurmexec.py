@@ -39,6 +39,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -334,7 +335,12 @@ def task_main(plan_path: str, task: int) -> int:
     task left half-written is cleared first. SIGTERM (``scancel``, preemption) stops the
     point running now (every copy killed): no record, so the coordinator retries or reports it.
     """
-    plan = json.loads(Path(plan_path).read_text())
+    try:
+        plan = json.loads(Path(plan_path).read_text())
+    except OSError as exc:
+        print(f"chaos: error: the plan {plan_path} cannot be read on {socket.gethostname()} ({exc.strerror}): "
+              "--scratch must be a file system every node mounts at the same path", file=sys.stderr)
+        return 2
     root = os.path.dirname(os.path.dirname(os.path.abspath(plan_path)))
     job = dataclasses.replace(JobSpec.from_dict(plan["job"]), preload_modules=tuple(plan["preload_modules"]))
     done_dir = Path(root) / "array" / "done"
