@@ -38,6 +38,7 @@ import glob
 import json
 import os
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 from chaos.launch.job import AttemptOutcome
@@ -68,8 +69,9 @@ def why_not(job: JobSpec, point: Point, untraced: bool, varies: bool = False) ->
     return None
 
 
-def _records_up_to(trace: str, ord_: int, inclusive: bool) -> list[dict[str, Any]] | None:
-    """The records of a trace file up to event ``ord_`` (that event's included or not), in file order."""
+def _records_until(trace: str, stop: Callable[[dict[str, Any]], str | None]) -> list[dict[str, Any]] | None:
+    """The records of a trace file in file order, up to the first one ``stop`` names: ``"at"`` (that
+    record kept, the last) or ``"before"`` (left out); None where the file ends or tears first."""
     out: list[dict[str, Any]] = []
     with open(trace, "rb") as f:
         for line in f:
@@ -77,10 +79,19 @@ def _records_up_to(trace: str, ord_: int, inclusive: bool) -> list[dict[str, Any
                 rec = json.loads(line)
             except ValueError:
                 return None  # a torn line: the trace ends early
-            if rec.get("event") == "op" and rec.get("ord") == ord_:
-                return out + [rec] if inclusive else out
+            where = stop(rec)
+            if where == "before":
+                return out
             out.append(rec)
+            if where == "at":
+                return out
     return None
+
+
+def _records_up_to(trace: str, ord_: int, inclusive: bool) -> list[dict[str, Any]] | None:
+    """The records of a trace file up to event ``ord_`` (that event's included or not)."""
+    return _records_until(trace, lambda rec: ("at" if inclusive else "before")
+                          if rec.get("event") == "op" and rec.get("ord") == ord_ else None)
 
 
 def _moved(rec: dict[str, Any], roots: dict[str, str]) -> dict[str, Any] | None:
@@ -110,20 +121,17 @@ def _is_step(rec: dict[str, Any], n: int) -> bool:
 
 def _records_to_step(trace: str, ord_: int, step: int) -> list[dict[str, Any]] | None:
     """The records of a trace file up to the first announcement of ``step`` after event ``ord_``, included."""
-    out: list[dict[str, Any]] = []
     seen = False
-    with open(trace, "rb") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                return None
-            out.append(rec)
-            if rec.get("event") == "op" and rec.get("ord") == ord_:
-                seen = True
-            elif seen and _is_step(rec, step):
-                return out
-    return None
+
+    def stop(rec: dict[str, Any]) -> str | None:
+        nonlocal seen
+        if rec.get("event") == "op" and rec.get("ord") == ord_:
+            seen = True
+        elif seen and _is_step(rec, step):
+            return "at"
+        return None
+
+    return _records_until(trace, stop)
 
 
 def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scratch: str) -> AttemptOutcome | None:
