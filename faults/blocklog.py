@@ -457,25 +457,12 @@ def dig_holes(image: str) -> None:
 
 
 def mount_options_of(path: str) -> tuple[str, list[str]] | None:
-    """(fs type, mount options) of the mount holding ``path``: the per-mount options and the
-    file system's own ones from ``/proc/self/mountinfo``, in that order, duplicates dropped;
-    None where no mount holds it. The mount is the one :func:`faults.disk.mount_of` picks."""
+    """(fs type, mount options) of the mount holding ``path`` (:func:`faults.disk.mount_of`): the
+    per-mount options and the file system's own ones, in that order; None where no mount holds it."""
     from faults.disk import mount_of
 
     m = mount_of(path)
-    if m is None:
-        return None
-    opts: list[str] = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:  # the last matching line wins, as in mount_of
-            pre, _, post = line.partition(" - ")
-            a, b = pre.split(), post.split()
-            if a[2] == m["dev"] and a[4].replace("\\040", " ") == m["mount_point"] and b[0] == m["fstype"]:
-                opts = []
-                for o in a[5].split(",") + (b[2].split(",") if len(b) > 2 else []):
-                    if o and o not in opts:
-                        opts.append(o)
-    return m["fstype"], opts
+    return None if m is None else (m["fstype"], m["options"].split(",") if m["options"] else [])
 
 
 @dataclass

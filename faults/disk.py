@@ -97,14 +97,17 @@ def unshare_mounts() -> None:
 
 
 def mountinfo(pid: int | str = "self") -> list[dict[str, str]]:
-    """Mounts of a process: mount point, fs type and source, from /proc/PID/mountinfo."""
+    """Mounts of a process from /proc/PID/mountinfo: mount point, fs type, source, and options (the
+    per-mount ones then the file system's own, comma-separated, duplicates dropped)."""
     out = []
     with open(f"/proc/{pid}/mountinfo") as f:
         for line in f:
             pre, _, post = line.partition(" - ")
             a, b = pre.split(), post.split()
+            opts = a[5].split(",") + (b[2].split(",") if len(b) > 2 else [])
             out.append({"mount_point": a[4].replace("\\040", " "), "dev": a[2],
-                        "fstype": b[0], "source": b[1] if len(b) > 1 else ""})
+                        "fstype": b[0], "source": b[1] if len(b) > 1 else "",
+                        "options": ",".join(dict.fromkeys(o for o in opts if o))})
     return out
 
 

@@ -53,14 +53,12 @@ class Target:
         """
         if self.kind != "posix":
             return None
-        from faults.blocklog import mount_options_of
         from faults.disk import mount_of
         from faults.errors import Unsupported
         from faults.fusemount import find_daemon, is_fuse
 
         m = mount_of(self.base)
-        found = mount_options_of(self.base)
-        if m is None or found is None:
+        if m is None:
             return None
         client = None
         if is_fuse(m["fstype"]):
@@ -69,7 +67,7 @@ class Target:
             except Unsupported:
                 client = None
         return {"mount_point": m["mount_point"], "fstype": m["fstype"], "source": m["source"],
-                "options": found[1], "client": client}
+                "options": m["options"].split(",") if m["options"] else [], "client": client}
 
     def endpoint_hostport(self) -> tuple[str, int]:
         ep = urllib.parse.urlsplit(self.params.get("endpoint_url", ""))
