@@ -53,6 +53,24 @@ def alive(pid: int) -> bool:
     return s is not None and s not in ("Z", "X")
 
 
+def read_pidfile(path: str | os.PathLike[str]) -> int | None:
+    """The live process a daemon's pidfile names, or None (no file, not a positive number, gone).
+
+    Opened without following a link or blocking on a FIFO, and read to 32 bytes: a pidfile
+    outlives its daemon and may be anyone's by then. Whose process it is, the caller checks
+    (``PrivateSlurm.pids``: the daemon's name and uid 0; ``PrivateEngine.pid``: its command line).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            pid = int(os.read(fd, 32).strip())
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 and alive(pid) else None
+
+
 def state(pid: int) -> str | None:
     """Public form of the /proc state letter ("T" after SIGSTOP, None when gone)."""
     return _state(pid)

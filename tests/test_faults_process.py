@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -85,3 +86,24 @@ def test_reap_raises_if_something_survives(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(P, "state", lambda pid: "D")
     with pytest.raises(FaultError, match="survived"):
         P.reap_group(987654321, timeout=0.2)
+
+
+def test_read_pidfile_names_only_a_live_process_and_never_follows_a_link(tmp_path) -> None:
+    pidfile = tmp_path / "d.pid"
+    assert P.read_pidfile(pidfile) is None  # no file
+    pidfile.write_text(f"{os.getpid()}\n")
+    assert P.read_pidfile(pidfile) == os.getpid()
+    for text in ("", "0", "-1", "x12", "9" * 40):
+        pidfile.write_text(text)
+        assert P.read_pidfile(pidfile) is None, text
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    pidfile.write_text(str(gone.pid))
+    assert P.read_pidfile(pidfile) is None  # its process has ended
+    link = tmp_path / "link.pid"
+    (tmp_path / "real.pid").write_text(str(os.getpid()))
+    link.symlink_to(tmp_path / "real.pid")
+    assert P.read_pidfile(link) is None  # a link swapped in for the pidfile is not read
+    fifo = tmp_path / "fifo.pid"
+    os.mkfifo(fifo)
+    assert P.read_pidfile(fifo) is None  # a FIFO without a writer: no hang

@@ -39,7 +39,7 @@ from typing import Any
 from chaos import trustedpath
 from chaos.launch.ports import free_port
 from faults import Unsupported
-from faults.process import alive
+from faults.process import alive, read_pidfile
 
 DEFAULT_ROOT = "/run/chaos-slurm"
 DAEMONS = ("slurmd", "slurmctld", "munged")  # the order they are stopped in
@@ -87,17 +87,16 @@ class PrivateSlurm:
         """The daemons alive now: a pidfile's pid whose process runs that binary as root."""
         out = {}
         for name, pidfile in self.pidfiles.items():
+            pid = read_pidfile(pidfile)
+            if pid is None:
+                continue
             try:
-                fd = os.open(pidfile, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-                try:
-                    pid = int(os.read(fd, 32).strip())
-                finally:
-                    os.close(fd)
                 with open(f"/proc/{pid}/comm") as f:
                     comm = f.read().strip()
-            except (OSError, ValueError):
+                uid = os.stat(f"/proc/{pid}").st_uid
+            except OSError:
                 continue
-            if comm == name and alive(pid) and os.stat(f"/proc/{pid}").st_uid == 0:
+            if comm == name and uid == 0:
                 out[name] = pid
         return out
 

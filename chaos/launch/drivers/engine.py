@@ -36,7 +36,7 @@ from typing import Any
 
 from chaos import trustedpath
 from faults import Unsupported
-from faults.process import uids
+from faults.process import alive, read_pidfile, uids
 
 DEFAULT_ROOT = "/run/chaos-engine"
 EMPTY_IMAGE = "chaos-empty:latest"
@@ -73,20 +73,6 @@ def _client(base_url: str, timeout: int = 60) -> Any:
     return docker.DockerClient(base_url=base_url, timeout=timeout)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class PrivateEngine:
     """A ``dockerd`` of our own under ``root``: start, ping, stop, and remove every trace of it."""
 
@@ -108,15 +94,8 @@ class PrivateEngine:
         process that ignores SIGTERM, say): only a ``dockerd`` of this uid started with
         ``--pidfile`` naming this very file is ever signalled.
         """
-        try:
-            fd = os.open(self.pidfile, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                pid = int(os.read(fd, 32).strip())
-            finally:
-                os.close(fd)
-        except (OSError, ValueError):
-            return None
-        return pid if pid > 0 and _pid_alive(pid) and self._is_ours(pid) else None
+        pid = read_pidfile(self.pidfile)
+        return pid if pid is not None and self._is_ours(pid) else None
 
     def _is_ours(self, pid: int) -> bool:
         """Whether ``pid`` runs ``dockerd`` as this uid with ``--pidfile`` this engine's pidfile."""
@@ -196,7 +175,7 @@ class PrivateEngine:
                 continue
             if comm.startswith(ENGINE_BINARIES) and needle in cmdline and uids(entry) == (me, me):
                 pids.append(int(entry))
-        return [p for p in pids if _pid_alive(p)]
+        return [p for p in pids if alive(p)]
 
     def stop(self, remove: bool = True, timeout_s: float = 20.0) -> dict[str, Any]:
         """Remove our containers, networks and volumes, stop the daemon, then delete its root.
@@ -214,7 +193,7 @@ class PrivateEngine:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and _pid_alive(pid):
+            while time.monotonic() < deadline and alive(pid):
                 if self._proc is not None and self._proc.pid == pid:
                     self._proc.poll()
                 time.sleep(0.2)
