@@ -34,6 +34,7 @@ from chaos.model.jobspec import (
     DEFAULT_NET_HOLD_S,
     DEFAULT_NODE_HOLD_S,
     FAULT_KINDS,
+    LAUNCHERS,
     MODES,
     JobSpec,
     Point,
@@ -111,6 +112,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--chaos-mesh", default=None, metavar="DIR",
                    help="write the node points tried as Chaos Mesh resources (PodChaos pod-kill, NetworkChaos "
                         "partition) for a Kubeflow PyTorchJob into DIR, one YAML file per point")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="subprocess",
+                   help="who starts each attempt: the harness (subprocess, default) or Slurm (sbatch: a batch job "
+                        "submitted with --requeue through this environment's sbatch and SLURM_CONF; explores kill, "
+                        "errno and sched, Slurm's requeue, preemption and node loss, after which Slurm restarts it)")
+    p.add_argument("--sbatch-opt", action="append", default=[], metavar="--OPT=VALUE",
+                   help="an sbatch option for the job, as given (repeatable; with --launcher sbatch), e.g. "
+                        "--sbatch-opt=--signal=B:USR1@30")
     p.add_argument("--max-restarts", type=int, default=1, metavar="K", help="restarts after a fault (default 1)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per attempt")
     p.add_argument("--rtol", type=float, default=1e-3, help="tolerance mode: relative tolerance of results")
@@ -154,7 +162,8 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
                   timeout_s=args.timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m),
                   faults=tuple(f for f in args.faults.split(",") if f) if args.faults is not None else None,
                   grace_s=args.grace, net_hold_s=args.net_hold, nodes=args.nodes, node_hold_s=args.node_hold,
-                  preload=not args.no_preload, materialize=args.materialize)
+                  preload=not args.no_preload, materialize=args.materialize, launcher=args.launcher,
+                  sbatch_options=tuple(args.sbatch_opt))
     if args.sbatch_arg and args.executor != "slurm":
         raise ConfigError("--sbatch-arg is for --executor slurm")
     if args.chaos_mesh is not None and job.nodes is None:

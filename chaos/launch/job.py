@@ -78,6 +78,7 @@ class AttemptOutcome:
     term: dict[str, Any] | None = None    # a term request answered: SIGTERM sent, who exited within the grace
     net: dict[str, Any] | None = None     # a net request answered: the cut, the hold, how each copy ended
     node: dict[str, Any] | None = None    # a node point answered (--nodes, nodes.py): the loss or cut, each agent's end
+    slurm: dict[str, Any] | None = None   # --launcher sbatch (sbatch.py): the Slurm job, its run, a sched point's action
     prestarted: bool = False  # its copies were spares started ahead, held at the gate until it began
     interrupted: bool = False  # its copies were stopped because the exploration was interrupted (``cancel``)
     materialized: bool = False  # rebuilt from the fault-free trace, never run (``chaos.run.materialize``)
@@ -106,6 +107,12 @@ class AttemptOutcome:
             codes = sorted({rc for rc in self.returncodes if rc is not None})
             how = " / ".join(f"killed by {signal.Signals(-c).name}" if c < 0 else f"exited {c}" for c in codes)
             return head + f"{how} within the {t['grace_s']:g} s grace"
+        ended = self._ended()
+        what = (self.slurm or {}).get("what")
+        return f"{what}: {ended}" if what else ended
+
+    def _ended(self) -> str:
+        """How the copies ended: exited 0, which copy exited or was killed by what."""
         bad = [(i, rc) for i, rc in enumerate(self.returncodes) if rc != 0 and i not in self.stopped]
         if not bad:
             return "stopped by the harness" if self.stopped else "exited 0"
@@ -140,6 +147,8 @@ class AttemptOutcome:
             d["net"] = self.net
         if self.node is not None:
             d["node"] = self.node
+        if self.slurm is not None:
+            d["slurm"] = self.slurm
         if self.prestarted:
             d["prestarted"] = True
         if self.materialized:
@@ -273,7 +282,8 @@ def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point |
 
 def can_prestart(job: S.JobSpec, lab: NetworkLab | None = None) -> bool:
     """Whether an attempt's copies may be started ahead of it (``spares.py`` says when)."""
-    return lab is None and not job.torchrun and spares.is_python(job.argv("", resume=False)[0])
+    return (lab is None and not job.torchrun and job.launcher == "subprocess"
+            and spares.is_python(job.argv("", resume=False)[0]))
 
 
 def prestart(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None, mark: str,

@@ -34,10 +34,13 @@ ERRNO_MODES = ("enospc", "eio")          # the event raises OSError instead of b
 # and a power loss (right after the event only: a power cut does not wait for a step).
 HALT_FAMILIES: dict[str, tuple[str, ...]] = {**AT_REST_FAMILIES, "power": ("power",)}
 HALT_MODES = tuple(m for modes in HALT_FAMILIES.values() for m in modes)
-OP_MODES = (*MODES, *HALT_MODES, *ERRNO_MODES, "net")
-STEP_MODES = ("kill", "term", "net")
+# A scheduler's fault (``chaos.nemesis.sched``, ``--launcher sbatch``): Slurm requeues the job, preempts it,
+# or loses its node, at a step or right after a file event; the rank asks, the sbatch launcher acts.
+SCHED_MODES = ("requeue", "preempt", "node")
+OP_MODES = (*MODES, *HALT_MODES, *ERRNO_MODES, "net", *SCHED_MODES)
+STEP_MODES = ("kill", "term", "net", *SCHED_MODES)
 # ``--faults``: the families a job is explored with (default: every one that applies here).
-FAULT_KINDS = ("kill", *HALT_FAMILIES, "errno", "term", "diskfull", "net")
+FAULT_KINDS = ("kill", *HALT_FAMILIES, "errno", "term", "diskfull", "net", "sched")
 DEFAULT_GRACE_S = 5.0
 DEFAULT_NET_HOLD_S = 5.0  # --net-hold: how long a cut rank's link stays down before the copies are SIGKILLed
 
@@ -73,6 +76,8 @@ TERM_REQUEST = "term-request"  # send SIGTERM to every copy, then SIGKILL after 
 TERM_SENT = "term-sent"        # the launcher's answer: SIGTERM was sent
 NET_REQUEST = "net-request"    # cut this rank's link (a net point fired); the rank goes on
 NET_DOWN = "net-down"          # the launcher's answer: the link is down (or why it is not)
+SCHED_REQUEST = "sched-request"  # have Slurm requeue / preempt the job or down its node (a sched point fired)
+SCHED_DONE = "sched-done"        # the sbatch launcher's answer: what Slurm was told (or why nothing was)
 
 
 def loss_groups(regex: str) -> tuple[int | str, int | str]:

@@ -62,6 +62,9 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     OUT,
     PROBE_FILE_ENV,
     ROT_MODES,
+    SCHED_DONE,
+    SCHED_MODES,
+    SCHED_REQUEST,
     STEP_KINDS,
     STEP_MODES,
     TERM_REQUEST,
@@ -83,6 +86,13 @@ MAX_NODES = 8    # node addresses sort as strings; 10.x.x.10 would sort before 1
 KINDS_WITH_NODES = ("kill", "errno", "node")  # in-rank faults need nothing from the launcher; node is its own
 _NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(NODE_MODES)})")
 
+# ``--launcher``: who starts each attempt. ``subprocess``: the harness itself (chaos.launch.job);
+# ``sbatch``: Slurm, as a batch job (chaos.launch.sbatch), which also restarts it at a sched point.
+LAUNCHERS = ("subprocess", "sbatch")
+# What a job Slurm launches is explored with: faults its own rank fires (a SIGKILL, an injected
+# error; the harness restarts it as a new batch job) and Slurm's own (sched: Slurm restarts it).
+KINDS_WITH_SBATCH = ("kill", "errno", "sched")
+
 
 @dataclass(frozen=True)
 class Point:
@@ -103,6 +113,8 @@ class Point:
     - ``step`` or ``op`` with mode ``net``: the rank's network link is cut there (after the
       event, for an op) for ``--net-hold`` seconds while the job goes on (``netcut.py``);
     - ``size`` with mode ``diskfull``: {out} is a tmpfs of that many bytes for attempt 0.
+    - ``step`` or ``op`` with mode ``requeue``, ``preempt`` or ``node`` (``sched``, ``--launcher sbatch``):
+      Slurm requeues the job there, preempts it, or sets its node down (``chaos.nemesis.sched``).
 
     ``kind``, ``path`` (relative to {out}; for a corruption the file corrupted), ``seq``
     (trace sequence number) and ``nth`` (how many events of this kind on this path came
@@ -166,6 +178,8 @@ class Point:
             return "term"
         if self.mode == "net":
             return "net"
+        if self.mode in SCHED_MODES:
+            return "sched"
         for family, modes in AT_REST_FAMILIES.items():
             if self.mode in modes:
                 return family
@@ -203,7 +217,7 @@ class Point:
         if fam == "node":
             return _node_fault(self, extra)
         kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
-                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut",
+                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut", "sched": "sched",
                 **{k: k for k in AT_REST_KINDS}}[fam]  # an at-rest family's kind is its name
         when = None if fam in ("power", "diskfull", "net", *AT_REST_KINDS) else self.mode
         params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
@@ -218,6 +232,7 @@ def parse_point(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
     ``rank0:op9:payload`` | ``rank0:op9:stale:step6`` | ``rank1:op4:swap`` |
     ``rank0:op9:power:s2`` | ``rank1:op3:truncate:step5`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
+    ``rank0:step5:requeue`` | ``rank0:step5:preempt`` | ``rank0:step5:node`` | ``rank0:op1:requeue`` (sched) |
     ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``_parse_node_point``).
 
     An event point may carry its anchor (``Point.replay_id``): ``rank0:op17:before@write:ckpt/a.pt:3``
@@ -312,6 +327,8 @@ class JobSpec:
     node_hold_s: float = DEFAULT_NODE_HOLD_S  # --node-hold: a link point's node stays cut off this long
     preload: bool = True                    # --no-preload: False
     materialize: bool = False               # --materialize: a kill point's attempt 0 rebuilt from the trace
+    launcher: str = "subprocess"            # --launcher: subprocess | sbatch (a Slurm batch job, chaos.launch.sbatch)
+    sbatch_options: tuple[str, ...] = ()    # --sbatch-opt: passed to sbatch as given (--signal=..., --partition=...)
     # what explore found the fault-free run imported before its first file event (run-time only: never
     # recorded, never replayed); the boot path imports them before the gate (ENV_PRELOAD)
     preload_modules: tuple[str, ...] = ()
@@ -357,6 +374,7 @@ class JobSpec:
             raise ConfigError(f"--loss-band is a relative band in [0, 1), got {self.loss_band:g}")
         if self.nodes is not None or (self.faults is not None and "node" in self.faults):
             _check_nodes(self)
+        _check_launcher(self)
 
     @property
     def torchrun(self) -> bool:
@@ -439,6 +457,10 @@ class JobSpec:
             args += ["--nodes", str(self.nodes)]
         if self.node_hold_s != DEFAULT_NODE_HOLD_S:
             args += ["--node-hold", repr(self.node_hold_s)]
+        if self.launcher != "subprocess":
+            args += ["--launcher", self.launcher]
+        for opt in self.sbatch_options:
+            args += [f"--sbatch-opt={opt}"]
         return args
 
     def replay_command(self, point: Point | None = None, seed: int = 0) -> str:
@@ -467,7 +489,9 @@ class JobSpec:
                    grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)),
                    net_hold_s=float(spec.get("net_hold_s", DEFAULT_NET_HOLD_S)), cwd=spec.get("cwd") or os.getcwd(),
                    nodes=spec.get("nodes"), node_hold_s=float(spec.get("node_hold_s", DEFAULT_NODE_HOLD_S)),
-                   preload=spec.get("preload", True) is not False, materialize=spec.get("materialize") is True)
+                   preload=spec.get("preload", True) is not False, materialize=spec.get("materialize") is True,
+                   launcher=str(spec.get("launcher") or "subprocess"),
+                   sbatch_options=tuple(str(o) for o in spec.get("sbatch_options") or ()))
 
     def to_dict(self) -> dict[str, Any]:
         return {"command": list(self.command), "resume_command": list(self.resume_command or []) or None,
@@ -479,7 +503,9 @@ class JobSpec:
                 "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
                 "net_hold_s": self.net_hold_s, "cwd": self.cwd, "nodes": self.nodes,
                 "node_hold_s": self.node_hold_s, **({} if self.preload else {"preload": False}),
-                **({"materialize": True} if self.materialize else {})}
+                **({"materialize": True} if self.materialize else {}),
+                **({"launcher": self.launcher, "sbatch_options": list(self.sbatch_options)}
+                   if self.launcher != "subprocess" else {})}
 
 
 # -- a job on simulated nodes (--nodes N): the pure checks, parsed here; nodes.py runs it
@@ -556,6 +582,38 @@ def _check_nodes(job: JobSpec) -> None:
         if bad:
             raise ConfigError(f"--faults {','.join(bad)} with --nodes: only {','.join(KINDS_WITH_NODES)} are "
                               "explored on simulated nodes")
+
+
+def _check_launcher(job: JobSpec) -> None:
+    """ConfigError unless ``job.launcher`` can launch this job with these faults (``JobSpec.__post_init__``).
+
+    Slurm launches one process per attempt here (a batch job); it restarts the job itself only at a
+    sched point. A family that needs the harness's own hands on the copies (SIGTERM, a halt, a tmpfs,
+    a network namespace) is refused with sbatch rather than half made."""
+    if job.launcher not in LAUNCHERS:
+        raise ConfigError(f"--launcher {job.launcher!r}: choose from {', '.join(LAUNCHERS)}")
+    if job.launcher != "sbatch":
+        if job.faults is not None and "sched" in job.faults:
+            raise ConfigError("--faults sched needs --launcher sbatch: Slurm requeues, preempts or loses the "
+                              "node of a job it launched")
+        if job.sbatch_options:
+            raise ConfigError("--sbatch-opt needs --launcher sbatch")
+        return
+    shape = ("--ranks" if job.ranks is not None else "--nodes" if job.nodes is not None
+             else "a torchrun COMMAND" if job.torchrun else "--materialize" if job.materialize else None)
+    if shape is not None:
+        raise ConfigError(f"--launcher sbatch with {shape}: a Slurm batch job here runs one plain COMMAND "
+                          "(one process per attempt)")
+    if job.faults is not None:
+        bad = [k for k in job.faults if k not in KINDS_WITH_SBATCH]
+        if bad:
+            raise ConfigError(f"--faults {','.join(bad)} with --launcher sbatch: only "
+                              f"{','.join(KINDS_WITH_SBATCH)} are explored on a job Slurm launches")
+    for opt in job.sbatch_options:
+        if not opt.startswith("-") or opt.split("=", 1)[0] in ("--requeue", "--no-requeue", "--output", "-o",
+                                                             "--error", "-e", "--wrap", "--parsable"):
+            raise ConfigError(f"--sbatch-opt {opt!r}: give an sbatch option as --name=value (the harness sets "
+                              "--requeue, --output, --error and the batch script itself)")
 
 
 def _parse_node_point(text: str) -> Point:

@@ -16,6 +16,7 @@ sites.py        where an at-rest fault can strike in a fault-free trace (complet
 diskfull.py     a real full disk: {out} on a size-limited tmpfs
 netcut.py       a network cut between a job's ranks
 nodes.py        a job on simulated nodes, and a node's loss or link cut
+sched.py        through Slurm (--launcher sbatch): the job requeued, preempted, or its node set down
 
 The primitives they use live in ``faults``; the launchers (``chaos.launch``) call their
 hooks during an attempt, ``chaos.run`` between attempts.

@@ -6,7 +6,8 @@ it strikes, and what it did. Each module of this package that defines ``FAMILY``
 
 - :class:`Family`, whose points the job's own tracer fires inside a rank (``kill``,
   ``term``, ``errno``: kill.py, term.py, ioerror.py) or the launcher carries out during an
-  attempt (``diskfull``, ``net``, ``node``: diskfull.py, netcut.py, nodes.py);
+  attempt (``diskfull``, ``net``, ``node``: diskfull.py, netcut.py, nodes.py) or, for a job
+  Slurm launches, through Slurm (``sched``: sched.py, which Slurm restarts itself);
 - :class:`AtRestFamily`, which strikes a file the job completed while every copy of the job
   is stopped (``corrupt``, ``stale``, ``swap``, ``payload``, ``reorder``, ``power``; the
   point grammar takes any mode the contract's ``HALT_FAMILIES`` table names, one line per
@@ -65,7 +66,7 @@ from chaos.nemesis.sites import Facts, Traces
 # The order a job's points are enumerated in, family by family (and so the order a seeded
 # sample draws from): the in-rank families, the halting ones in the contract's order, then
 # those the launcher carries out.
-ORDER = ("kill", "term", "errno", *HALT_FAMILIES, "diskfull", "net", "node")
+ORDER = ("kill", "term", "errno", *HALT_FAMILIES, "diskfull", "net", "node", "sched")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +88,7 @@ class Family:
     observe: Callable[[JobSpec, Point, list[Any], Callable[[], Traces]], Applied | None] | None = None
     restarts_torchrun: bool = False   # the harness relaunches a torchrun COMMAND (its agent was stopped too)
     preempts: bool = False            # attempt 0 is restarted even when it exited 0 (preempted, not finished)
+    scheduler_restarts: bool = False  # the scheduler restarts the job itself (sched: Slurm); the harness never does
 
     def recorded(self, job: JobSpec, point: Point, seed: int) -> dict[str, Any]:
         """What the results' fault entry records beyond the point (``explore.PointResult.to_dict``)."""

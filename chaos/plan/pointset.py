@@ -31,6 +31,7 @@ from chaos.errors import ConfigError
 from chaos.model.jobspec import (
     ERRNO_MODES,
     FAULT_KINDS,
+    KINDS_WITH_SBATCH,
     STEP_KINDS,
     JobSpec,
     Point,
@@ -57,6 +58,8 @@ def kinds_to_explore(job: JobSpec) -> tuple[tuple[str, ...], list[str]]:
         return tuple(k for k in FAULT_KINDS if k in job.faults), []
     kinds, notes = [], []
     for kind in FAULT_KINDS:
+        if job.launcher == "sbatch" and kind not in KINDS_WITH_SBATCH:
+            continue  # the families that need the harness's own hands on the copies (JobSpec refuses them)
         fam = families()[kind]
         why = fam.unavailable(job) if fam.unavailable is not None else None
         if why is None:

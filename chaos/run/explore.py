@@ -67,7 +67,7 @@ from chaos.judge import losscurve
 from chaos.judge.compare import first_difference
 from chaos.judge.job import Golden, PointVerdict, judge, last_steps, step_of
 from chaos.launch import job as launch
-from chaos.launch import preload, spares
+from chaos.launch import preload, sbatch, spares
 from chaos.launch.output import cause, clip
 from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
 from chaos.nemesis import atrest, diskfull, family, netcut, nodes
@@ -149,6 +149,10 @@ class Run:
     def attempt(self, job: JobSpec, attempt: int, point: Point | None) -> launch.AttemptOutcome:
         if self.prestart and attempt == 0 and point is not None and job.max_restarts > 0:
             launch.prestart(job, self.out, self.scratch, 1, None, self.mark, self.lab)
+        if job.launcher == "sbatch":  # one Slurm job: its requeued runs are the next attempts
+            runs = sbatch.run_attempts(job, self.out, self.scratch, attempt, point, self.mark)
+            self.attempts += runs
+            return runs[-1]
         run_attempt: AttemptLauncher = nodes.run_attempt if job.nodes is not None else launch.run_attempt
         out = run_attempt(job, self.out, self.scratch, attempt, point, self.mark, self.lab)
         self.attempts.append(out)
@@ -171,6 +175,8 @@ def _restarts(job: JobSpec, run: Run, point: Point, watch: Callable[[int], None]
     SIGTERM'd job is restarted even when it exited 0: it was preempted, not finished.
     ``watch(attempt)`` runs after each restart (an at-rest family's ``watch``: a payload's marker)."""
     fam = family.families()[point.family]
+    if fam.scheduler_restarts:
+        return  # Slurm reran the job itself (sched): its runs are attempt 0's launch's attempts already
     if job.torchrun and not fam.restarts_torchrun:
         return  # a node point's agents that all failed are relaunched, as a scheduler restarts a failed job
     for attempt in range(1, job.max_restarts + 1):
@@ -304,8 +310,10 @@ def _sizes(out: str) -> dict[str, int]:
 
 def untraced_after(job: JobSpec, run: Run, before: dict[str, int]) -> list[dict[str, Any]]:
     """What attempt 0 changed under {out} that no traced event explains (``atrest.untraced_changes``):
-    every traced process of the attempt (a torchrun job's restarts by its agent included)."""
-    launched_once = TORCHRUN_STRIDE if job.torchrun or job.nodes is not None else 1
+    every traced process of the attempt (a torchrun job's restarts by its agent included, and a Slurm
+    job's reruns after a requeue: sbatch.run_attempts returns only once they are over)."""
+    launched_once = (TORCHRUN_STRIDE if job.torchrun or job.nodes is not None
+                     else len(run.attempts) if job.launcher == "sbatch" else 1)
     records = [r for (_rank, a), recs in read_traces(run.scratch, run.out).items() if a < launched_once for r in recs]
     return atrest.untraced_changes(run.out, records, before)
 

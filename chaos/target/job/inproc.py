@@ -40,6 +40,12 @@ subclassing, not by editing it:
   announced twice (``probe.step`` and a ``--loss-regex`` line). At an event the wait
   holds the interposer's lock (the launcher answers in milliseconds); at a step it
   does not;
+- a ``sched`` point (``--launcher sbatch``: requeue, preempt, node; at an announced step,
+  or right after event N) leaves a request for the sbatch launcher, which tells Slurm
+  (``chaos.nemesis.sched``), and waits, up to ``SCHED_WAIT_S``, until Slurm's SIGTERM has
+  reached the job: its own handler ran (the wait relays the signal to it and sees it), or
+  the default action ended the process. The point lands exactly there, in attempt 0 only
+  (a rerun after Slurm's requeue is attempt 1 and more: ``sbatchwrap``);
 - ``chaos.probe`` calls and lines of the job's stdout/stderr matching
   ``--step-regex`` become ``{"event":"phase","name":"chaos.probe",...}`` records in the
   same trace, in order with the file events; a step point fires at such a record.
@@ -69,6 +75,7 @@ _installed: JobInterposer | None = None
 HALT_WAIT_S = 20.0  # a halted rank waits this long for the launcher to stop it, then SIGKILLs itself
 TERM_WAIT_S = 10.0  # a term point waits this long for the launcher's SIGTERM, then carries on
 NET_WAIT_S = 10.0   # a net point waits this long for the launcher's cut, then carries on
+SCHED_WAIT_S = 30.0  # a sched point waits this long for Slurm's SIGTERM, then carries on
 _FSYNCS = ("fsync", "fdatasync")
 _NEEDS_SPACE = ("write", "mkdir", "rename", "link")  # and an open that creates its file
 
@@ -125,6 +132,7 @@ class JobInterposer(Interposer):
         self._cur: int | None = None
         self._errored = False  # an enospc / eio point fired: kill at the next announced step
         self._net_fired = False  # a net point fires once
+        self._sched_fired = False  # a sched point fires once
         self._deferred: tuple[str, dict[str, Any]] | None = None  # a corruption waiting for its step (at_step)
         self._requests = os.path.dirname(trace_path)
         self._imports: tuple[frozenset[str], dict[str, str]] | None = None  # (modules, environ) at install
@@ -207,6 +215,9 @@ class JobInterposer(Interposer):
                     self._deferred = (kind, {"ord": self._cur, **fields})
             elif self._target("net"):
                 self._net({"op": kind, "ord": self._cur, "path": fields.get("path"), "dst": fields.get("dst")})
+            elif self._target(*S.SCHED_MODES):
+                self._sched({"op": kind, "ord": self._cur, "path": self._rel(fields["path"]) if fields.get("path")
+                             else None})
         return rec
 
     def _fire(self, i: int, kind: str, paths: tuple[str, ...], **point: Any) -> dict[str, Any]:
@@ -269,6 +280,9 @@ class JobInterposer(Interposer):
         if p.get("mode") == "net":
             self._net({"op": "step", "step_n": p["step"], "source": info.get("kind")})
             return
+        if p.get("mode") in S.SCHED_MODES:
+            self._sched({"op": "step", "step_n": p["step"], "source": info.get("kind")})
+            return
         self._enter()
         try:
             self._emit({"event": "fired", "action": "kill", "op": "step", "when": "kill", "step_n": p["step"],
@@ -323,6 +337,75 @@ class JobInterposer(Interposer):
             self._emit({"event": "note", "note": note})
         finally:
             self._leave()
+
+
+    def _sched(self, where: dict[str, Any]) -> None:
+        """Ask the sbatch launcher to have Slurm strike the job, and wait until its SIGTERM is here."""
+        if self._sched_fired:
+            return
+        self._sched_fired = True
+        self._enter()
+        try:
+            rec = self._emit({"event": "fired", "action": "sched", "when": self.point["mode"], **where})  # type: ignore[index]
+            req = {"rank": self.rank, "ts": rec["ts"], "step": where.get("step_n"), "ord": where.get("ord"),
+                   "op": None if where.get("op") == "step" else where.get("op"), "path": where.get("path")}
+            self._request(S.SCHED_REQUEST, req)
+        finally:
+            self._leave()
+        note = _await_sigterm(os.path.join(self._requests, S.SCHED_DONE), SCHED_WAIT_S)
+        self._enter()
+        try:
+            self._emit({"event": "note", "note": note})
+        finally:
+            self._leave()
+
+
+def _await_sigterm(answer: str, timeout_s: float) -> str:
+    """Wait until Slurm's SIGTERM reached this process (a sched point); what happened, as a note.
+
+    On the main thread a job's own SIGTERM handler is wrapped for the wait, so its running is
+    seen (and it runs exactly as it would); with the default action the signal ends the
+    process here. Elsewhere, or with SIGTERM ignored, the wait ends 50 ms after the launcher's
+    answer (``_let_sigterm_land``'s reasoning). An answer saying Slurm refused ends it at once."""
+    import signal
+    import threading
+
+    got: list[int] = []
+    relay = None
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.getsignal(signal.SIGTERM)
+        if callable(old):
+            job_handler = old
+
+            def relay(signum: int, frame: Any) -> None:
+                got.append(signum)
+                job_handler(signum, frame)
+
+            signal.signal(signal.SIGTERM, relay)
+    observable = relay is not None or old == signal.SIG_DFL
+    try:
+        deadline = time.monotonic() + timeout_s
+        answered_at = None
+        while time.monotonic() < deadline:
+            if got:
+                return "Slurm's SIGTERM reached the job: its handler ran"
+            if answered_at is None and os.path.exists(answer):
+                answered_at = time.monotonic()
+                try:
+                    with open(answer) as f:
+                        said = json.load(f)
+                except (OSError, ValueError):
+                    said = {"done": True}
+                if not said.get("done"):
+                    return f"Slurm was not told: {said.get('error')}; the job carried on"
+            if answered_at is not None and not observable and time.monotonic() - answered_at > 0.05:
+                return "the launcher answered; whether SIGTERM arrived cannot be seen here"
+            time.sleep(0.002)
+        return f"no SIGTERM from Slurm within {timeout_s:g} s: the job carried on"
+    finally:
+        if relay is not None and signal.getsignal(signal.SIGTERM) is relay:
+            signal.signal(signal.SIGTERM, old)
 
 
 class _OutputScanner:
