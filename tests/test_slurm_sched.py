@@ -13,6 +13,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import pytest
 from chaos import scratch
 from chaos.cli.main import main
 from chaos.errors import ConfigError
+from chaos.launch import job as launch
 from chaos.launch import sbatch
 from chaos.launch.slurmcluster import PrivateSlurm, can_start
 from chaos.model.jobspec import JobSpec, Point, parse_point
@@ -233,3 +236,32 @@ def test_a_careless_job_fails_when_slurm_requeues_it_mid_save(cluster, tmp_path,
     assert len(ids) == 2 and ids[0] != ids[1]  # the harness's restart is a new batch job
     down = cluster.command("sinfo", "-h", "-o", "%T").stdout.split()
     assert down == ["idle"], down  # the node is back in service
+
+
+@real
+def test_an_interrupted_attempt_leaves_no_slurm_job_and_no_process(cluster, tmp_path) -> None:
+    """Ctrl-C (``launch.cancel``) while the batch job runs: it is cancelled and waited for, nothing is left."""
+    job = JobSpec(command=(sys.executable, "-c", "import time; time.sleep(300)", "{out}"), launcher="sbatch")
+    point_dir = tmp_path / "point"
+    (point_dir / "out").mkdir(parents=True)
+    got: dict[str, Any] = {}
+
+    def attempt() -> None:
+        got["outcomes"] = sbatch.run_attempts(job, str(point_dir / "out"), str(point_dir), 0, None, str(point_dir))
+
+    worker = threading.Thread(target=attempt)
+    worker.start()
+    try:
+        started = point_dir / "slurm" / "run-a0.json"  # the batch script runs: Slurm started the job
+        until = time.monotonic() + 60
+        while not started.exists() and worker.is_alive() and time.monotonic() < until:
+            time.sleep(0.05)
+        assert started.exists(), "the batch job never started"
+        launch.cancel()
+        worker.join(timeout=120)
+    finally:
+        launch.uncancel()
+    first = got["outcomes"][0]
+    assert first.interrupted and first.slurm["state"] == "CANCELLED" and not first.ok
+    assert cluster.command("squeue", "-h", "-o", "%i").stdout.strip() == ""
+    assert _live(str(tmp_path)) == []

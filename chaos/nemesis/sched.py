@@ -63,13 +63,16 @@ Slurm = Callable[..., "subprocess.CompletedProcess[str]"]
 WHAT = {"requeue": "requeued", "preempt": "preempted (SIGTERM, then requeued)", "node": "lost its node (set DOWN)"}
 
 
-def _step(slurm: Slurm, record: dict[str, Any], *argv: str) -> bool:
-    """Run one Slurm command, note it (and its error) in ``record["commands"]``; whether it succeeded."""
+def _step(slurm: Slurm, record: dict[str, Any], *argv: str, fault: bool = True) -> bool:
+    """Run one Slurm command, note it in ``record["commands"]``; whether it succeeded. A failed
+    ``fault`` command means the fault was not made (``record["error"]``); a failed helper (lifting a
+    BeginTime hold, resuming a node) is noted on its own entry only: the fault itself was made."""
     done = slurm(*argv)
     entry: dict[str, Any] = {"argv": list(argv), "returncode": done.returncode, "ts": round(time.time(), 3)}
     if done.returncode != 0:
         entry["stderr"] = (done.stderr or done.stdout or "").strip()[-300:]
-        record.setdefault("error", f"{' '.join(argv)} failed: {entry['stderr'] or f'status {done.returncode}'}")
+        if fault:
+            record.setdefault("error", f"{' '.join(argv)} failed: {entry['stderr'] or f'status {done.returncode}'}")
     record.setdefault("commands", []).append(entry)
     return done.returncode == 0
 
@@ -106,8 +109,8 @@ def finish(record: dict[str, Any], node_state: str | None, slurm: Slurm) -> None
     elif pending == "resume":
         state = (node_state or "").rstrip("*~#$@^-").lower()
         if state.startswith(("down", "drain", "fail")):
-            _step(slurm, record, "scontrol", "update", f"nodename={record['node']}", "state=resume")
-            record["node_resumed"] = True
+            record["node_resumed"] = _step(slurm, record, "scontrol", "update", f"nodename={record['node']}",
+                                           "state=resume", fault=False) or "failed: see its command"
         else:
             record["node_resumed"] = f"not needed: the node was {state or 'unknown'} again by itself (ReturnToService)"
 
@@ -115,7 +118,7 @@ def finish(record: dict[str, Any], node_state: str | None, slurm: Slurm) -> None
 def release(record: dict[str, Any], job_id: str, begin_time: str | None, slurm: Slurm) -> None:
     """A requeued job held by its BeginTime (Slurm delays a requeued job): StartTime=now, noted."""
     held = record.setdefault("begin_time_moved", [])
-    if _step(slurm, record, "scontrol", "update", f"jobid={job_id}", "StartTime=now"):
+    if _step(slurm, record, "scontrol", "update", f"jobid={job_id}", "StartTime=now", fault=False):
         held.append(begin_time)
 
 
@@ -135,6 +138,8 @@ def describe(record: dict[str, Any]) -> str:
     parts = [f"{head} ({said})"]
     if record.get("node_resumed") is True:
         parts.append(f"node {record.get('node')} resumed once the job had left it")
+    elif str(record.get("node_resumed", "")).startswith("failed"):
+        parts.append(f"node {record.get('node')} could not be resumed")
     elif record.get("node_resumed"):
         parts.append(f"node {record.get('node')} back in service by itself (ReturnToService)")
     if record.get("begin_time_moved"):
