@@ -24,7 +24,9 @@ Both drivers return ``cluster``'s result types and leave rank logs at the same p
 launch is a ``cluster.Attempt`` (its docstring gives its own order and what a driver overrides).
 
 **A user's job: an** :class:`AttemptLauncher`, ``job.run_attempt`` or ``nodes.run_attempt``
-(``--nodes``). ``chaos.run.explore`` calls, for one exploration:
+(``--nodes``), or, for ``--launcher sbatch``, ``sbatch.run_attempts``: the same call, returning
+every attempt the Slurm job ran (Slurm's own reruns after a requeue follow attempt 0).
+``chaos.run.explore`` calls, for one exploration:
 
 1. ``job.prestart(...)``, optionally, while another attempt runs: the copies of an attempt
    likely to come next, held at their gate (``spares``);
