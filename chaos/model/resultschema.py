@@ -113,6 +113,7 @@ _JOB_SPEC = _object({
     "loss_band": _maybe("number"), "checkpoint_glob": _maybe("string"), "max_restarts": _INT,
     "timeout_s": _NUM, "rtol": _NUM, "modes": _array(_STR), "faults": {**_maybe("array"), "items": _STR},
     "grace_s": _NUM, "net_hold_s": _NUM, "cwd": _STR, "nodes": _maybe("integer"), "node_hold_s": _NUM,
+    "launcher": _STR, "sbatch_options": _array(_STR),  # --launcher sbatch only (absent: subprocess)
 }, required=("command",))
 # The built-in scenario's spec (chaos.plan.scenario.Scenario.to_dict), or a job point's ({kind: job, job, point}).
 _SCENARIO_SPEC = _object({
