@@ -1,7 +1,7 @@
 """``chaos run --executor slurm`` (#33): a job's points run as a real Slurm job array.
 
 A private one-node cluster (``chaos.launch.slurmcluster``: real ``munged``, ``slurmctld``,
-``slurmd``) for the module. Each run submits its array with ``--sbatch-arg=--hold`` where the
+``slurmd``) for the module. Each run submits its array with ``--executor-opt=--hold`` where the
 test must act on a task before it runs: a watcher cancels chosen tasks (a task lost before
 it ran its points, as a preempted or failed node loses it) and releases the rest, so the
 retry and the lost points are reached the same way every time, never by timing.
@@ -85,7 +85,7 @@ def _held_run(env: dict[str, str], tmp_path: Path, cancel: set[int]) -> subproce
     watcher = _Watcher(env, cancel=cancel)
     watcher.start()
     try:
-        return _chaos(env, "--executor", "slurm", "--jobs", "4", "--sbatch-arg=--hold", *OPTIONS,
+        return _chaos(env, "--executor", "slurm", "--jobs", "4", "--executor-opt=--hold", *OPTIONS,
                       "--json", str(tmp_path / "slurm.json"), "--", *CARELESS)
     finally:
         watcher.done.set()
@@ -152,7 +152,7 @@ def test_sigterm_cancels_the_array_and_leaves_nothing_queued(slurm, tmp_path: Pa
     base = tmp_path / "scratch"
     base.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "chaos.cli.main", "run", "--executor", "slurm", "--jobs", "2",
-                             "--sbatch-arg=--hold", "--scratch", str(base), *OPTIONS, "--json",
+                             "--executor-opt=--hold", "--scratch", str(base), *OPTIONS, "--json",
                              str(tmp_path / "r.json"), "--", *CARELESS], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -179,7 +179,20 @@ def test_no_controller_is_one_line_before_any_run(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("chaos: error: --executor slurm: "), done.stderr
     assert "fault-free" not in done.stdout  # refused before the job ran at all
-    assert "no Slurm controller answers" in lines[0] or "is not installed" in lines[0]
+    assert "no Slurm controller answers" in lines[0] or "not on PATH" in lines[0]
+
+
+def test_the_executor_and_the_sbatch_launcher_together_are_one_line(tmp_path: Path) -> None:
+    done = _chaos(dict(os.environ), "--executor", "slurm", "--launcher", "sbatch", *OPTIONS, "--", *CARELESS)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "chaos: error: --executor slurm with --launcher sbatch: each array task would submit the job's batch jobs "
+        "and wait for them, holding a slot they may need; run one or the other"]
+    done = _chaos(dict(os.environ), "--executor-opt=--hold", *OPTIONS, "--", *CARELESS)
+    assert done.returncode == 2 and "--executor-opt is for --executor slurm" in done.stderr
+    for opt in ("--array=0-99", "hold"):
+        done = _chaos(dict(os.environ), "--executor", "slurm", f"--executor-opt={opt}", *OPTIONS, "--", *CARELESS)
+        assert done.returncode == 2 and f"--executor-opt {opt!r}: give an sbatch option" in done.stderr
 
 
 def test_a_task_record_that_is_not_one_is_named(tmp_path: Path) -> None:

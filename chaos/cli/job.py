@@ -78,8 +78,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="where the chosen points run: here (default), or as a Slurm job array (sbatch --array, the "
                         "SLURM_CONF of this environment; --scratch must then be a file system every node mounts), "
                         "judged here with this run's fault-free runs")
-    p.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
-                   help="--executor slurm: an option for every sbatch (e.g. --sbatch-arg=--partition=debug; repeatable)")
+    p.add_argument("--executor-opt", action="append", default=[], metavar="--OPT=VALUE",
+                   help="--executor slurm: an sbatch option for the array that runs the points (repeatable), e.g. "
+                        "--executor-opt=--partition=debug; --sbatch-opt is the job's own, with --launcher sbatch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--point", action="append", default=[], metavar="ID",
                    help="run only this point (a replay; repeatable)")
@@ -164,8 +165,16 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
                   grace_s=args.grace, net_hold_s=args.net_hold, nodes=args.nodes, node_hold_s=args.node_hold,
                   preload=not args.no_preload, materialize=args.materialize, launcher=args.launcher,
                   sbatch_options=tuple(args.sbatch_opt))
-    if args.sbatch_arg and args.executor != "slurm":
-        raise ConfigError("--sbatch-arg is for --executor slurm")
+    if args.executor_opt and args.executor != "slurm":
+        raise ConfigError("--executor-opt is for --executor slurm")
+    for opt in args.executor_opt:
+        if not opt.startswith("-") or opt.split("=", 1)[0] in ("--array", "-a", "--output", "-o", "--wrap",
+                                                              "--parsable", "--chdir", "-D", "--export"):
+            raise ConfigError(f"--executor-opt {opt!r}: give an sbatch option as --name=value (the harness sets "
+                              "--array, --output, --chdir, --export and the task's command itself)")
+    if args.executor == "slurm" and job.launcher == "sbatch":
+        raise ConfigError("--executor slurm with --launcher sbatch: each array task would submit the job's batch "
+                          "jobs and wait for them, holding a slot they may need; run one or the other")
     if args.chaos_mesh is not None and job.nodes is None:
         raise ConfigError("--chaos-mesh writes node faults: it needs --nodes N")
     return args, job
@@ -363,7 +372,7 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
         from chaos.run import slurmexec
 
         slurmexec.check()  # before the fault-free runs: one line where no controller answers
-        executor = slurmexec.SlurmExecutor(args.jobs, tuple(args.sbatch_arg))
+        executor = slurmexec.SlurmExecutor(args.jobs, tuple(args.executor_opt))
     results: list[Any] = []
     started = time.monotonic()
     progress: dict[str, Any] = {"planned": 0, "found": 0, "shown": started, "seconds": []}

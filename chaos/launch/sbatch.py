@@ -71,20 +71,21 @@ def slurm(*argv: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[st
 _answered: set[str] = set()  # the SLURM_CONF values whose controller answered (checked once each)
 
 
-def check() -> None:
-    """ConfigError, one line, unless ``sbatch`` and ``scontrol`` are on PATH and a controller answers
-    (asked once per ``SLURM_CONF`` and process: every attempt calls this)."""
-    conf = f"{os.environ.get('PATH')}|{os.environ.get('SLURM_CONF', '')}"
+def check(flag: str = "--launcher sbatch", tools: tuple[str, ...] = ("sbatch", "scontrol", "scancel", "sinfo")) -> None:
+    """ConfigError, one line naming ``flag``, unless ``tools`` are on PATH and a controller answers
+    (asked once per ``SLURM_CONF`` and process: every attempt calls this). Called by
+    :func:`run_attempts` and, before the fault-free runs, by ``cli.job`` for ``--executor slurm``."""
+    conf = f"{os.environ.get('PATH')}|{os.environ.get('SLURM_CONF', '')}|{','.join(tools)}"
     if conf in _answered:
         return
-    missing = [b for b in ("sbatch", "scontrol", "scancel", "sinfo") if shutil.which(b) is None]
+    missing = [b for b in tools if shutil.which(b) is None]
     if missing:
-        raise ConfigError(f"--launcher sbatch: {', '.join(missing)} not on PATH (install slurm-wlm's client "
+        raise ConfigError(f"{flag}: {', '.join(missing)} not on PATH (install slurm-wlm's client "
                           "commands, or start a private cluster with chaos slurm start)")
     ping = slurm("scontrol", "ping", timeout_s=15)
     if ping.returncode != 0 or "UP" not in ping.stdout:
         said = " ".join((ping.stdout + " " + ping.stderr).split())[:200]
-        raise ConfigError(f"--launcher sbatch: no Slurm controller answers (scontrol ping: {said or 'no answer'}; "
+        raise ConfigError(f"{flag}: no Slurm controller answers (scontrol ping: {said or 'no answer'}; "
                           f"SLURM_CONF={os.environ.get('SLURM_CONF', 'unset')})")
     _answered.add(conf)
 

@@ -14,7 +14,7 @@ controller) and hands it to ``explore.explore``, which calls it in place of its 
    index, its array task (points dealt round-robin over ``--jobs`` tasks) and where its
    first attempt is rebuilt from (``--materialize``);
 2. submits ``sbatch --array=0-(N-1)`` of ``python -m chaos.run.slurmexec PLAN`` (this
-   Python, the job's working directory, the caller's environment, ``--sbatch-arg`` as
+   Python, the job's working directory, the caller's environment, ``--executor-opt`` as
    given); each task (:func:`task_main`) runs its share with ``explore.run_chain`` in the
    same scratch root, ``ROOT/point-NNNNN`` as a local run would, and leaves one record per
    point in ``ROOT/array/done/NNNNN.json`` (the attempts and what the harness did);
@@ -48,9 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.errors import ChaosError, ConfigError
+from chaos.errors import ChaosError
 from chaos.judge.job import PointVerdict, judge
 from chaos.launch import job as launch
+from chaos.launch import sbatch
 from chaos.launch.job import AttemptOutcome
 from chaos.model.jobspec import JobSpec, Point
 from chaos.nemesis import netcut
@@ -80,32 +81,19 @@ class SlurmError(ChaosError):
 
 
 def _slurm(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S)
-    except FileNotFoundError:
-        raise ConfigError(f"--executor slurm: {argv[0]} is not installed (no Slurm client on PATH)") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"{shlex.join(argv)} did not answer within {_COMMAND_TIMEOUT_S:g} s") from None
+    """A Slurm client command (``sbatch.slurm``: a hang or a missing binary is a failed command);
+    SlurmError naming it and its last line of output where ``check`` and it failed."""
+    done = sbatch.slurm(*argv, timeout_s=_COMMAND_TIMEOUT_S)
     if check and done.returncode != 0:
         why = (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}").splitlines()[-1]
         raise SlurmError(f"{shlex.join(argv)}: {why}")
     return done
 
 
-def check() -> str:
+def check() -> None:
     """Before the fault-free runs: a Slurm controller this environment reaches (``SLURM_CONF`` or the
-    host's own configuration), or one ConfigError line saying what is missing. Returns its name."""
-    for tool in ("sbatch", "squeue", "scancel", "scontrol"):
-        if shutil.which(tool) is None:
-            raise ConfigError(f"--executor slurm: {tool} is not installed (no Slurm client on PATH)")
-    ping = _slurm("scontrol", "ping", check=False)
-    text = (ping.stdout + ping.stderr).strip()
-    if ping.returncode != 0 or " is UP" not in text:
-        where = os.environ.get("SLURM_CONF", "the host's slurm.conf")
-        raise ConfigError(f"--executor slurm: no Slurm controller answers ({where}): "
-                          f"{text.splitlines()[-1] if text else 'scontrol ping failed'}; start one with "
-                          "'eval \"$(chaos slurm start)\"' or set SLURM_CONF")
-    return text.splitlines()[0]
+    host's own configuration), or one ConfigError line saying what is missing (``sbatch.check``)."""
+    sbatch.check("--executor slurm", ("sbatch", "squeue", "scancel", "scontrol"))
 
 
 @dataclass
@@ -122,7 +110,7 @@ class SlurmExecutor:
     """Runs the chosen points as a Slurm job array (``explore.PointsRunner``); see the module docstring.
 
     ``tasks``: array tasks (``--jobs``); ``sbatch_args``: given to every ``sbatch``
-    (partition, time limit, account: ``--sbatch-arg``); ``say``: progress lines (stderr).
+    (partition, time limit, account: ``--executor-opt``); ``say``: progress lines (stderr).
     ``record`` is what the results' ``job.executor`` shows once the points have run.
     """
 
