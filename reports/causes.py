@@ -55,12 +55,12 @@ OUTCOME_ORDER = ("code_execution", "hard_failure", "silent_divergence", "lost_wo
 # chaos.model.jobspec.Point.to_fault's ``kind`` -> the family a user names with --faults
 FAMILY = {"crash": "kill", "kill": "kill", "corrupt": "corrupt", "powerloss": "power", "ioerror": "errno",
           "term": "term", "diskfull": "diskfull", "netcut": "net", "node_loss": "node", "stale": "stale",
-          "swap": "swap", "payload": "payload", "reorder": "reorder",
+          "swap": "swap", "payload": "payload", "reorder": "reorder", "sched": "sched",
           "rendezvous_host_loss": "node", "node_link_cut": "node"}
 # Which family's point best shows a cause: a plain kill replays with nothing else going on.
 REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "reorder", "corrupt", "stale", "swap", "payload",
-                        "net", "node")
-FAMILY_ORDER = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node")  # as chaos.model.jobspec lists them
+                        "net", "node", "sched")
+FAMILY_ORDER = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node", "sched")  # as chaos.model.jobspec lists them
 POINTS_SHOWN = 8  # point ids a console block lists before "and N more"
 NO_FIX = "no fix known for this kind: see the representative's evidence"
 
@@ -129,7 +129,8 @@ _OUTCOME_WORDS = {"code_execution": "loading the checkpoint runs code planted in
 _FAMILY_WORDS = {"kill": "a kill", "corrupt": "a corruption", "power": "a power cut", "errno": "an I/O error",
                  "term": "a SIGTERM", "diskfull": "a full disk", "net": "a network cut", "node": "a node fault",
                  "stale": "a stale copy", "swap": "a swap of two ranks' files", "payload": "a planted payload",
-                 "reorder": "writes reordered before a power cut"}
+                 "reorder": "writes reordered before a power cut",
+                 "sched": "a Slurm requeue, preemption or node loss"}
 
 # A line of output that quotes an exception (``[rank0]: ValueError: ...``); its type (``EOFError`` too).
 # Every pattern here runs in time linear in its input: a results file is untrusted.
@@ -412,7 +413,8 @@ def _power(sc: dict[str, Any], outcome: str, files: _Files, line: str) -> tuple[
 # for a document whose points carry no fault record.
 _MODE_KIND = {"before": "crash", "after": "crash", "torn": "crash", "bitflip": "corrupt", "truncate": "corrupt",
               "zero": "corrupt", "delete": "corrupt", "power": "powerloss", "enospc": "ioerror", "eio": "ioerror",
-              "kill": "kill", "term": "term", "net": "netcut"}
+              "kill": "kill", "term": "term", "net": "netcut", "requeue": "sched", "preempt": "sched", "node": "sched",
+              "stale": "stale", "swap": "swap", "payload": "payload", "reorder": "reorder"}
 
 
 def _from_id(pid: str, anchored: str) -> tuple[str, dict[str, Any]]:
@@ -505,7 +507,11 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
         if outcome in ("lost_work", "silent_divergence"):
             return family, "errno_swallowed", key, code, landed
         return unknown(landed)
-    if family == "kill" and event:  # a kill at a file event
+    if family == "sched" and event:  # Slurm struck right after a file event: the middle of a save
+        landed = f"Slurm {when or 'requeue'} after {event} of {key}"
+        if outcome == "hard_failure":
+            return torn_file(landed)
+    elif family == "kill" and event:  # a kill at a file event
         word = {"before": "kill before", "after": "kill after", "torn": "torn"}.get(when, f"kill ({when})")
         landed = f"{word} {event} of {key}"
         if outcome == "hard_failure":
@@ -514,10 +520,11 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
         landed = {"before": "kill before a file event", "after": "kill after a file event",
                   "torn": "torn write"}.get(when, "kill at a file event")
     else:
-        landed = {"kill": "kill between saves", "term": "SIGTERM"}.get(family, f"{family} fault")
+        landed = {"kill": "kill between saves", "term": "SIGTERM",
+                  "sched": f"Slurm {when or 'requeue'} between saves"}.get(family, f"{family} fault")
     if family == "term" and outcome == "hard_failure" and "preemption_exit" in _failing_oracles(sc):
         return family, "term_exit0", "", "", landed
-    if family in ("kill", "term"):
+    if family in ("kill", "term", "sched"):
         if outcome == "lost_work":
             return family, "ignores_newest", "", "", landed
         if outcome == "silent_divergence":

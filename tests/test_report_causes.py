@@ -357,3 +357,40 @@ def test_a_real_careless_run_prints_one_block_for_its_in_place_checkpoint(tmp_pa
     assert sum(1 for line in printed if line.lstrip().startswith("replay:")) == len(causes)
     suite = ET.parse(junit).getroot().find("testsuite")
     assert int(suite.get("failures")) == len(causes) < sum(1 for s in doc["scenarios"] if s["verdict"] == "fail")
+
+
+def test_every_job_fault_family_has_its_words_and_its_place_in_every_table() -> None:
+    """A family added to the contract (sched, reorder) must be named in the cause tables and in the
+    findings table, or its failures read as an unknown kind."""
+    from chaos.cli import findings
+    from chaos.model.jobspec import FAULT_KINDS, parse_point
+    from reports import causes
+
+    for kind in FAULT_KINDS:
+        assert kind in causes._FAMILY_WORDS and kind in findings.FAMILY_WORDS, kind
+        assert kind in causes.REPRESENTATIVE_ORDER, kind
+    for text, kind in (("rank0:step5:requeue", "sched"), ("rank0:op1:requeue", "sched"), ("rank0:step3:preempt", "sched"),
+                       ("rank0:step5:node", "sched"), ("rank0:op9:reorder", "reorder"), ("rank1:step5:net", "net"),
+                       ("rank0:op9:stale", "stale"), ("rank1:op4:swap", "swap"), ("rank0:op9:payload", "payload")):
+        point = parse_point(text)
+        assert point.family == kind
+        assert causes.FAMILY[point.to_fault()["kind"]] == kind, text
+        assert causes.FAMILY[causes._from_id(text, text)[0]] == kind, text
+
+
+def test_a_slurm_requeue_mid_save_joins_the_in_place_cause_of_the_kills_at_that_file(doc):
+    """A requeue right after the open that truncates ckpt.json leaves what a kill there leaves: the same
+    cause, its fix, one more point; a requeue between saves that lost work is the kill's cause too."""
+    doc["scenarios"].append(point("rank0:op1:requeue", "sched", "requeue", "open", "ckpt.json", 1, "hard_failure",
+                                  JSON_ERRORS[0], what="Slurm job 3 requeued at rank 0's event 1 (open of ckpt.json)",
+                                  n=200))
+    doc["scenarios"].append(point("rank0:step5:preempt", "sched", "preempt", None, None, None, "lost_work",
+                                  what="Slurm job 4 preempted (SIGTERM, then requeued) at rank 0's step 5", n=201))
+    causes = _by_kind(group(doc))
+    in_place = causes[("in_place", "ckpt.json")]
+    assert "rank0:op1:requeue" in in_place.ids() and in_place.fix == IN_PLACE_FIX
+    assert dict(in_place.families())["sched"] == 1
+    lost = [c for c in causes.values() if "rank0:step5:preempt" in c.ids()]
+    assert len(lost) == 1 and lost[0].kind == "ignores_newest"
+    requeue = next(p for p in in_place.points if p.id == "rank0:op1:requeue")
+    assert requeue.landed == "Slurm requeue after open of ckpt.json"
