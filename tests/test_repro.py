@@ -335,3 +335,22 @@ def test_a_repro_the_harness_skips_here_says_so_and_exits_2(job_run, tmp_path):
     assert got.returncode == 2, got.stdout + got.stderr
     assert ("repro: COULD NOT RUN rank0:step1:net here: the harness skipped it: a network cut between ranks cannot "
             "be made here: a network cut between ranks needs at least two") in got.stdout
+
+
+def test_a_sched_point_says_slurm_restarted_the_job(tmp_path):
+    """A job Slurm launched (``--launcher sbatch``) and requeued: the restart was Slurm's, not the harness's."""
+    from chaos.model.jobspec import JobSpec, parse_point
+
+    spec = JobSpec(command=(sys.executable, str(tmp_path / "train.py"), "--out", "{out}"), launcher="sbatch",
+                   faults=("sched",), cwd=str(tmp_path))
+    p = parse_point("rank0:step5:requeue")
+    what = "Slurm job 3 requeued at rank 0's step 5 (scontrol requeue 3), Restarts=1"
+    entry = {"id": p.id, "seed": 0, "verdict": "fail", "outcome": "hard_failure",
+             "summary": f"{what}; then the resume exited 1 (json.decoder.JSONDecodeError: Expecting value)",
+             "faults": [p.to_fault()], "fault_applied": {"what": what, "job_id": "3", "restarts": 1},
+             "oracles": {"liveness": {"result": "fail", "summary": "the resume exited 1", "evidence": {}}},
+             "attempts": [{"attempt": 0, "outcome": what}, {"attempt": 1, "outcome": "exited 1"}]}
+    doc = {"schema_version": 1, "job": {"spec": spec.to_dict()}, "scenarios": [entry],
+           "environment": {"python": "3.11.7", "torch": "2.13.0+cpu"}}
+    fault = repro.describe_fault(repro.find(doc, "R.json"))
+    assert fault == f"{what}; then Slurm restarted the job (its own requeue, as in production)"

@@ -177,6 +177,7 @@ def describe_fault(finding: Finding) -> str:
     else:
         done = what or f"fault {f.get('spec') or finding.point}"
     restarted = ("torchrun's agent restarted the workers" if finding.spec.torchrun else
+                 "Slurm restarted the job (its own requeue, as in production)" if kind == "sched" else
                  f"the harness restarted the job (at most {finding.spec.max_restarts} restart(s))")
     return f"{done}; then {restarted}"
 
