@@ -173,13 +173,18 @@ def test_sigterm_cancels_the_array_and_leaves_nothing_queued(slurm, tmp_path: Pa
 
 
 def test_no_controller_is_one_line_before_any_run(tmp_path: Path) -> None:
-    env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}
-    done = _chaos(env, "--executor", "slurm", *OPTIONS, "--", *CARELESS)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("chaos: error: --executor slurm: "), done.stderr
-    assert "fault-free" not in done.stdout  # refused before the job ran at all
-    assert "no Slurm controller answers" in lines[0] or "not on PATH" in lines[0]
+    """A SLURM_CONF that names no file (Slurm's clients would retry it for a minute), and one whose
+    controller does not answer: each one error line, before the job ran at all."""
+    down = tmp_path / "down.conf"  # a controller on a port nothing listens on
+    down.write_text("ClusterName=down\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n"
+                    "NodeName=localhost CPUs=1\nPartitionName=p Nodes=localhost\n")
+    for conf, said in ((tmp_path / "no-such-slurm.conf", "is not a file"), (down, "no Slurm controller answers")):
+        done = _chaos({**os.environ, "SLURM_CONF": str(conf)}, "--executor", "slurm", *OPTIONS, "--", *CARELESS)
+        assert done.returncode == 2
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("chaos: error: --executor slurm: "), done.stderr
+        assert "fault-free" not in done.stdout  # refused before the job ran at all
+        assert said in lines[0] or "not on PATH" in lines[0], lines[0]
 
 
 def test_the_executor_and_the_sbatch_launcher_together_are_one_line(tmp_path: Path) -> None:

@@ -197,35 +197,51 @@ def _run(cluster: PrivateSlurm, tmp_path: Path, capsys, example: str, *points: s
 
 
 @real
-def test_a_careful_job_survives_slurm_requeue_and_preemption(cluster, tmp_path, capsys) -> None:
-    got = _run(cluster, tmp_path, capsys, "careful_job.py", "rank0:step5:requeue", "rank0:step3:preempt")
-    for pid in ("rank0:step5:requeue", "rank0:step3:preempt"):
-        s = got[pid]
-        assert s["verdict"] == "pass", s["summary"]
-        fault = s["fault_applied"]
-        assert fault["job_id"].isdigit() and fault["restarts"] == 1 and fault["final_state"] == "COMPLETED"
-        assert ["scontrol", "requeue", fault["job_id"]] in [c["argv"] for c in fault["commands"]]
-        assert s["summary"].startswith(f"Slurm job {fault['job_id']} ")
-        assert [a["attempt"] for a in s["attempts"]] == [0, 1]  # Slurm's rerun traced as attempt 1
-        assert s["attempts"][0]["returncodes"] == [143]  # the careful job saved on SIGTERM and exited 143
-        assert s["attempts"][1]["slurm"]["restart_count"] == 1
+def test_a_careful_job_survives_a_slurm_requeue(cluster, tmp_path, capsys) -> None:
+    got = _run(cluster, tmp_path, capsys, "careful_job.py", "rank0:step5:requeue")
+    _careful_survives(got, "rank0:step5:requeue")
     assert "Restarts=1" in got["rank0:step5:requeue"]["summary"]
+
+
+@real
+@pytest.mark.slow  # nightly: 9 s more per commit for the same restart by another path
+def test_a_careful_job_survives_a_slurm_preemption(cluster, tmp_path, capsys) -> None:
+    got = _run(cluster, tmp_path, capsys, "careful_job.py", "rank0:step3:preempt")
+    _careful_survives(got, "rank0:step3:preempt")
     preempt = got["rank0:step3:preempt"]["fault_applied"]
     assert [c["argv"][0] for c in preempt["commands"]][:2] == ["scancel", "scontrol"]
+
+
+def _careful_survives(got: dict[str, dict[str, Any]], pid: str) -> None:
+    s = got[pid]
+    assert s["verdict"] == "pass", s["summary"]
+    fault = s["fault_applied"]
+    assert fault["job_id"].isdigit() and fault["restarts"] == 1 and fault["final_state"] == "COMPLETED"
+    assert ["scontrol", "requeue", fault["job_id"]] in [c["argv"] for c in fault["commands"]]
+    assert s["summary"].startswith(f"Slurm job {fault['job_id']} ")
+    assert [a["attempt"] for a in s["attempts"]] == [0, 1]  # Slurm's rerun traced as attempt 1
+    assert s["attempts"][0]["returncodes"] == [143]  # the careful job saved on SIGTERM and exited 143
+    assert s["attempts"][1]["slurm"]["restart_count"] == 1
 
 
 @real
 def test_a_careless_job_fails_when_slurm_requeues_it_mid_save(cluster, tmp_path, capsys) -> None:
     """Its in-place save truncates ckpt.json first: a requeue right after that open (rank0:op1) leaves
-    it empty and Slurm's rerun cannot load it. A requeue at a step never catches it mid-save (the
-    SIGTERM ends it before the save starts); a node lost at a step, it survives. A kill at a step
-    (the kill family under --launcher sbatch) is restarted by the harness as a second batch job."""
-    got = _run(cluster, tmp_path, capsys, "careless_job.py", "rank0:op1:requeue", "rank0:step5:node",
-               "rank0:step5:kill")
-    mid = got["rank0:op1:requeue"]
+    it empty and Slurm's rerun cannot load it. (A requeue at a step never catches it mid-save: the
+    SIGTERM ends it before the save starts.)"""
+    mid = _run(cluster, tmp_path, capsys, "careless_job.py", "rank0:op1:requeue")["rank0:op1:requeue"]
     assert mid["verdict"] == "fail" and mid["outcome"] == "hard_failure", mid["summary"]
     assert "JSONDecodeError" in mid["summary"] and "(open of ckpt.json)" in mid["summary"]
     assert mid["fault_applied"]["restarts"] == 1 and [a["attempt"] for a in mid["attempts"]] == [0, 1]
+
+
+@real
+@pytest.mark.slow  # nightly: 16 s more per commit
+def test_a_careless_job_survives_a_node_loss_at_a_step_and_a_kill_is_a_new_batch_job(cluster, tmp_path,
+                                                                                      capsys) -> None:
+    """A node lost at a step, it survives; a kill at a step (the kill family under --launcher sbatch) is
+    restarted by the harness as a second batch job."""
+    got = _run(cluster, tmp_path, capsys, "careless_job.py", "rank0:step5:node", "rank0:step5:kill")
     node = got["rank0:step5:node"]
     assert node["verdict"] == "pass", node["summary"]
     assert any("state=down" in c["argv"] for c in node["fault_applied"]["commands"])

@@ -82,6 +82,10 @@ def check(flag: str = "--launcher sbatch", tools: tuple[str, ...] = ("sbatch", "
     if missing:
         raise ConfigError(f"{flag}: {', '.join(missing)} not on PATH (install slurm-wlm's client "
                           "commands, or start a private cluster with chaos slurm start)")
+    named = os.environ.get("SLURM_CONF")
+    if named and not os.path.isfile(named):  # Slurm's own clients would retry reading it for a minute
+        raise ConfigError(f"{flag}: SLURM_CONF={named} is not a file (a stopped private cluster's? start one with "
+                          "chaos slurm start, or unset SLURM_CONF to use the host's configuration)")
     ping = slurm("scontrol", "ping", timeout_s=15)
     if ping.returncode != 0 or "UP" not in ping.stdout:
         said = " ".join((ping.stdout + " " + ping.stderr).split())[:200]
