@@ -55,8 +55,8 @@ def test_ratios_of_a_report_without_repeats_come_from_its_medians():
     assert r["ratios"]["verified_load_vs_dcp_load"] == pytest.approx(0.3 / 0.2)
     assert r["ratio_spread"]["reference_vs_dcp_save"]["per_repeat"] == [pytest.approx(2.0)]
     assert r["meets_target"] == {"reference_vs_raw": True, "reference_vs_dcp_save": True,
-                                 "async_stall_vs_dcp_async": False, "async_stall_trust_vs_dcp_async": True,
-                                 "verified_load_vs_dcp_load": False}
+                                 "async_stall_vs_dcp_async": True, "async_stall_trust_vs_dcp_async": True,
+                                 "verified_load_vs_dcp_load": False, "async_stall_over_floor": None}
     md = bench.to_markdown(r)
     assert "| torch-save | - |" in md and "skipped: cannot import" in md
     assert "| reference_vs_raw | 0.800 | 0.800 | 0.800 | 0.80 | >= 0.8 | True |" in md
@@ -199,6 +199,25 @@ def test_launch_gives_each_rank_its_environment_before_it_starts():
     assert bench_ranks.launch(_environment, 2, 120, ("CHAOS_BENCH_PROBE",), ctx, envs) == ["first", "second"]
     with pytest.raises(ValueError, match="1 rank environments for 2 ranks"):
         bench_ranks.launch(_environment, 2, 120, ("X",), envs=[{}])
+
+
+def test_the_async_stall_is_judged_against_its_floor_in_the_same_repeat_and_against_dcp():
+    """#30's restated target: median reference-async stall <= 1.2x its design's floor (per repeat) and <= DCP
+    async's median stall; a report without a sampled floor judges nothing there (None, never True)."""
+    m = _measured()
+    by = {x["name"]: x for x in m["results"]}
+    by["reference-async"]["extra"] = {"stall_all_s": [0.020, 0.018, 0.030]}
+    by["dcp-async"]["extra"] = {"stall_all_s": [0.040, 0.016, 0.050]}
+    m["memory_floor"] = {"bytes_share": 50, "bytes_rest": 50, "bytes_all": 100,
+                         "copy_share_all_s": [0.010, 0.010, 0.010], "read_rest_all_s": [0.006, 0.006, 0.006],
+                         "copy_all_fresh_all_s": [0.040, 0.040, 0.040]}
+    r = bench.make_report(bench.BenchConfig(size_mb=100), m)
+    assert r["ratio_spread"]["async_stall_over_floor"]["per_repeat"] == pytest.approx([1.25, 1.125, 1.875])
+    assert r["ratios"]["async_stall_over_floor"] == pytest.approx(1.25)
+    assert r["meets_target"]["async_stall_over_floor"] is False and r["targets"]["async_stall_over_floor"] == "<= 1.2"
+    assert r["ratios"]["async_stall_vs_dcp_async"] == pytest.approx(0.6)  # median of 0.5, 1.125, 0.6
+    assert r["meets_target"]["async_stall_vs_dcp_async"] is True and r["targets"]["async_stall_vs_dcp_async"] == "<= 1.0"
+    assert "| async_stall_over_floor | 1.125 | 1.250 | 1.875 | 1.25, 1.12, 1.88 | <= 1.2 | False |" in bench.to_markdown(r)
 
 
 def test_memory_floor_shares_partition_the_state_by_bytes():

@@ -43,7 +43,10 @@ report says which each repeat got and splits the async stall ratio by it
 (``staging_faults``, :func:`staging_faults`).
 
 Targets from the design: reference sync save >= 80% of raw bandwidth and faster than
-DCP; reference async stall <= 0.5x DCP async's; verified load <= 1.2x DCP's load.
+DCP; reference async stall (default, ``replicas=verify``) <= DCP async's and <= 1.2x its
+own design's floor measured in the same repeat (``async_stall_over_floor``: issue #30
+restated the old <= 0.5x DCP, which depended on whether DCP's allocator reused pages),
+with ``replicas=trust`` <= 0.5x DCP async's; verified load <= 1.2x DCP's load.
 Missing checkpointers are skipped with a note; every load is checked bit-exact on
 every rank.
 
@@ -95,13 +98,16 @@ RATIO_MEANING = {
     "async_stall_vs_dcp_async": "reference async stall s / DCP async_save stall s (below 1: training blocked less)",
     "async_stall_trust_vs_dcp_async": "the same with replicas=trust (DCP's own assumption)",
     "verified_load_vs_dcp_load": "reference verified load s / DCP unverified load s (below 1: the reference loads faster)",
+    "async_stall_over_floor": "reference async stall s / its design's floor s in the same repeat (copy of this rank's "
+                              "share + read of the rest; 1: nothing but the memory traffic a replica check needs)",
 }
 TARGETS = {
     "reference_vs_raw": (">=", 0.8),
     "reference_vs_dcp_save": (">=", 1.0),
-    "async_stall_vs_dcp_async": ("<=", 0.5),
+    "async_stall_vs_dcp_async": ("<=", 1.0),
     "async_stall_trust_vs_dcp_async": ("<=", 0.5),
     "verified_load_vs_dcp_load": ("<=", 1.2),
+    "async_stall_over_floor": ("<=", 1.2),  # from the memory floor (MemoryFloor), not a pair of checkpointers
 }
 # Adapters that keep every step they save: between repeats (untimed) the bench removes
 # their older steps, so 7 repeats at 1 GB do not fill the disk. The reference keeps its
@@ -571,6 +577,8 @@ def make_report(cfg: BenchConfig, measured: dict[str, Any]) -> dict[str, Any]:
             ratio_spread[key] = None
             continue
         ratio_spread[key] = spread([n / d for n, d in zip(num, den, strict=True)])
+    floor = memory_floor(measured.get("memory_floor"), by)
+    ratio_spread["async_stall_over_floor"] = (floor or {}).get("stall_over_floor", {}).get("reference-async")
     ratios = {k: (s["median"] if s else None) for k, s in ratio_spread.items()}
     verdicts = {}
     for key, (op, bound) in TARGETS.items():
@@ -594,7 +602,6 @@ def make_report(cfg: BenchConfig, measured: dict[str, Any]) -> dict[str, Any]:
     for key in ("schedule", "ranks"):  # save order per repeat; each rank's device and CUDA_VISIBLE_DEVICES
         if measured.get(key):
             report[key] = measured[key]
-    floor = memory_floor(measured.get("memory_floor"), by)
     if floor:
         report["memory_floor"] = floor
     faults = staging_faults(by, ratio_spread.get("async_stall_vs_dcp_async"), measured.get("page_bytes"),
