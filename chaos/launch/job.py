@@ -212,8 +212,11 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
     return env
 
 
-def _requests(trace_dir: str, name: str) -> list[dict[str, Any]]:
-    """The requests of one kind ranks left in ``trace_dir`` (``inproc.JobInterposer._request``)."""
+def requests(trace_dir: str, name: str) -> list[dict[str, Any]]:
+    """The requests of one kind ranks left in ``trace_dir`` (``inproc.JobInterposer._request``).
+
+    Read by every launcher's watch loop that answers a rank: :func:`run_attempt` (halt, term,
+    net), ``nodes.run_attempt`` (a node point's request) and ``sbatch.run_attempts`` (sched)."""
     found = []
     for entry in sorted(os.listdir(trace_dir)):
         if entry.startswith(name + "-") and entry.endswith(".json"):
@@ -347,13 +350,13 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             if all(c is not None for c in codes):
                 break
             if armed and point is not None:
-                if point.mode in S.HALT_MODES and (halt := _requests(trace_dir, S.HALT_REQUEST)):
+                if point.mode in S.HALT_MODES and (halt := requests(trace_dir, S.HALT_REQUEST)):
                     outcome.halted = halt[0]
                     break  # every copy is killed below, at once
-                if point.mode == "term" and outcome.term is None and (req := _requests(trace_dir, S.TERM_REQUEST)):
+                if point.mode == "term" and outcome.term is None and (req := requests(trace_dir, S.TERM_REQUEST)):
                     outcome.term = _send_term(procs, trace_dir, req[0], job.grace_s)
                     grace_end = time.monotonic() + job.grace_s
-                if point.mode == "net" and outcome.net is None and (req := _requests(trace_dir, S.NET_REQUEST)):
+                if point.mode == "net" and outcome.net is None and (req := requests(trace_dir, S.NET_REQUEST)):
                     outcome.net = netcut.cut(lab if in_lab else None, req[0], job.net_hold_s, trace_dir, out)
                     if "down" in outcome.net:
                         hold_end = time.monotonic() + job.net_hold_s

@@ -175,7 +175,7 @@ class _Watch:
 
     def answer(self, point: S.Point, trace_dir: str, grace_s: float) -> None:
         """A rank's sched request: Slurm told (``sched.begin``), the answer left for the waiting rank."""
-        reqs = launch._requests(trace_dir, S.SCHED_REQUEST)
+        reqs = launch.requests(trace_dir, S.SCHED_REQUEST)
         if not reqs:
             return
         self.poll()

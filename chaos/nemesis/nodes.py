@@ -272,7 +272,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             codes = [a.proc.poll() for a in agents]
             if all(c is not None for c in codes):
                 break
-            if armed and record is None and (req := launch._requests(trace_dir, S.NET_REQUEST)):
+            if armed and record is None and (req := launch.requests(trace_dir, S.NET_REQUEST)):
                 assert point is not None and point.node is not None
                 record = {"node": point.node, "mode": point.mode, "step": point.step, "rank": req[0].get("rank"),
                           "requested_mono": req[0].get("ts"), "hold_s": job.node_hold_s if point.mode == "link"
