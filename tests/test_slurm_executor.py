@@ -172,6 +172,23 @@ def test_sigterm_cancels_the_array_and_leaves_nothing_queued(slurm, tmp_path: Pa
     assert "interrupted" in err
 
 
+@real
+def test_a_budget_spent_before_the_tasks_start_leaves_the_points_out_as_a_local_run_does(slurm, tmp_path: Path) -> None:
+    """A point no task started before the --budget ran out is not run, as locally: left out of the
+    results, never reported lost (an error) nor retried."""
+    _cluster, env = slurm
+    runs = {}
+    for name, extra in (("local", []), ("slurm", ["--executor", "slurm", "--jobs", "2"])):
+        done = _chaos(env, *extra, "--budget", "0.001", *OPTIONS, "--json", str(tmp_path / f"{name}.json"), "--",
+                      *CARELESS)
+        assert done.returncode == 0, done.stderr
+        runs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    assert runs["slurm"]["scenarios"] == runs["local"]["scenarios"] == []
+    executor = runs["slurm"]["job"]["executor"]
+    assert executor["retried"] == [] and executor["lost"] == [] and len(executor["arrays"]) == 1
+    assert _queue(env) == []
+
+
 def test_no_controller_is_one_line_before_any_run(tmp_path: Path) -> None:
     """A SLURM_CONF that names no file (Slurm's clients would retry it for a minute), and one whose
     controller does not answer: each one error line, before the job ran at all."""
