@@ -86,8 +86,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help="run only this point (a replay; repeatable)")
     p.add_argument("--materialize", action="store_true",
                    help="rebuild a point's first attempt from the fault-free trace (its files as they were "
-                        "at the event) and run only the resume; one-process jobs, kills before or after an event "
-                        "and corruptions and power losses at one")
+                        "at the event) and run only the resume; one-process jobs, kills before, after or in the "
+                        "middle of (torn) an event and corruptions and power losses at one")
     p.add_argument("--no-preload", action="store_true",
                    help="do not import, in the interpreters started ahead of an attempt, the modules the "
                         "fault-free run imported before its first file event (torch, numpy, ...)")

@@ -14,6 +14,12 @@ itself), ``explore`` calls :func:`attempt_zero` instead of launching attempt 0:
    companion as is), and then the ``fired`` record the rank's tracer writes as it kills;
 3. the attempt is recorded as killed by SIGKILL, ``materialized`` in the results.
 
+A torn point (``rank0:op2:torn``: a write stores the first half of its bytes, then SIGKILL)
+is rebuilt the same way when event N is a write of more than one byte: the trace up to
+it, the write record cut to its first half (its bytes are a prefix of the fault-free
+write's, already in the ``.data`` file), and the ``fired`` record of the interposer's
+``short_write`` rule. On any other event the tracer kills before it instead, which runs.
+
 A corruption or power-loss point right after event N (``rank0:op9:bitflip``,
 ``rank0:op9:power:s2``) stops every copy there: the same state as a kill after it. A
 corruption that waits for a step (``rank0:op9:bitflip:step12``) stops them at the job's
@@ -24,7 +30,7 @@ replaced by the cut's crash state (from the rebuilt trace, with its ``.data``), 
 real halt.
 
 Then the restart runs for real and the point is judged as any other. Only where the trace
-can say it all (:func:`why_not`): a kill before or after an event (not torn, not a step), a
+can say it all (:func:`why_not`): a kill before, after or in the middle of an event (not at a step), a
 corruption or a power loss right after one (or a corruption at the step it waits for),
 one process (no ``--ranks``, torchrun or ``--nodes``), every event of it under {out} or the
 job's temp dir, no change under {out} that no event explains, both fault-free runs tracing
@@ -47,6 +53,7 @@ from chaos.model.jobspec import JobSpec, Point
 from chaos.nemesis.atrest import merged_records
 from faults import FaultError
 from faults.crashstate import CrashModel, Snapshot, clear
+from faults.interposer import IORule
 
 
 def why_not(job: JobSpec, point: Point, untraced: bool, varies: bool = False) -> str | None:
@@ -55,11 +62,11 @@ def why_not(job: JobSpec, point: Point, untraced: bool, varies: bool = False) ->
     ``untraced``: the fault-free run changed files no event explains; ``varies``: the two
     fault-free runs traced different file events, so the trace of one is not what every
     run does up to the point (a job whose saves race a thread, say)."""
-    kill = point.family == "kill" and point.mode in ("before", "after")
+    kill = point.family == "kill" and point.mode in ("before", "after", "torn")
     rot = point.family in ("corrupt", "power")  # halted right after the event, or at the step it waits for
     if point.op is None or not (kill or rot):
-        return ("only a kill before or after a file event, or a corruption or power loss right after one, is "
-                "materialized")
+        return ("only a kill before, after or in the middle of a file event, or a corruption or power loss right "
+                "after one, is materialized")
     if job.ranks is not None or job.torchrun or job.nodes is not None:
         return "only a one-process job's attempt is materialized"
     if untraced:
@@ -112,6 +119,23 @@ def _moved(rec: dict[str, Any], roots: dict[str, str]) -> dict[str, Any] | None:
     return moved
 
 
+# The rule a torn point arms in the job's tracer (``chaos.target.job.inproc._rules``): keep the first half.
+TORN_RULE = IORule("short_write", op="write", keep=None, then="kill", times=None)
+
+
+def _torn(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """Event N's write record as the torn point leaves it (its first half stored), or None where the
+    tracer would not tear it (not a write, one byte, or its bytes not kept in the trace)."""
+    length = rec.get("length")
+    if rec.get("op") != "write" or not isinstance(length, int) or length < 2 or rec.get("data_off") is None:
+        return None
+    kept = length // 2
+    torn = {**rec, "length": kept, "partial_of": length, "data_len": kept}
+    if isinstance(rec.get("data"), bytes):  # read with its data (merged_records): the crash model's copy
+        torn["data"] = rec["data"][:kept]
+    return torn
+
+
 def _is_step(rec: dict[str, Any], n: int) -> bool:
     """Whether a trace record is the job's announcement of step ``n`` (what a deferred corruption waits for)."""
     info = rec.get("info")
@@ -154,9 +178,12 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
         cut = next((i for i in range(at + 1, len(records)) if _is_step(records[i], point.at_step)), None)
     if at is None or cut is None:
         return None
+    torn = _torn(records[at]) if point.mode == "torn" else None
+    if point.mode == "torn" and torn is None:
+        return None  # not a write of two bytes or more: the tracer kills before it, with a note (it runs)
     tmp = os.path.join(scratch, "tmp")
     roots = {os.path.join(golden_scratch, "out"): out, os.path.join(golden_scratch, "tmp"): tmp}
-    upto = [_moved(r, roots) for r in records[: cut + 1 if after else cut]]
+    upto = [_moved(r, roots) for r in records[: cut + 1 if after else cut] + ([torn] if torn else [])]
     if any(r is None for r in upto):
         return None  # an event outside {out} and the job's temp dir: nothing to rebuild it from
     os.makedirs(tmp, exist_ok=True)
@@ -176,6 +203,13 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
                              "when": point.mode, "ord": point.op, "path": event.get("path"), "materialized": True,
                              "rank": 0, "pid": last.get("pid"), "ts": last.get("ts", 0.0),
                              "seq": (last.get("seq") or 0) + (1 if after else 0)}
+    if torn is not None:  # as the interposer's short_write rule records it (faults.interposer._do_write)
+        fired = {"event": "fired", "rule": 0, "action": "short_write", "op": "write", "path": event.get("path"),
+                 "paths": [event.get("path")], "spec": TORN_RULE.to_dict(), "step": None,
+                 "offset": event.get("offset"), "length": event.get("length"), "written": torn["length"],
+                 "op_seq": event.get("seq"), "byte": None, "ord": point.op, "when": "torn", "materialized": True,
+                 "seq": (event.get("seq") or 0) + 1, "rank": 0, "pid": event.get("pid"), "ts": event.get("ts", 0.0)}
+        lines = [*lines, {k: v for k, v in torn.items() if k != "data"}]  # its bytes: in the .data file already
     if halt:
         fired["dst"] = event.get("dst")
     last_ord = point.op
