@@ -355,12 +355,6 @@ def _mounted(path: str) -> bool:
     return any(m["mount_point"] == path for m in mountinfo())
 
 
-def _fuse_mountpoints(prefix: str) -> list[str]:
-    from faults.disk import mounts_under
-
-    return mounts_under(prefix)
-
-
 def loop_attach(image: str, direct_io: bool = False) -> str:
     """Attach ``image`` to a free loop device (buffered unless ``direct_io``); its path."""
     dev = _run(["losetup", "--find", "--show", f"--direct-io={'on' if direct_io else 'off'}", image],

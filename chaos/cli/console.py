@@ -152,10 +152,6 @@ class LiveProgress:
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(*exc)
 
-    def set_note(self, note: str) -> None:
-        self.note = note
-        self.progress.update(self.campaign, detail=escape(note))
-
     def start(self, scenario) -> None:  # noqa: ANN001 - a chaos.plan.scenario.Scenario
         self.steps = scenario.workload.steps
         self.task = self.progress.add_task(escape(scenario.id[:48]), total=self.steps, phase="starting", detail="")
