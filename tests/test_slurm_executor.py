@@ -229,6 +229,21 @@ def test_a_task_record_that_is_not_one_is_named(tmp_path: Path) -> None:
         _read_record(bad)
 
 
+def test_a_record_of_another_harness_version_is_named_not_a_traceback(tmp_path: Path) -> None:
+    from chaos.model.jobspec import parse_point
+    from chaos.run.slurmexec import SlurmError, rebuild
+
+    point = parse_point("rank0:op3:after")
+    good = {"attempts": [{"attempt": 0, "argv": ["python"], "returncodes": [-9]}], "applied": None}
+    rec = rebuild(point, str(tmp_path), {}, good, tmp_path / "00001.json")
+    assert rec.attempts[0].returncodes == [-9] and rec.point == point
+    newer = {"attempts": [{"attempt": 0, "argv": ["python"], "returncodes": [0], "gpu_seconds": 3.0}]}
+    with pytest.raises(SlurmError, match=r"00002.json: not a point record this harness writes \(TypeError"):
+        rebuild(point, str(tmp_path), {}, newer, tmp_path / "00002.json")
+    with pytest.raises(SlurmError, match="another version"):
+        rebuild(point, str(tmp_path), {}, {"attempts": [{}]}, tmp_path / "00003.json")
+
+
 def _run_local(env: dict[str, str], tmp_path: Path) -> str:
     done = _chaos(env, "--jobs", "4", *OPTIONS, "--json", str(tmp_path / "local.json"), "--", *CARELESS)
     assert done.returncode == 1, done.stderr

@@ -208,10 +208,7 @@ class SlurmExecutor:
             if data.get("budget"):
                 continue  # not started: the --budget ran out first, as a local run leaves it out
             run = new_run(root, f"point-{i:05d}")
-            rec = PointRecord(point, run.out, [AttemptOutcome(**a) for a in data["attempts"]],
-                              read_traces(run.scratch, run.out), data.get("after_kill"),
-                              Applied(**data["applied"]) if data.get("applied") else None,
-                              data.get("before_fault"), data.get("untraced") or [])
+            rec = rebuild(point, run.out, read_traces(run.scratch, run.out), data, path)
             res = PointResult(job, point, judge(job, ref.golden, rec), rec, seed, float(data.get("seconds", 0.0)))
             results.append(res)
             if on_result:
@@ -300,6 +297,20 @@ def _tail(path: Path, chars: int = 300) -> str:
 def _budget_out(array_dir: Path, index: int) -> bool:
     path = array_dir / "done" / f"{index:05d}.json"
     return path.is_file() and bool(_read_record(path).get("budget"))
+
+
+def rebuild(point: Point, out: str, traces: dict[tuple[int, int], list[dict[str, Any]]], data: dict[str, Any],
+            path: Path) -> PointRecord:
+    """The ``PointRecord`` a task's record (``_record``) and the traces it left stand for; SlurmError naming
+    ``path`` where the record is not one this harness writes (a task of another version, say)."""
+    try:
+        attempts = [AttemptOutcome(**a) for a in data["attempts"]]
+        applied = Applied(**data["applied"]) if data.get("applied") else None
+    except (TypeError, KeyError, ValueError) as exc:
+        raise SlurmError(f"{path}: not a point record this harness writes ({type(exc).__name__}: {exc}); "
+                         "do the array's nodes run another version of it?") from None
+    return PointRecord(point, out, attempts, traces, data.get("after_kill"), applied, data.get("before_fault"),
+                       data.get("untraced") or [])
 
 
 def _read_record(path: Path) -> dict[str, Any]:
