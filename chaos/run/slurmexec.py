@@ -151,7 +151,7 @@ class SlurmExecutor:
                 self._follow(job, ref, chosen, root, seed, arrays[-1], judged, results, on_result, keep)
             self._lost(job, chosen, root, seed, arrays, share, judged, results, on_result)
         except BaseException:
-            self._cancel(arrays)
+            self._cancel([a["job_id"] for a in self.record["arrays"]])  # each one sbatch accepted, even mid-_submit
             if isinstance(sys.exc_info()[1], KeyboardInterrupt):
                 self._collect(job, ref, chosen, root, seed, judged, results, on_result, keep)
                 for i, point in enumerate(chosen):  # started by a task (its folder is there), never finished
@@ -240,9 +240,8 @@ class SlurmExecutor:
             if on_result:
                 on_result(res)
 
-    def _cancel(self, arrays: list[_Array]) -> None:
+    def _cancel(self, ids: list[str]) -> None:
         """scancel every array submitted, and wait (bounded) until none of its tasks is left."""
-        ids = [a.job_id for a in arrays]
         if not ids:
             return
         _slurm("scancel", *ids, check=False)
