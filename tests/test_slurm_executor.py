@@ -119,6 +119,24 @@ def test_an_array_run_gives_the_local_run_s_points_and_verdicts(slurm, tmp_path:
 
 
 @real
+def test_materialized_points_run_in_the_array_as_they_run_here(slurm, tmp_path: Path) -> None:
+    """--materialize: each task rebuilds its points' first attempts from the fault-free run in the shared
+    scratch root (plan.json's replay_from), and the verdicts are the local run's."""
+    _cluster, env = slurm
+    runs = {}
+    for name, extra in (("local", []), ("slurm", ["--executor", "slurm", "--jobs", "2"])):
+        done = _chaos(env, *extra, "--materialize", "--faults", "kill,corrupt", *OPTIONS,
+                      "--json", str(tmp_path / f"{name}.json"), "--", *CARELESS)
+        assert done.returncode == 1, done.stderr
+        runs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    assert _verdicts(runs["slurm"]) == _verdicts(runs["local"])
+    rebuilt = [s["id"] for s in runs["slurm"]["scenarios"] if s["attempts"] and s["attempts"][0].get("materialized")]
+    assert len(rebuilt) >= 4, rebuilt
+    assert rebuilt == [s["id"] for s in runs["local"]["scenarios"]
+                       if s["attempts"] and s["attempts"][0].get("materialized")]
+
+
+@real
 def test_a_task_lost_before_its_points_is_retried_once_and_the_run_is_the_same(slurm, tmp_path: Path) -> None:
     _cluster, env = slurm
     local = json.loads(_run_local(env, tmp_path))
