@@ -110,7 +110,10 @@ class _SaveScope:
             # checkpoint): it hurts only what a following fsync of that path would have covered.
             hit = sorted(self.unsynced.get(path, ()))
         elif op == "close" and path not in self.created:
-            hit = sorted(self.unsynced.get(path, ()))  # closing what the save never wrote (rmtree's dir fds)
+            # Closing what the save never wrote: a directory fd (rmtree's, a read of `latest` below the root,
+            # one whose fsync already ran) or a read-only file. No data rides on such a close: the fsync
+            # before it covered the directory's entries or failed on its own, and a read loses nothing.
+            hit = []
         elif op in ("write", "truncate", "open", "close") or rec.get("action") == "short_write":
             hit = [path]
         elif op in ("fsync", "fdatasync"):
