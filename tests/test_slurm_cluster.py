@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import live_holders
 
 from chaos import scratch
 from chaos.cli.main import main
@@ -33,27 +34,6 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def _live_holders(root: Path) -> list[str]:
-    """Live processes (not zombies) whose command line, cwd or an open file names ``root``."""
-    found, needle = [], str(root)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            links = [os.readlink(f"/proc/{entry}/cwd")]
-            links += [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
-        except OSError:
-            continue
-        if needle in cmdline or any(link.startswith(needle) for link in links):
-            found.append(f"{entry}: {cmdline[:120]}")
-    return found
 
 
 def _claimed_root() -> Path:
@@ -90,7 +70,7 @@ def test_start_runs_real_jobs_and_stop_leaves_no_daemon_job_or_file(tmp_path, ca
         code, out, err = _cli(capsys, "slurm", "stop", "--root", str(root))
     assert code == 0 and "root removed" in out, out + err
     assert not root.exists()
-    assert _live_holders(root) == []  # no daemon, no slurmstepd, no job's sleep
+    assert live_holders(root) == []  # no daemon, no slurmstepd, no job's sleep
     code, out, _ = _cli(capsys, "slurm", "status", "--root", str(root))
     assert code == 0 and "not running" in out
 
@@ -124,7 +104,7 @@ def test_the_cluster_of_a_sigkilled_starter_is_swept(tmp_path, claims):
         swept = scratch.sweep()
         assert [s.pid for s in swept] == [p.pid] and not swept[0].refused, swept
         assert swept[0].stopped == [f"slurm {root}"]
-        assert not root.exists() and _live_holders(root) == []
+        assert not root.exists() and live_holders(root) == []
     finally:
         if p.poll() is None:
             p.kill()

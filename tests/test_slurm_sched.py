@@ -10,7 +10,6 @@ process of the job is left.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from procs import live_holders
 
 from chaos import scratch
 from chaos.cli.main import main
@@ -160,26 +160,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSlurm]:
             c.stop()
 
 
-def _live(needle: str) -> list[str]:
-    """Live processes (not zombies) whose command line or cwd names ``needle``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-        except OSError:
-            continue
-        if needle in cmdline or cwd.startswith(needle):
-            found.append(f"{entry}: {cmdline[:120]}")
-    return found
-
-
 def _run(cluster: PrivateSlurm, tmp_path: Path, capsys, example: str, *points: str) -> dict[str, dict[str, Any]]:
     """``chaos run --launcher sbatch`` on an example job at ``points``; each point's results entry by id.
     Checks that Slurm's queue is empty afterwards and no process of the job is left."""
@@ -192,7 +172,7 @@ def _run(cluster: PrivateSlurm, tmp_path: Path, capsys, example: str, *points: s
     capsys.readouterr()
     queue = cluster.command("squeue", "-h", "-o", "%i %T").stdout.strip()
     assert queue == "", f"Slurm jobs left: {queue}"
-    assert _live(str(tmp_path)) == []
+    assert live_holders(str(tmp_path)) == []
     return {s["id"]: s for s in json.loads(results.read_text())["scenarios"]}
 
 
@@ -281,4 +261,4 @@ def test_an_interrupted_attempt_leaves_no_slurm_job_and_no_process(cluster, tmp_
     first = got["outcomes"][0]
     assert first.interrupted and first.slurm["state"] == "CANCELLED" and not first.ok
     assert cluster.command("squeue", "-h", "-o", "%i").stdout.strip() == ""
-    assert _live(str(tmp_path)) == []
+    assert live_holders(str(tmp_path)) == []
