@@ -135,12 +135,12 @@ class SlurmExecutor:
                             "replay_from": replay_source(job, ref, p)} for i, p in enumerate(chosen)]}
         write_json_atomic(array_dir / PLAN, plan, indent=1)
         self.record.update({"kind": "slurm", "tasks": tasks, "arrays": [], "retried": [], "lost": []})
-        judged: set[int] = set()
+        judged: set[int] = set()  # every point whose record was read: judged, or left out by the --budget
         arrays: list[_Array] = []
         try:
             arrays.append(self._submit(job, array_dir, list(range(tasks)), 0))
             self._follow(job, ref, chosen, root, seed, arrays[-1], judged, results, on_result, keep)
-            left = sorted({share[i] for i in range(len(chosen)) if i not in judged and not _budget_out(array_dir, i)})
+            left = sorted({share[i] for i in range(len(chosen)) if i not in judged})
             if left:
                 states = _states(arrays[-1].job_id)
                 self.say(f"slurm: task(s) {', '.join(map(str, left))} of array job {arrays[-1].job_id} ended with "
@@ -223,7 +223,7 @@ class SlurmExecutor:
         array_dir = Path(root) / "array"
         states = _states(arrays[-1].job_id) if arrays else {}
         for i, point in enumerate(chosen):
-            if i in judged or _budget_out(array_dir, i):
+            if i in judged:
                 continue
             task = share[i]
             log = array_dir / f"task-{task}-try{arrays[-1].attempt}.log"
@@ -260,8 +260,7 @@ def _queued(job_id: str) -> dict[int, str]:
     found: dict[int, str] = {}
     for line in done.stdout.splitlines():
         task, _, state = line.strip().partition("|")
-        if task.isdigit() and state not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-                                            "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"):
+        if task.isdigit() and state not in sbatch.TERMINAL:
             found[int(task)] = state
     return found
 
@@ -291,11 +290,6 @@ def _tail(path: Path, chars: int = 300) -> str:
             return " ".join(f.read().decode(errors="replace").split())
     except OSError:
         return ""
-
-
-def _budget_out(array_dir: Path, index: int) -> bool:
-    path = array_dir / "done" / f"{index:05d}.json"
-    return path.is_file() and bool(_read_record(path).get("budget"))
 
 
 def rebuild(point: Point, out: str, traces: dict[tuple[int, int], list[dict[str, Any]]], data: dict[str, Any],
