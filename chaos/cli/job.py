@@ -38,6 +38,7 @@ from chaos.model.jobspec import (
     MODES,
     JobSpec,
     Point,
+    check_sbatch_options,
     parse_point,
     replay_point,
 )
@@ -167,11 +168,9 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
                   sbatch_options=tuple(args.sbatch_opt))
     if args.executor_opt and args.executor != "slurm":
         raise ConfigError("--executor-opt is for --executor slurm")
-    for opt in args.executor_opt:
-        if not opt.startswith("-") or opt.split("=", 1)[0] in ("--array", "-a", "--output", "-o", "--wrap",
-                                                              "--parsable", "--chdir", "-D", "--export"):
-            raise ConfigError(f"--executor-opt {opt!r}: give an sbatch option as --name=value (the harness sets "
-                              "--array, --output, --chdir, --export and the task's command itself)")
+    check_sbatch_options("--executor-opt", args.executor_opt,
+                         ("--array", "-a", "--output", "-o", "--wrap", "--parsable", "--chdir", "-D", "--export"),
+                         "--array, --output, --chdir, --export and the task's command itself")
     if args.executor == "slurm" and job.launcher == "sbatch":
         raise ConfigError("--executor slurm with --launcher sbatch: each array task would submit the job's batch "
                           "jobs and wait for them, holding a slot they may need; run one or the other")

@@ -609,11 +609,19 @@ def _check_launcher(job: JobSpec) -> None:
         if bad:
             raise ConfigError(f"--faults {','.join(bad)} with --launcher sbatch: only "
                               f"{','.join(KINDS_WITH_SBATCH)} are explored on a job Slurm launches")
-    for opt in job.sbatch_options:
-        if not opt.startswith("-") or opt.split("=", 1)[0] in ("--requeue", "--no-requeue", "--output", "-o",
-                                                             "--error", "-e", "--wrap", "--parsable"):
-            raise ConfigError(f"--sbatch-opt {opt!r}: give an sbatch option as --name=value (the harness sets "
-                              "--requeue, --output, --error and the batch script itself)")
+    check_sbatch_options("--sbatch-opt", job.sbatch_options,
+                         ("--requeue", "--no-requeue", "--output", "-o", "--error", "-e", "--wrap", "--parsable"),
+                         "--requeue, --output, --error and the batch script itself")
+
+
+def check_sbatch_options(flag: str, options: Iterable[str], reserved: tuple[str, ...], harness_sets: str) -> None:
+    """ConfigError unless each of ``options`` is an sbatch option (``--name=value``) the harness does not set
+    itself (``reserved``). For ``--sbatch-opt`` (the job's batch job, here) and ``--executor-opt`` (the
+    Slurm executor's array, ``cli.job``)."""
+    for opt in options:
+        if not opt.startswith("-") or opt.split("=", 1)[0] in reserved:
+            raise ConfigError(f"{flag} {opt!r}: give an sbatch option as --name=value (the harness sets "
+                              f"{harness_sets})")
 
 
 def _parse_node_point(text: str) -> Point:
