@@ -5,6 +5,7 @@ a JSON-serialisable record of exactly what was done comes out, so the run record
 the oracles and ``chaos replay`` all read the same description of a fault.
 
     interposer   in-rank I/O tracing and fault actions at the Nth op, byte X, or a phase
+    shim         the native tracer (chaosio.c, LD_PRELOAD over libc's file calls): built and bound
     crashstate   power-loss states (ALICE / LazyFS model) built from an I/O trace
     corrupt      at-rest corruption of committed files (truncate, bit flips, ...)
     disk         real ENOSPC: private tmpfs mounts and pre-filled file systems

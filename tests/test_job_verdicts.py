@@ -99,8 +99,10 @@ PLAIN = """
 # step-5 checkpoint, 4-6 open/write/close of final.pkl, after steps 6 and 7 were announced.
 AT_FINAL = "rank0:op4:power"
 
-# Weights written by a native writer the tracer does not see (libc through ctypes), metadata by
-# Python's open: the shape of an HDF5 checkpoint written through h5py beside a JSON file.
+# Weights written by a native writer (libc through ctypes), metadata by Python's open: the shape of
+# an HDF5 checkpoint written through h5py beside a JSON file. The native tracer sees such writes
+# (tests/test_native_tracer.py); these tests run with --no-native-trace, as for a writer nothing
+# sees (raw syscalls, a static binary), to check what the harness says about untraced files.
 NATIVE = """
     import argparse, ctypes, json, os
     ap = argparse.ArgumentParser()
@@ -249,7 +251,7 @@ def test_a_power_cut_that_erased_every_checkpoint_matching_the_glob_is_lost_work
 def test_a_file_no_traced_event_explains_is_named_with_its_sizes(tmp_path: Path) -> None:
     native = script(tmp_path, "native.py", NATIVE)
     # killed right after the step-4 metadata was written, before its weights: the resume raises
-    proc, doc = run(tmp_path, "--loss-regex", LOSS, "--point", "rank0:op4:after", "--", *native)
+    proc, doc = run(tmp_path, "--loss-regex", LOSS, "--point", "rank0:op4:after", "--no-native-trace", "--", *native)
     s = by_id(doc)["rank0:op4:after"]
     weights = {"file": "weights.bin", "size_before": None, "size_after": 16384, "how": "written by no traced event"}
     assert s["untraced_changes"] == [weights]
@@ -263,7 +265,7 @@ def test_a_file_no_traced_event_explains_is_named_with_its_sizes(tmp_path: Path)
 
 def test_a_power_loss_keeps_an_untraced_file_as_it_was_and_names_it(tmp_path: Path) -> None:
     native = script(tmp_path, "native.py", NATIVE)
-    proc, doc = run(tmp_path, "--loss-regex", LOSS, "--point", "rank0:op5:power", "--", *native)
+    proc, doc = run(tmp_path, "--loss-regex", LOSS, "--point", "rank0:op5:power", "--no-native-trace", "--", *native)
     s = by_id(doc)["rank0:op5:power"]
     applied = s["fault_applied"]
     assert applied["files_before"] == ["meta.json", "weights.bin"] and applied["files_after"] == ["weights.bin"]
@@ -284,7 +286,7 @@ def test_a_full_disk_that_only_an_untraced_writer_hit_is_judged(tmp_path: Path) 
     native = script(tmp_path, "native.py", NATIVE)
     # two pages: meta.json takes one, weights.bin gets one of its four and fails with ENOSPC in C
     proc, doc = run(tmp_path, "--loss-regex", LOSS, "--point", "disk:full:8192", "--point", "disk:full:1048576",
-                    "--", *native)
+                    "--no-native-trace", "--", *native)
     assert proc.returncode == 1, proc.stdout
     full, roomy = by_id(doc)["disk:full:8192"], by_id(doc)["disk:full:1048576"]
     assert full["outcome"] == "hard_failure", full["summary"]

@@ -92,6 +92,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-preload", action="store_true",
                    help="do not import, in the interpreters started ahead of an attempt, the modules the "
                         "fault-free run imported before its first file event (torch, numpy, ...)")
+    p.add_argument("--no-native-trace", action="store_true",
+                   help="do not preload the native tracer (faults/chaosio.c), which sees and faults writes from "
+                        "native code (h5py, a C++ writer, an msync) and from the processes the job starts")
     p.add_argument("--modes", default=",".join(MODES), metavar="M,...",
                    help="kill points at a file event: before, after, torn (default all)")
     p.add_argument("--faults", default=None, metavar="K,...",
@@ -164,7 +167,7 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
                   timeout_s=args.timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m),
                   faults=tuple(f for f in args.faults.split(",") if f) if args.faults is not None else None,
                   grace_s=args.grace, net_hold_s=args.net_hold, nodes=args.nodes, node_hold_s=args.node_hold,
-                  preload=not args.no_preload, materialize=args.materialize, launcher=args.launcher,
+                  preload=not args.no_preload, native_trace=not args.no_native_trace, materialize=args.materialize, launcher=args.launcher,
                   sbatch_options=tuple(args.sbatch_opt))
     if args.executor_opt and args.executor != "slurm":
         raise ConfigError("--executor-opt is for --executor slurm")

@@ -50,6 +50,8 @@ from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
 from chaos.nemesis import netcut
+from faults import shim
+from faults.errors import Unsupported
 
 if TYPE_CHECKING:
     from faults.network import NetworkLab
@@ -209,7 +211,33 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
         env[S.ENV_LOSS_REGEX] = job.loss_regex
     if point is not None and attempt == 0 and point.in_rank:
         env[S.ENV_POINT] = json.dumps(point.env())
+    lib = native_tracer(job, os.path.dirname(os.path.dirname(os.path.abspath(trace_dir))))
+    if lib is not None:
+        env["LD_PRELOAD"] = " ".join(p for p in (lib, env.get("LD_PRELOAD")) if p)
     return env
+
+
+def native_tracer(job: S.JobSpec, root: str) -> str | None:
+    """The native tracer's library for ``job``'s attempts, built once in the exploration ``root``
+    (``faults.shim``); None with ``--no-native-trace`` or where it cannot be built (the reason:
+    :func:`native_tracer_problem`)."""
+    if not job.native_trace:
+        return None
+    try:
+        return shim.build(os.path.join(root, "shim"))
+    except Unsupported:
+        return None
+
+
+def native_tracer_problem(job: S.JobSpec, root: str) -> str | None:
+    """Why ``job``'s native writes go untraced, or None where the native tracer is on."""
+    if not job.native_trace:
+        return None
+    try:
+        shim.build(os.path.join(root, "shim"))
+    except Unsupported as e:
+        return str(e)
+    return None
 
 
 def requests(trace_dir: str, name: str) -> list[dict[str, Any]]:

@@ -326,6 +326,7 @@ class JobSpec:
     nodes: int | None = None                # --nodes N: one torchrun agent per simulated node (nodes.py)
     node_hold_s: float = DEFAULT_NODE_HOLD_S  # --node-hold: a link point's node stays cut off this long
     preload: bool = True                    # --no-preload: False
+    native_trace: bool = True               # --no-native-trace: False (faults/chaosio.c not preloaded)
     materialize: bool = False               # --materialize: a kill point's attempt 0 rebuilt from the trace
     launcher: str = "subprocess"            # --launcher: subprocess | sbatch (a Slurm batch job, chaos.launch.sbatch)
     sbatch_options: tuple[str, ...] = ()    # --sbatch-opt: passed to sbatch as given (--signal=..., --partition=...)
@@ -451,6 +452,8 @@ class JobSpec:
             args += ["--net-hold", repr(self.net_hold_s)]
         if not self.preload:
             args += ["--no-preload"]
+        if not self.native_trace:
+            args += ["--no-native-trace"]
         if self.materialize:
             args += ["--materialize"]
         if self.nodes is not None:
@@ -489,7 +492,8 @@ class JobSpec:
                    grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)),
                    net_hold_s=float(spec.get("net_hold_s", DEFAULT_NET_HOLD_S)), cwd=spec.get("cwd") or os.getcwd(),
                    nodes=spec.get("nodes"), node_hold_s=float(spec.get("node_hold_s", DEFAULT_NODE_HOLD_S)),
-                   preload=spec.get("preload", True) is not False, materialize=spec.get("materialize") is True,
+                   preload=spec.get("preload", True) is not False,
+                   native_trace=spec.get("native_trace", True) is not False, materialize=spec.get("materialize") is True,
                    launcher=str(spec.get("launcher") or "subprocess"),
                    sbatch_options=tuple(str(o) for o in spec.get("sbatch_options") or ()))
 
@@ -503,6 +507,7 @@ class JobSpec:
                 "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
                 "net_hold_s": self.net_hold_s, "cwd": self.cwd, "nodes": self.nodes,
                 "node_hold_s": self.node_hold_s, **({} if self.preload else {"preload": False}),
+                **({} if self.native_trace else {"native_trace": False}),
                 **({"materialize": True} if self.materialize else {}),
                 **({"launcher": self.launcher, "sbatch_options": list(self.sbatch_options)}
                    if self.launcher != "subprocess" else {})}

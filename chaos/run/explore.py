@@ -389,6 +389,7 @@ class Reference:
     untraced_changes: list[dict[str, Any]] = field(default_factory=list)  # atrest.untraced_changes, fault-free
     preload: tuple[str, ...] = ()  # imported before each attempt's gate (launch.preload.choose)
     same_events: bool = True  # both fault-free runs traced the same kinds of file event, in the same order
+    native_trace: bool = False  # faults/chaosio.c was preloaded: native writes and child processes traced
 
     def lookup(self, job: JobSpec, point: Point) -> Point:
         """A replayed point with what the fault-free run did there (any kind, asked for or not).
@@ -410,6 +411,7 @@ class Reference:
                 "loss_steps": {str(r): len(c) for r, c in sorted(self.golden.losses.items())},
                 "notes": self.notes, "seconds": round(self.seconds, 3), "untraced_files": self.untraced,
                 "untraced_changes": self.untraced_changes, "preloaded": list(self.preload),
+                "native_trace": self.native_trace,
                 "file_events": {str(r): n for r, n in sorted(self.events.items())},
                 "peak_out_bytes": self.facts.peak or None,
                 "network": "each rank in its own network namespace (a NetworkLab per run)" if self.netlab
@@ -478,6 +480,9 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                      + "; ".join(f"{u['file']}: {u['how']} ({_size(u['size_before'])} -> {_size(u['size_after'])})"
                                  for u in changes[:5])
                      + ". A point's record names such files; power loss keeps them as they were at the cut")
+    native = launch.native_tracer_problem(job, root)
+    if native:
+        notes.append(f"writes from native code and from processes the job starts are not traced: {native}")
     acks = any(x.get("name") == "chaos.probe" and x.get("info", {}).get("kind") == "saved"
                for recs_ in traces.values() for x in recs_)
     loss_source = losscurve.source(traces)
@@ -509,7 +514,8 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
         notes.append("--materialize: the two fault-free runs traced different file events, so one trace cannot "
                      "stand for every run; every point runs to the point")
     return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
-                     traces, facts, job.nodes, changes, preloaded, same), runs[0]
+                     traces, facts, job.nodes, changes, preloaded, same,
+                     job.native_trace and native is None), runs[0]
 
 
 def _size(n: Any) -> str:

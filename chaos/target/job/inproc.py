@@ -129,6 +129,7 @@ class JobInterposer(Interposer):
             self._anchor = (str(kind), str(path), int(nth))
             self.point = {**point, "op": None}  # no ordinal matches until the anchor's event comes
         self._ord = 0
+        self.next_ord: Any = None  # set by native.attach: the rank's shared event counter
         self._cur: int | None = None
         self._errored = False  # an enospc / eio point fired: kill at the next announced step
         self._net_fired = False  # a net point fires once
@@ -170,8 +171,11 @@ class JobInterposer(Interposer):
         # Called exactly once per traced op, before it is performed, under the lock.
         if self._imports is not None:
             self._write_imports()
-        self._cur = self._ord
-        self._ord += 1
+        if self.next_ord is None:
+            self._cur = self._ord
+            self._ord += 1
+        else:  # the native tracer's counter, shared with the processes this rank starts (native.py)
+            self._cur = self.next_ord()
         if self._anchor is not None:
             self._count(kind, paths)
         if self._target("torn"):
@@ -204,6 +208,8 @@ class JobInterposer(Interposer):
 
     def _op(self, kind: str, **fields: Any) -> dict[str, Any]:
         fields.setdefault("ord", self._cur)
+        if getattr(self._tls, "native", False):
+            fields["native"] = True  # made by native code, handed over by the native tracer (native.py)
         rec = super()._op(kind, **fields)
         if fields["ord"] == self._cur:
             if self._target("after"):
@@ -523,7 +529,11 @@ def install() -> JobInterposer | None:
     _installed = ix
     env[S.ENV_BOOTED] = str(pid)
     env[S.PROBE_FILE_ENV] = os.path.join(tdir, f"probe-r{rank}-a{attempt}-p{pid}.jsonl")
-    ix.note_start(attempt)
+    if "chaosio" in env.get("LD_PRELOAD", ""):  # the native tracer (launch.job.job_env)
+        from chaos.target.job import native
+
+        native.attach(ix, rank, attempt, tdir, point)
+    ix.note_start(attempt)  # after attach: the variable it exports is the harness's, not the job's
     if env.get(S.ENV_CHILDREN) != "1":
         os.register_at_fork(after_in_child=_forget)
     step_rx, loss_rx = env.get(S.ENV_STEP_REGEX), env.get(S.ENV_LOSS_REGEX)

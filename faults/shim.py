@@ -1,0 +1,114 @@
+"""The native tracer (``chaosio.c``): built here, loaded into a job by ``LD_PRELOAD``, bound here.
+
+The Python interposer sees what Python code writes; a job's native writers (HDF5 through
+h5py, a C++ or Rust data writer, a ``dd`` it starts, an ``msync`` of a memmap) go round
+it. ``chaosio.c`` sits beneath them, over libc's file calls, and either hands each call
+to the rank's Python interposer (``register``: one trace, one ordinal sequence, one set
+of point rules) or, in a process the interposer does not run in, writes the same records
+and fires the point itself. Its header says what it cannot see.
+
+Who calls what: ``chaos.launch.job.job_env`` calls :func:`build` once per exploration
+root and puts the library in every attempt's ``LD_PRELOAD``; the rank's boot path
+(``chaos.target.job.native.attach``) calls :func:`loaded`, :func:`register` and
+:func:`configure`, and :func:`off` at exit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from faults.errors import Unsupported
+
+SOURCE = Path(__file__).with_name("chaosio.c")
+PASS = -(1 << 40)  # the handler's answer "not mine: perform it untraced"
+ENV_CONF = "CHAOS_SHIM"  # a process the rank starts reads its configuration here (standalone mode)
+# What the library hands the handler, by ``kind`` (chaosio.c's enum).
+KINDS = {1: "open", 2: "write", 3: "pwrite", 4: "fsync", 5: "fdatasync", 6: "truncate", 7: "rename",
+         8: "unlink", 9: "mkdir", 10: "rmdir", 11: "close", 12: "msync"}
+HANDLER = ctypes.CFUNCTYPE(ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                           ctypes.c_char_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_longlong,
+                           ctypes.c_int, ctypes.c_int)
+
+
+def build(dest: str) -> str:
+    """The library compiled from ``chaosio.c`` into ``dest`` (once per source: named by its hash).
+
+    Raises :class:`Unsupported` naming the reason where no C compiler works here; the
+    job is then traced by the Python interposer alone, and its results say so.
+    """
+    src = SOURCE.read_bytes()
+    lib = os.path.join(dest, f"chaosio-{hashlib.sha256(src).hexdigest()[:16]}.so")
+    if os.path.exists(lib):
+        return lib
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise Unsupported("the native tracer needs a C compiler (cc or gcc on PATH, or $CC); none was found")
+    os.makedirs(dest, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".chaosio-", suffix=".tmp", dir=dest)  # one per builder (threads too)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", tmp, str(SOURCE), "-ldl", "-lpthread"],
+                              capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        _unlink(tmp)
+        raise Unsupported(f"the native tracer did not build with {cc}: {e}") from e
+    if done.returncode != 0:
+        _unlink(tmp)
+        raise Unsupported(f"the native tracer did not build with {cc}: {done.stderr.strip()[-400:]}")
+    os.replace(tmp, lib)  # atomic: parallel attempts building at once each get a whole library
+    return lib
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def loaded() -> Any:
+    """The library's functions if this process has it preloaded; None otherwise."""
+    try:
+        me = ctypes.CDLL(None, use_errno=True)
+        me.chaos_shim_register  # noqa: B018 - present only where the library is loaded
+    except (OSError, AttributeError):
+        return None
+    me.chaos_shim_configure.argtypes = [ctypes.c_char_p]
+    me.chaos_shim_configure.restype = ctypes.c_int
+    me.chaos_shim_register.argtypes = [HANDLER]
+    me.chaos_shim_register.restype = None
+    me.chaos_shim_off.argtypes = []
+    me.chaos_shim_off.restype = None
+    me.chaos_shim_next_ord.argtypes = []
+    me.chaos_shim_next_ord.restype = ctypes.c_longlong
+    me.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    me.msync.restype = ctypes.c_int
+    return me
+
+
+def conf(rank: int, attempt: int, trace_dir: str, roots: list[str], ord_file: str,
+         point: tuple[str, int] | None) -> str:
+    """The configuration string ``chaosio.c`` parses (``rank=R;attempt=A;trace=..;roots=..;ord=..``)."""
+    for value in (trace_dir, ord_file, *roots):
+        if any(c in value for c in ";:\n"):
+            raise Unsupported(f"the native tracer cannot name the path {value!r} (it has ';' or ':')")
+    text = f"rank={rank};attempt={attempt};trace={trace_dir};roots={':'.join(roots)};ord={ord_file}"
+    return text + (f";point={point[0]}:{point[1]}" if point is not None else "")
+
+
+def register(lib: Any, handle: Callable[..., int]) -> Any:
+    """Hand every traced call to ``handle``; returns the callback object, which must be kept alive."""
+    cb = HANDLER(handle)
+    lib.chaos_shim_register(cb)
+    return cb
+
+
+__all__ = ["ENV_CONF", "KINDS", "PASS", "build", "conf", "loaded", "register"]

@@ -1,0 +1,156 @@
+"""The native tracer (faults/chaosio.c, issue #31): writes from native code and child processes.
+
+Real jobs, real ``chaos run``: an HDF5 checkpoint written by h5py's C library, a numpy
+memmap flushed with msync, a checkpoint written by a ``dd`` the job starts. Each is
+compared with ``--no-native-trace`` (the Python interposer alone), which misses them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chaos.model.jobspec import JobSpec
+from chaos.nemesis.atrest import merged_records
+from chaos.run import explore
+from faults import shim
+from faults.crashstate import CrashModel, Snapshot
+from faults.errors import Unsupported
+
+JOBS = Path(__file__).parent / "fixtures" / "nativejobs"
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="the native tracer is built with a C compiler; none here")
+
+
+def _run(tmp_path: Path, script: str, *opts: str) -> dict:
+    results = tmp_path / f"{script}-{len(list(tmp_path.iterdir()))}.json"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "--result-file", "final.json", "--seed", "1",
+                           "--json", str(results), *opts, "--", sys.executable, str(JOBS / script), "--out", "{out}"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert results.exists(), done.stdout + done.stderr
+    return json.loads(results.read_text())
+
+
+def _failing_paths(doc: dict) -> set[str]:
+    return {f.get("rel") or os.path.basename(f.get("path") or "") for s in doc["scenarios"]
+            if s["outcome"] == "hard_failure" for f in s["fired"]}
+
+
+def test_a_kill_in_the_middle_of_an_in_place_hdf5_save_is_a_hard_failure_naming_the_file(tmp_path: Path) -> None:
+    pytest.importorskip("h5py")
+    doc = _run(tmp_path, "h5py_job.py", "--faults", "kill", "--modes", "torn", "--max-points", "6")
+    assert doc["job"]["reference"]["native_trace"] is True
+    torn = [s for s in doc["scenarios"] if s["id"].endswith(":torn")]
+    assert torn and all(s["fired"] and s["fired"][0]["when"] == "torn" for s in torn)
+    hard = [s for s in torn if s["outcome"] == "hard_failure"]
+    assert hard, [(s["id"], s["outcome"], s["summary"]) for s in torn]
+    assert _failing_paths(doc) == {"ckpt.h5"}
+    assert "Unable to synchronously open" in json.dumps(hard[0]["oracles"]["liveness"])
+    # The Python interposer alone never sees HDF5's writes: no point lands in them, nothing fails.
+    blind = _run(tmp_path, "h5py_job.py", "--faults", "kill", "--modes", "torn", "--max-points", "6",
+                 "--no-native-trace")
+    assert blind["job"]["reference"]["native_trace"] is False
+    assert blind["job"]["spec"]["native_trace"] is False
+    assert not _failing_paths(blind)
+    assert blind["job"]["points_found"] < doc["job"]["points_found"]
+    assert any("ckpt.h5" in str(u) for u in blind["job"]["reference"]["untraced_changes"])
+    assert doc["job"]["reference"]["untraced_changes"] == []
+
+
+def test_a_kill_between_the_writes_of_a_child_process_is_a_hard_failure(tmp_path: Path) -> None:
+    doc = _run(tmp_path, "child_job.py", "--faults", "kill", "--modes", "after,torn", "--max-points", "10")
+    assert _failing_paths(doc) == {"ckpt.json"}
+    fired = [f for s in doc["scenarios"] if s["outcome"] == "hard_failure" for f in s["fired"]]
+    assert fired and all(f.get("native") is True and f.get("via") == "native" for f in fired)  # dd fired them
+    assert any("JSONDecodeError" in s["summary"] for s in doc["scenarios"] if s["outcome"] == "hard_failure")
+    blind = _run(tmp_path, "child_job.py", "--faults", "kill", "--modes", "after,torn", "--max-points", "10",
+                 "--no-native-trace")
+    assert not _failing_paths(blind)
+
+
+def test_a_memmap_flush_is_traced_as_the_bytes_it_made_durable(tmp_path: Path) -> None:
+    pytest.importorskip("numpy")
+    job = JobSpec(command=(sys.executable, str(JOBS / "memmap_job.py"), "--out", "{out}"),
+                  result_globs=("final.json",))
+    _ref, run = explore.reference(job, str(tmp_path / "x"), 1)
+    recs = [r for r in merged_records(run.scratch) if r.get("event") == "op"]
+    synced = [r for r in recs if r["op"] == "write" and r.get("via") == "msync"]
+    assert synced and all(r.get("native") and r["data"] is not None for r in synced)
+    final = Path(run.out, "ckpt.mm").read_bytes()
+    last = synced[-1]
+    assert final[last["offset"]: last["offset"] + last["length"]] == last["data"]
+    after = recs[recs.index(last) + 1]
+    assert (after["op"], after.get("via")) == ("fdatasync", "msync")
+
+
+def _every_change_kept(records: list[dict], out: str) -> dict[str, bytes]:
+    model = CrashModel(out, Snapshot(), records)
+    last = model.n_prefixes - 1
+    _names, files = model.contents(model.state(last, *model.extreme_choices(last)[1]))
+    return files
+
+
+def _tree(out: str) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in Path(out).rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python-only"])
+def test_a_power_loss_state_accounts_for_every_file_whatever_wrote_it(tmp_path: Path, native: bool) -> None:
+    pytest.importorskip("numpy")
+    job = JobSpec(command=(sys.executable, str(JOBS / "mixed_job.py"), "--out", "{out}"),
+                  result_globs=("final.json",), native_trace=native)
+    _ref, run = explore.reference(job, str(tmp_path / "x"), 1)
+    real = _tree(run.out)
+    assert set(real) == {"py.json", "dd.bin", "mm.bin", "final.json"}
+    rebuilt = _every_change_kept(merged_records(run.scratch), run.out)
+    if native:  # Python's writes, dd's and the memmap's: the trace alone rebuilds the tree
+        assert rebuilt == real
+    else:  # dd.bin and mm.bin's bytes are not in the record
+        assert rebuilt.get("py.json") == real["py.json"]
+        assert rebuilt.get("dd.bin") != real["dd.bin"] and rebuilt.get("mm.bin") != real["mm.bin"]
+
+
+def test_a_pure_python_job_is_traced_the_same_with_and_without_the_native_tracer(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "chaos" / "examples" / "careless_job.py"
+    shape = []
+    for native in (True, False):
+        job = JobSpec(command=(sys.executable, str(script), "--out", "{out}"), result_globs=("final.json",),
+                      native_trace=native)
+        ref, run = explore.reference(job, str(tmp_path / f"n{native}"), 1)
+        assert ref.native_trace is native
+        shape.append([(r["op"], os.path.basename(r.get("path") or ""), r.get("ord"), r.get("native"))
+                      for r in merged_records(run.scratch) if r.get("event") == "op"])
+    assert shape[0] == shape[1] and shape[0]
+
+
+def test_no_compiler_is_a_typed_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(Unsupported, match="no-such-cc"):
+        shim.build(str(tmp_path / "shim"))
+    assert not list((tmp_path / "shim").glob("*.so"))
+
+
+def test_standalone_records_are_json_whatever_the_file_name(tmp_path: Path) -> None:
+    """A process the interposer does not run in writes its own records: a hostile name stays data."""
+    lib = shim.build(str(tmp_path / "shim"))
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    out.mkdir()
+    trace.mkdir()
+    name = 'we"ird\\na\nme'
+    conf = shim.conf(0, 0, str(trace), [str(out)], str(trace / "ord-r0-a0"), None)
+    env = {**os.environ, "LD_PRELOAD": lib, shim.ENV_CONF: conf}
+    subprocess.run(["dd", f"of={out / name}", "bs=16", "status=none"], input=b"x" * 40, env=env, check=True)
+    recs = [json.loads(line) for f in trace.glob("trace-r0-a0-p*.jsonl") for line in f.read_text().splitlines()]
+    writes = [r for r in recs if r["op"] == "write"]
+    assert [r["length"] for r in writes] == [16, 16, 8]
+    assert {r["path"] for r in recs} == {str(out / name)}
+    assert [r["ord"] for r in recs] == list(range(len(recs)))  # numbered from the rank's shared counter
+    data = (trace / next(trace.glob("*.jsonl")).name).with_suffix(".jsonl.data").read_bytes()
+    assert data == b"x" * 40
