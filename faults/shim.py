@@ -16,18 +16,13 @@ root and puts the library in every attempt's ``LD_PRELOAD``; the rank's boot pat
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from faults.errors import Unsupported
 
-SOURCE = Path(__file__).with_name("chaosio.c")
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaosio.c")
 PASS = -(1 << 40)  # the handler's answer "not mine: perform it untraced"
 ENV_CONF = "CHAOS_SHIM"  # a process the rank starts reads its configuration here (standalone mode)
 # What the library hands the handler, by ``kind`` (chaosio.c's enum).
@@ -44,7 +39,13 @@ def build(dest: str) -> str:
     Raises :class:`Unsupported` naming the reason where no C compiler works here; the
     job is then traced by the Python interposer alone, and its results say so.
     """
-    src = SOURCE.read_bytes()
+    import hashlib  # here, not at the top: a rank imports this module to bind, never to build
+    import shutil
+    import subprocess
+    import tempfile
+
+    with open(SOURCE, "rb") as f:
+        src = f.read()
     lib = os.path.join(dest, f"chaosio-{hashlib.sha256(src).hexdigest()[:16]}.so")
     if os.path.exists(lib):
         return lib
@@ -55,7 +56,7 @@ def build(dest: str) -> str:
     fd, tmp = tempfile.mkstemp(prefix=".chaosio-", suffix=".tmp", dir=dest)  # one per builder (threads too)
     os.close(fd)
     try:
-        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", tmp, str(SOURCE), "-ldl", "-lpthread"],
+        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", tmp, SOURCE, "-ldl", "-lpthread"],
                               capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
         _unlink(tmp)

@@ -154,3 +154,29 @@ def test_standalone_records_are_json_whatever_the_file_name(tmp_path: Path) -> N
     assert [r["ord"] for r in recs] == list(range(len(recs)))  # numbered from the rank's shared counter
     data = (trace / next(trace.glob("*.jsonl")).name).with_suffix(".jsonl.data").read_bytes()
     assert data == b"x" * 40
+
+
+def test_points_fire_at_a_memmap_flush(tmp_path: Path) -> None:
+    """A kill before the msync's event and a power cut right after it: the event is a point like any other."""
+    pytest.importorskip("numpy")
+    job = JobSpec(command=(sys.executable, str(JOBS / "memmap_job.py"), "--out", "{out}"), result_globs=("final.json",))
+    _ref, run = explore.reference(job, str(tmp_path / "x"), 1)
+    synced = [r for r in merged_records(run.scratch) if r.get("event") == "op" and r.get("via") == "msync"
+              and r["op"] == "write"]
+    n = synced[0]["ord"]
+    doc = _run(tmp_path, "memmap_job.py", "--point", f"rank0:op{n}:before", "--point", f"rank0:op{n}:power")
+    kill, power = (next(s for s in doc["scenarios"] if s["id"] == f"rank0:op{n}:{m}") for m in ("before", "power"))
+    assert [(f["action"], f["op"], f["ord"], f["rel"]) for f in kill["fired"]] == [("kill", "write", n, "ckpt.mm")]
+    assert kill["outcome"] == "pass"  # the stores were in the page cache: a kill loses none of them
+    assert [(f["action"], f["ord"]) for f in power["fired"]] == [("halt", n)]
+    assert "ckpt.mm" in power["summary"] and power["outcome"] != "no_effect", power["summary"]
+
+
+def test_a_power_cut_in_a_child_process_is_applied(tmp_path: Path) -> None:
+    """The halt of a power-loss point fired by dd itself (standalone), then the crash state applied."""
+    doc = _run(tmp_path, "child_job.py", "--faults", "power", "--max-points", "6")
+    in_dd = [s for s in doc["scenarios"] if any(f.get("via") == "native" for f in s["fired"])]
+    assert in_dd, [(s["id"], s["fired"]) for s in doc["scenarios"]]
+    for s in in_dd:
+        assert [f["action"] for f in s["fired"]] == ["halt"]
+        assert s["fault_applied"] and s["outcome"] != "no_effect", s["summary"]

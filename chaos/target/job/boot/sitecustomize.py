@@ -98,6 +98,9 @@ def _boot() -> None:
                 sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
                     os.path.abspath(__file__)))))))
             from chaos.target.job.inproc import install
+
+            if "chaosio" in os.environ.get("LD_PRELOAD", ""):
+                import chaos.target.job.native  # noqa: F401 - binding the native tracer: before the gate
         finally:
             _preload(saved)
             _gate()  # a spare waits here even when the tracer failed to import
