@@ -171,14 +171,35 @@ static int absolute(int dirfd, const char *p, char *out) {
     return snprintf(out, PATH_MAX, "%s/%s", base, p) < PATH_MAX;
 }
 
+/* Where a path with "." or ".." components or a linked parent really leads: its parent
+ * resolved, its last name kept (an entry may not exist yet, or be a link itself). */
+static void canon(char *abs) {
+    char *slash = strrchr(abs, '/');
+    if (!slash || slash == abs) return;
+    *slash = 0;
+    char dir[PATH_MAX], name[PATH_MAX];
+    snprintf(name, sizeof name, "%s", slash + 1);
+    if (!realpath(abs, dir)) { *slash = '/'; return; }
+    if (!strcmp(name, "..") || !strcmp(name, ".")) {
+        char whole[PATH_MAX];
+        snprintf(whole, sizeof whole, "%s/%s", dir, name);
+        if (realpath(whole, abs)) return;
+    }
+    snprintf(abs, PATH_MAX, "%s/%s", strcmp(dir, "/") ? dir : "", name);
+}
+
 static int under(const char *abs) {
     for (int i = 0; i < nroots; i++)
         if (!strncmp(abs, roots[i], rootlen[i]) && (abs[rootlen[i]] == '/' || abs[rootlen[i]] == 0)) return 1;
-    return strstr(abs, "/..") != NULL;  /* the tracer decides where such a path really leads */
+    return 0;
 }
 
 static int ours(int dirfd, const char *p, char *abs) {
-    return configured && !inside && absolute(dirfd, p, abs) && under(abs);
+    if (!configured || inside || !absolute(dirfd, p, abs)) return 0;
+    if (!under(abs) && strstr(abs, "/.") == NULL) return 0;  /* only a dotted parent can lead into a root */
+    if (handler) return 1;  /* the interposer resolves it, and decides */
+    canon(abs);  /* standalone: the record names the real path, as the interposer's do */
+    return under(abs);
 }
 
 static int watched(int fd) { return configured && !inside && fd >= 0 && fd < MAXFD && fdpath[fd]; }
@@ -194,14 +215,30 @@ static void watch(int fd, const char *abs) {
 }
 
 /* ------------------------------------------------------------------ standalone records */
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 where the byte starts none. */
+static int utf8_len(const unsigned char *s) {
+    int n = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 && s[0] >= 0xC2 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3
+            : (s[0] & 0xF8) == 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    if (n == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0))) return 0;
+    if (n == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90))) return 0;
+    return n;
+}
+
+/* A JSON string of a path, as Python's json.dumps(os.fsdecode(path)) writes it: a byte that
+ * starts no valid UTF-8 sequence becomes its surrogate escape (\udcXX), so the record reads
+ * back as the same name and a hostile one never breaks the line. */
 static void json_str(char *o, size_t cap, const char *s) {
     size_t j = 0;
     if (j < cap) o[j++] = '"';
-    for (; s && *s && j + 7 < cap; s++) {
+    while (s && *s && j + 8 < cap) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') { o[j++] = '\\'; o[j++] = (char)c; }
-        else if (c < 0x20) j += (size_t)snprintf(o + j, cap - j, "\\u%04x", c);
-        else o[j++] = (char)c;
+        int n = utf8_len((const unsigned char *)s);
+        if (c == '"' || c == '\\') { o[j++] = '\\'; o[j++] = (char)c; s++; }
+        else if (c < 0x20) { j += (size_t)snprintf(o + j, cap - j, "\\u%04x", c); s++; }
+        else if (n == 0) { j += (size_t)snprintf(o + j, cap - j, "\\udc%02x", c); s++; }
+        else { for (int i = 0; i < n; i++) o[j++] = s[i]; s += n; }
     }
     if (j < cap) o[j++] = '"';
     o[j < cap ? j : cap - 1] = 0;
@@ -396,7 +433,7 @@ static ssize_t traced_write(int kind, int fd, const void *b, size_t n, off_t off
                             ssize_t (*real)(int, const void *, size_t, off_t)) {
     if (handler) {
         inside++;
-        long long r = handler(kind, fd, -1, fdpath[fd], NULL, b, n, (long long)off, 0, 0);
+        long long r = handler(kind, fd, -1, NULL, NULL, b, n, (long long)off, 0, 0);
         inside--;
         if (r != PASS) {
             if (r < 0) { errno = (int)-r; return -1; }
@@ -495,7 +532,7 @@ ssize_t pwritev64(int fd, const struct iovec *v, int c, off_t o) {
 static int traced_fdop(int kind, const char *op, int fd, long long arg, int (*real)(int, long long)) {
     if (handler) {
         inside++;
-        long long r = handler(kind, fd, -1, fdpath[fd], NULL, NULL, 0, arg, 0, 0);
+        long long r = handler(kind, fd, -1, NULL, NULL, NULL, 0, arg, 0, 0);
         inside--;
         if (r != PASS) {
             if (kind == K_CLOSE) watch(fd, NULL);

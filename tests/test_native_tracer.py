@@ -156,6 +156,21 @@ def test_standalone_records_are_json_whatever_the_file_name(tmp_path: Path) -> N
     assert data == b"x" * 40
 
 
+def test_standalone_records_name_the_real_path_even_for_bytes_that_are_no_utf8(tmp_path: Path) -> None:
+    lib = shim.build(str(tmp_path / "shim"))
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    (out / "sub").mkdir(parents=True)
+    trace.mkdir()
+    conf = shim.conf(0, 0, str(trace), [str(out)], str(trace / "ord-r0-a0"), None)
+    env = {**os.environ, "LD_PRELOAD": lib, shim.ENV_CONF: conf}
+    odd = os.fsencode(out) + b"/sub/../bad\xffname"  # a dotted parent and a byte that starts no UTF-8 character
+    subprocess.run([b"dd", b"of=" + odd, b"status=none"], input=b"y" * 10, env=env, check=True)
+    (line,) = [json.loads(x) for f in trace.glob("trace-*.jsonl") for x in f.read_text().splitlines()
+               if '"write"' in x]
+    assert os.fsencode(line["path"]) == os.fsencode(out) + b"/bad\xffname"
+    assert Path(os.fsdecode(os.fsencode(line["path"]))).read_bytes() == b"y" * 10
+
+
 def test_points_fire_at_a_memmap_flush(tmp_path: Path) -> None:
     """A kill before the msync's event and a power cut right after it: the event is a point like any other."""
     pytest.importorskip("numpy")

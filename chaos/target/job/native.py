@@ -37,6 +37,9 @@ def attach(ix: Interposer, rank: int, attempt: int, trace_dir: str, point: dict[
     if lib is None:
         return False
     roots = [ix.root, *ix.extra_roots]
+    for given in (os.environ.get(S.ENV_OUT), os.environ.get("TMPDIR")):  # as the job may spell them
+        if given and os.path.abspath(given) not in roots and os.path.realpath(given) in roots:
+            roots.append(os.path.abspath(given))
     ord_file = os.path.join(trace_dir, f"ord-r{rank}-a{attempt}")
     target = None
     if point is not None and point.get("op") is not None:
