@@ -53,6 +53,7 @@ typedef long long (*handler_t)(int kind, int fd, int dirfd, const char *path, co
                                const void *buf, unsigned long long n, long long off, int flags, int mode);
 
 static int configured;           /* 0: pass everything through */
+static pid_t owner;              /* the process this state belongs to (see live()) */
 static handler_t handler;        /* delegate mode when set */
 static __thread int inside;      /* this thread is in the handler or in the shim's own I/O */
 static char roots[MAXROOTS][PATH_MAX];
@@ -140,15 +141,23 @@ void chaos_shim_off(void) { handler = NULL; configured = 0; }
 long long chaos_shim_next_ord(void) { return ordp ? __atomic_fetch_add(ordp, 1, __ATOMIC_SEQ_CST) : -1; }
 int chaos_shim_watched(int fd) { return fd >= 0 && fd < MAXFD && fdpath[fd] != NULL; }
 
+/* Whether the calling process owns this state. A child made by vfork (subprocess and
+ * posix_spawn start children so) runs in its parent's memory until it execs, and no fork
+ * handler runs for it: its dup2 onto stdout or its close must change nothing here, and it
+ * must never call into the parent's Python. */
+static int live(void) { return getpid() == owner; }
+
 static void after_fork_child(void) {
     /* A forked child is its own process: no Python handler answers for it (the interposer
      * uninstalls itself there), so it traces standalone into its own file. */
+    owner = getpid();
     handler = NULL;
     tracefd = datafd = -1;
     dataoff = seq = 0;
 }
 
 __attribute__((constructor)) static void init(void) {
+    owner = getpid();
     pthread_atfork(NULL, NULL, after_fork_child);
     const char *conf = getenv("CHAOS_SHIM");
     if (conf && *conf) { inside++; parse(conf); inside--; }
@@ -195,14 +204,14 @@ static int under(const char *abs) {
 }
 
 static int ours(int dirfd, const char *p, char *abs) {
-    if (!configured || inside || !absolute(dirfd, p, abs)) return 0;
+    if (!configured || inside || !live() || !absolute(dirfd, p, abs)) return 0;
     if (!under(abs) && strstr(abs, "/.") == NULL) return 0;  /* only a dotted parent can lead into a root */
     if (handler) return 1;  /* the interposer resolves it, and decides */
     canon(abs);  /* standalone: the record names the real path, as the interposer's do */
     return under(abs);
 }
 
-static int watched(int fd) { return configured && !inside && fd >= 0 && fd < MAXFD && fdpath[fd]; }
+static int watched(int fd) { return configured && !inside && fd >= 0 && fd < MAXFD && fdpath[fd] && live(); }
 
 static void watch(int fd, const char *abs) {
     if (fd < 0 || fd >= MAXFD) return;
@@ -366,7 +375,7 @@ static int traced_open(int dirfd, const char *p, int fl, mode_t m, openat_t real
     int readonly = (fl & O_ACCMODE) == O_RDONLY && !(fl & (O_CREAT | O_TRUNC | O_DIRECTORY));
     if (!ours(dirfd, p, abs) || (readonly && !(stat(abs, &ds) == 0 && S_ISDIR(ds.st_mode)))) {
         int fd = realat(dirfd, p, fl, m);
-        if (fd >= 0 && fd < MAXFD && fdpath[fd] && !inside) watch(fd, NULL);  /* a reused number */
+        if (fd >= 0 && fd < MAXFD && fdpath[fd] && !inside && live()) watch(fd, NULL);  /* a reused number */
         return fd;
     }
     if (handler) {
@@ -573,7 +582,7 @@ int ftruncate(int fd, off_t l) { return watched(fd) ? traced_fdop(K_TRUNCATE, "t
 int ftruncate64(int fd, off_t l) { return watched(fd) ? traced_fdop(K_TRUNCATE, "truncate", fd, l, r_ftruncate) : r_ftruncate(fd, l); }
 int close(int fd) {
     if (watched(fd)) return traced_fdop(K_CLOSE, "close", fd, 0, r_close);
-    if (fd >= 0 && fd < MAXFD && fdpath[fd]) watch(fd, NULL);
+    if (fd >= 0 && fd < MAXFD && fdpath[fd] && live()) watch(fd, NULL);
     return r_close(fd, 0);
 }
 
@@ -641,7 +650,7 @@ int mkdirat(int d, const char *p, mode_t m) { ARGS(p, d, NULL, AT_FDCWD, m, 0); 
 
 /* dup*: the copy writes to the same file. */
 static int follow(int from, int to) {
-    if (to >= 0 && to < MAXFD && to != from) {
+    if (to >= 0 && to < MAXFD && to != from && live()) {
         const char *p = from >= 0 && from < MAXFD ? fdpath[from] : NULL;
         watch(to, p);
     }
@@ -669,7 +678,7 @@ int fcntl64(int fd, int cmd, ...) {
  * record at msync, as a write of the synced range followed by an fdatasync. */
 static void *traced_mmap(void *addr, size_t len, int prot, int fl, int fd, off_t off, void *r) {
     (void)addr;
-    if (r != MAP_FAILED && configured && fd >= 0 && fd < MAXFD && fdpath[fd] && (prot & PROT_WRITE) && (fl & MAP_SHARED)) {
+    if (r != MAP_FAILED && configured && live() && fd >= 0 && fd < MAXFD && fdpath[fd] && (prot & PROT_WRITE) && (fl & MAP_SHARED)) {
         pthread_mutex_lock(&mu);
         for (int i = 0; i < MAXMAPS; i++)
             if (!maps[i].addr) { maps[i].addr = r; maps[i].len = len; maps[i].off = off; maps[i].path = strdup(fdpath[fd]); break; }
@@ -687,6 +696,7 @@ void *mmap64(void *addr, size_t len, int prot, int fl, int fd, off_t off) {
 }
 int munmap(void *addr, size_t len) {
     REAL(int, munmap, void *, size_t);
+    if (!live()) return real_munmap(addr, len);
     pthread_mutex_lock(&mu);
     for (int i = 0; i < MAXMAPS; i++)
         if (maps[i].addr == addr) { free(maps[i].path); maps[i].addr = NULL; maps[i].path = NULL; }
@@ -695,7 +705,7 @@ int munmap(void *addr, size_t len) {
 }
 int msync(void *addr, size_t len, int fl) {
     REAL(int, msync, void *, size_t, int);
-    if (!configured || inside) return real_msync(addr, len, fl);
+    if (!configured || inside || !live()) return real_msync(addr, len, fl);
     char *a = addr;
     char path[PATH_MAX] = "";
     long long foff = 0;

@@ -195,3 +195,23 @@ def test_a_power_cut_in_a_child_process_is_applied(tmp_path: Path) -> None:
     for s in in_dd:
         assert [f["action"] for f in s["fired"]] == ["halt"]
         assert s["fault_applied"] and s["outcome"] != "no_effect", s["summary"]
+
+
+def test_a_vforked_child_leaves_the_parent_s_fd_table_alone(tmp_path: Path) -> None:
+    """subprocess starts children with vfork: the child's dup2 of a file under {out} onto its stdout
+    runs in the parent's memory and must not make the parent's own stdout look like that file."""
+    lib = shim.build(str(tmp_path / "shim"))
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    out.mkdir()
+    trace.mkdir()
+    conf = shim.conf(0, 0, str(trace), [str(out)], str(trace / "ord-r0-a0"), None)
+    code = ("import subprocess, sys\n"
+            f"with open({str(out / 'log')!r}, 'w') as f:\n"
+            "    subprocess.run(['true'], stdout=f, check=True)\n"
+            "sys.stdout.write('hello from the parent\\n'); sys.stdout.flush()\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "LD_PRELOAD": lib, shim.ENV_CONF: conf},
+                          capture_output=True, text=True, check=True)
+    assert done.stdout == "hello from the parent\n"
+    recs = [json.loads(x) for f in trace.glob("trace-*.jsonl") for x in f.read_text().splitlines()]
+    assert not [r for r in recs if r.get("op") == "write"], recs  # nothing was written to {out}/log
+    assert {r["op"] for r in recs} <= {"open", "close"}
