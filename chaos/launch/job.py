@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -192,8 +193,10 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
     """The environment every copy of an attempt shares (the boot path's contract)."""
     env = dict(os.environ)
     for key in list(env):
-        if key.startswith("CHAOS_JOB_") or key == S.PROBE_FILE_ENV:
+        if key.startswith("CHAOS_JOB_") or key in (S.PROBE_FILE_ENV, shim.ENV_CONF):
             del env[key]
+    if "chaosio" in env.get("LD_PRELOAD", ""):  # a harness run inside a traced job: not its tracer
+        env["LD_PRELOAD"] = " ".join(p for p in re.split(r"[:\s]+", env["LD_PRELOAD"]) if p and "chaosio" not in p)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env["TMPDIR"] = tmp  # the job's scratch (and torchrun's) stays in the point's root
