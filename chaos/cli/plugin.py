@@ -42,7 +42,8 @@ from typing import Any
 import pytest
 
 from chaos.judge.job import FAILURES
-from chaos.plan.scenario import Scenario, parse_fault
+from chaos.model.fault import parse_fault
+from chaos.plan.scenario import Scenario
 from chaos.run.runner import RunOptions, ScenarioResult, run_scenario
 from chaos.target.workload.config import WorkloadConfig
 

@@ -28,8 +28,8 @@ from typing import Any
 from chaos.errors import HarnessError
 from chaos.launch.ports import free_port
 from chaos.launch.reaper import forget, kill_all, kill_rank, signal_rank, track
+from chaos.model.fault import PROCESS_SIGNALS, Fault
 from chaos.nemesis.environment import Environment
-from chaos.plan.scenario import PROCESS_SIGNALS, Fault
 from chaos.target.workload.device import rank_env as rank_device_env
 from chaos.target.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
 

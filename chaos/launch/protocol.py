@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from chaos.launch.cluster import AttemptResult, ClusterResult, LaunchPlan
     from chaos.launch.job import AttemptOutcome
+    from chaos.model.fault import Fault
     from chaos.model.jobspec import JobSpec, Point
     from chaos.nemesis.environment import Environment
-    from chaos.plan.scenario import Fault
     from faults.network import NetworkLab
 
 

@@ -83,7 +83,7 @@ def _object(properties: dict[str, Any] | None = None, required: tuple[str, ...] 
     return out
 
 
-# One fault of a scenario (chaos.plan.scenario.Fault.to_dict, chaos.model.jobspec.Point.to_fault):
+# One fault of a scenario (chaos.model.fault.Fault.to_dict, chaos.model.jobspec.Point.to_fault):
 # ``params`` holds scalars only; those chaos repro words are typed.
 _FAULT = _object({
     "kind": _STR, "rank": _maybe("integer"), "step": _maybe("integer"), "attempt": _maybe("integer"), "spec": _STR,

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from chaos.plan.scenario import Fault
+from chaos.model.fault import Fault
 
 TMPFS_BYTES = 1 << 30  # room for several checkpoints; tmpfs only uses what is written
 

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from chaos.plan.scenario import Fault
+    from chaos.model.fault import Fault
 
 TRACER_SPEC = "chaos.plan.loadtrace:LoadTracer"
 READ_LOG = "reads-rank{rank}.jsonl"  # in the traced launch's log directory

@@ -1,8 +1,7 @@
-"""Scenarios and fault plans: what to run and what to break, as plain data.
+"""Scenarios: what the built-in workload runs and what to break in it, as plain data.
 
-A fault on the command line reads ``KIND:key=value,...``, e.g. ``kill:rank=1,step=23``.
-Every fault round-trips through ``Fault.spec()`` so a scenario's replay command is
-exactly the faults it ran.
+A scenario's faults are :class:`chaos.model.fault.Fault` (``kill:rank=1,step=23`` on the
+command line); its replay command is exactly the faults it ran.
 """
 
 from __future__ import annotations
@@ -14,143 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.errors import ConfigError
-from chaos.model.keyvalue import _parse_value, format_value
+from chaos.model.fault import (  # noqa: F401 - moved to chaos.model.fault; this path still imports them
+    COMMON_KEYS,
+    FAULT_KINDS,
+    PROCESS_SIGNALS,
+    Fault,
+    FaultKind,
+    parse_fault,
+)
+from chaos.model.keyvalue import format_value
 from chaos.target.workload.config import WorkloadConfig
-
-
-@dataclass(frozen=True)
-class FaultKind:
-    """How a kind of fault is carried out, and which ``key=value`` settings it takes.
-
-    family: ``process`` (the supervisor signals the rank), ``io`` (the in-rank I/O
-    interposer acts at an exact operation), ``rest`` (every rank is killed at the step,
-    then committed files are corrupted at rest before the restart), ``disk`` (the
-    checkpoint file system fills up), ``net`` (the rank's link goes down),
-    ``powerloss`` (the save at the step is traced and every crash state a file system
-    may be left in is recovered and judged).
-    """
-
-    family: str
-    keys: frozenset[str]
-    needs_rank: bool
-    needs_step: bool
-    doc: str
-
-
-_IO_KEYS = frozenset({"op", "nth", "path", "byte", "phase", "keep", "times"})
-_REST_KEYS = frozenset({"file", "seed", "bits", "region", "fraction", "length", "offset", "at"})
-FAULT_KINDS: dict[str, FaultKind] = {
-    "kill": FaultKind("process", frozenset({"phase", "lost", "linger"}), True, True,
-                      "SIGKILL the rank at step N (or at phase P of the save at step N); lost=true: the rank "
-                      "never comes back and the job restarts on fewer ranks (elastic); linger=S: the other "
-                      "ranks run on for up to S seconds (a launcher's monitor interval) before teardown"),
-    "term": FaultKind("process", frozenset({"phase", "grace", "linger"}), True, True,
-                      "SIGTERM, then SIGKILL after grace seconds"),
-    "stop": FaultKind("process", frozenset({"phase", "linger"}), True, True, "SIGSTOP: a hung rank"),
-    "restart": FaultKind("process", frozenset({"phase", "timeout"}), True, True,
-                         "--driver docker: the engine restarts the rank's container (stopped after `timeout` s); "
-                         "the job has lost the rank and restarts from its checkpoint"),
-    "crash": FaultKind("io", _IO_KEYS, True, False, "the rank dies at an exact I/O point (op/nth, byte of path, phase)"),
-    "eio": FaultKind("io", _IO_KEYS, True, False, "an I/O operation fails with EIO"),
-    "enospc": FaultKind("io", _IO_KEYS, True, False, "an I/O operation fails with ENOSPC"),
-    "fsyncfail": FaultKind("io", _IO_KEYS, True, False, "an fsync fails with EIO"),
-    "shortwrite": FaultKind("io", _IO_KEYS, True, False, "a write stores only `keep` bytes, then the rank dies"),
-    "slowio": FaultKind("io", _IO_KEYS | {"delay"}, True, False, "an I/O operation is delayed by `delay` seconds"),
-    "truncate": FaultKind("rest", _REST_KEYS, False, True, "truncate a file of the newest checkpoint"),
-    "bitflip": FaultKind("rest", _REST_KEYS, False, True, "flip `bits` bits of a file of the newest checkpoint"),
-    "zero": FaultKind("rest", _REST_KEYS, False, True, "zero `length` bytes of a file of the newest checkpoint"),
-    "delete": FaultKind("rest", _REST_KEYS, False, True, "delete a file of the newest checkpoint"),
-    "stale": FaultKind("rest", _REST_KEYS, False, True, "replace a file with its copy from the previous checkpoint"),
-    "swap": FaultKind("rest", _REST_KEYS, False, True, "swap two files of the newest checkpoint (e.g. rank shards)"),
-    "payload": FaultKind("rest", frozenset({"file", "seed", "format", "variant"}), False, True,
-                         "plant a payload in the checkpoint's own format (format=pickle|torchzip|safetensors-header) "
-                         "in a file of the newest checkpoint; loading must never run it"),
-    "diskfull": FaultKind("disk", frozenset({"free"}), False, True, "the checkpoint file system fills up, leaving `free` bytes"),
-    "netdrop": FaultKind("net", frozenset({"phase"}), True, True, "the rank's network link goes down"),
-    "powerloss": FaultKind("powerloss", frozenset({"seed", "max_states"}), False, True,
-                           "explore every crash state of the save at step N"),
-}
-PROCESS_SIGNALS = {"kill": "SIGKILL", "term": "SIGTERM", "stop": "SIGSTOP"}
-COMMON_KEYS = frozenset({"rank", "step", "attempt"})
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One planned fault. ``attempt`` is the run attempt (0 = first launch) it fires in."""
-
-    kind: str
-    rank: int | None = None
-    step: int | None = None
-    attempt: int = 0
-    params: tuple[tuple[str, Any], ...] = ()
-
-    def param(self, key: str, default: Any = None) -> Any:
-        return dict(self.params).get(key, default)
-
-    @property
-    def family(self) -> str:
-        return FAULT_KINDS[self.kind].family
-
-    def spec(self) -> str:
-        parts = []
-        if self.rank is not None:
-            parts.append(f"rank={self.rank}")
-        if self.step is not None:
-            parts.append(f"step={self.step}")
-        if self.attempt:
-            parts.append(f"attempt={self.attempt}")
-        parts += [f"{k}={format_value(v)}" for k, v in self.params]
-        return f"{self.kind}:{','.join(parts)}" if parts else self.kind
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "rank": self.rank, "step": self.step, "attempt": self.attempt,
-                "params": dict(self.params), "spec": self.spec()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Fault:
-        return cls(data["kind"], data.get("rank"), data.get("step"), int(data.get("attempt", 0)),
-                   tuple(sorted(data.get("params", {}).items())))
-
-
-def parse_fault(text: str) -> Fault:
-    """Parse ``KIND:key=value,...``; every error names the offending text."""
-    kind, _, rest = text.strip().partition(":")
-    spec = FAULT_KINDS.get(kind)
-    if spec is None:
-        known = ", ".join(sorted(FAULT_KINDS))
-        raise ConfigError(f"unknown fault kind {kind!r} in {text!r}: known kinds are {known}")
-    allowed = COMMON_KEYS | spec.keys
-    values: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, raw = item.partition("=")
-        if not eq or not key or not raw:
-            raise ConfigError(f"malformed fault {text!r}: expected key=value, got {item!r}")
-        if key not in allowed:
-            raise ConfigError(f"fault {text!r}: {kind} takes {', '.join(sorted(allowed))}, not {key!r}")
-        if key in values:
-            raise ConfigError(f"fault {text!r}: {key!r} given twice")
-        values[key] = _parse_value(raw)
-    for key in ("rank", "step", "attempt", "nth", "byte", "keep", "bits", "free", "length", "seed", "max_states",
-                "offset"):
-        if key in values and (not isinstance(values[key], int) or values[key] < 0):
-            raise ConfigError(f"fault {text!r}: {key} must be a non-negative integer")
-    if "at" in values and not (isinstance(values["at"], int | float) and 0 <= values["at"] <= 1):
-        raise ConfigError(f"fault {text!r}: at must be a fraction of the file's length in [0, 1]")
-    if kind == "payload":
-        from faults.payload import FORMATS, HEADER_VARIANTS
-
-        if values.get("format", "pickle") not in FORMATS:
-            raise ConfigError(f"fault {text!r}: format must be one of {', '.join(FORMATS)}")
-        if values.get("variant", HEADER_VARIANTS[0]) not in HEADER_VARIANTS:
-            raise ConfigError(f"fault {text!r}: variant must be one of {', '.join(HEADER_VARIANTS)}")
-    if spec.needs_step and "step" not in values:
-        raise ConfigError(f"fault {text!r}: {kind} needs step=N (the step at which it fires)")
-    if spec.needs_rank and "rank" not in values:
-        raise ConfigError(f"fault {text!r}: {kind} needs rank=R")
-    if spec.family == "io" and not {"op", "byte", "phase", "path"} & set(values):
-        raise ConfigError(f"fault {text!r}: {kind} needs a point: op=KIND[,nth=N], byte=X[,path=GLOB] or phase=NAME")
-    params = tuple(sorted((k, v) for k, v in values.items() if k not in COMMON_KEYS))
-    return Fault(kind, values.get("rank"), values.get("step"), values.get("attempt", 0), params)
 
 
 @dataclass

@@ -38,7 +38,8 @@ from chaos.scratch import make_root
 from reports.jsonfile import write_json_atomic
 
 if TYPE_CHECKING:
-    from chaos.plan.scenario import Fault, Scenario
+    from chaos.model.fault import Fault
+    from chaos.plan.scenario import Scenario
     from chaos.record.history import RunRecord
     from chaos.run.runner import RunOptions, ScenarioResult
 

@@ -46,8 +46,9 @@ from typing import Any
 
 from chaos.errors import ConfigError
 from chaos.judge.registry import of_workload
+from chaos.model.fault import Fault, parse_fault
 from chaos.model.jobspec import FAULT_KINDS
-from chaos.plan.scenario import Fault, Scenario, parse_fault
+from chaos.plan.scenario import Scenario
 from chaos.run.runner import RunOptions, ScenarioResult, run_scenario
 from chaos.target.protocol import BUILTIN_CHECKPOINTERS, validate_spec
 from chaos.target.workload.config import WorkloadConfig

@@ -17,8 +17,8 @@ from chaos.launch.protocol import Driver
 
 if TYPE_CHECKING:
     from chaos.launch.cluster import AttemptResult, ClusterResult, LaunchPlan
+    from chaos.model.fault import Fault
     from chaos.nemesis.environment import Environment
-    from chaos.plan.scenario import Fault
 
 DRIVERS = ("process", "docker")
 

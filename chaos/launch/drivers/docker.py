@@ -53,8 +53,8 @@ from typing import Any
 from chaos.errors import HarnessError
 from chaos.launch import cluster
 from chaos.launch.drivers import engine
+from chaos.model.fault import PROCESS_SIGNALS, Fault
 from chaos.nemesis.environment import Environment
-from chaos.plan.scenario import PROCESS_SIGNALS, Fault
 from chaos.target.workload.spec import SCENARIO_ENV
 
 STORE_PORT = 29500  # each container has its own network namespace: a fixed port is free
