@@ -166,7 +166,7 @@ def kill_step(steps: int) -> int:
 
 def kill_scenario(checkpointer: str, world_size: int, steps: int) -> Any:
     """The bench's scenario: the last rank SIGKILLed at :func:`kill_step` (also ``chaos bench scale``'s)."""
-    from chaos.model.fault import parse_fault
+    from chaos.model.grammar import parse_fault
     from chaos.plan.scenario import Scenario
     from chaos.target.workload.config import WorkloadConfig
 

@@ -60,7 +60,7 @@ def run_campaign(target: Any, scratch: str, seed: int = 0, quick: bool = False, 
 
     Golden runs are cached in ``cache_dir``, by default inside ``scratch`` (removed with it).
     """
-    from chaos.model.fault import parse_fault
+    from chaos.model.grammar import parse_fault
     from chaos.plan.scenario import Scenario
     from chaos.run.runner import RunOptions, run_scenario
     from chaos.target.workload.config import WorkloadConfig

@@ -209,7 +209,7 @@ class Run:
 
 def point_family(point_id: str, source: str) -> str:
     """The ``--faults`` family of a point id (``rank0:op9:power:s2`` -> power), as the harness parses it."""
-    from chaos.model.jobspec import parse_point
+    from chaos.model.grammar import parse_point
 
     try:
         return parse_point(point_id).family

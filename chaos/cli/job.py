@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, ConfigError
+from chaos.model.grammar import parse_point, replay_point
 from chaos.model.jobspec import (
     DEFAULT_GRACE_S,
     DEFAULT_NET_HOLD_S,
@@ -39,8 +40,6 @@ from chaos.model.jobspec import (
     JobSpec,
     Point,
     check_sbatch_options,
-    parse_point,
-    replay_point,
 )
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.model.fault import parse_fault
+from chaos.model.grammar import parse_fault
 from chaos.model.keyvalue import key_values
 from chaos.plan.scenario import Scenario
 from chaos.run.campaign import DEFAULT_BUDGET_S

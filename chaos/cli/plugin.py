@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 
 from chaos.judge.job import FAILURES
-from chaos.model.fault import parse_fault
+from chaos.model.grammar import parse_fault
 from chaos.plan.scenario import Scenario
 from chaos.run.runner import RunOptions, ScenarioResult, run_scenario
 from chaos.target.workload.config import WorkloadConfig
@@ -355,7 +355,7 @@ class ChaosRunner:
         written below the session's scratch root and removed unless ``keep``.
         """
         from chaos.cli.job import build
-        from chaos.model.jobspec import parse_point
+        from chaos.model.grammar import parse_point
         from chaos.run.explore import explore
         from chaos.run.results import job_results_document
 

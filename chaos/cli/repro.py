@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ConfigError
-from chaos.model.jobspec import JobSpec, replay_point
+from chaos.model.grammar import replay_point
+from chaos.model.jobspec import JobSpec
 from chaos.target.job.script import FRAMEWORKS, JobScript, installed, script_packages
 from reports.cases import printable
 

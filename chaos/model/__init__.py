@@ -1,7 +1,9 @@
 """Plain types and documents at the bottom of the pipeline: read by every stage, importing none.
 
-jobspec.py       JobSpec (how a user's job is launched and judged) and Point (where to break it)
-fault.py         Fault: one fault of the built-in workload, and its ``KIND:key=value`` spelling
+jobspec.py       JobSpec: how a user's job is launched and judged
+point.py         Point: one place to break a job (``rank0:op17:before``)
+fault.py         Fault: one fault of the built-in workload (``kill:rank=1,step=11``)
+grammar.py       reading both from text: ``--point`` and ``--fault``, every error naming the text
 contract.py      the names the harness and a job's rank processes share (environment, files)
 check.py         Check: one judgement (pass, fail, not judged) with its evidence, from every judge
 statehash.py     canonical SHA-256 fingerprints of a training state tree

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.errors import ConfigError
-from chaos.model.keyvalue import _parse_value, format_value
+from chaos.model.keyvalue import format_value
 
 
 @dataclass(frozen=True)
@@ -108,44 +107,3 @@ class Fault:
     def from_dict(cls, data: dict[str, Any]) -> Fault:
         return cls(data["kind"], data.get("rank"), data.get("step"), int(data.get("attempt", 0)),
                    tuple(sorted(data.get("params", {}).items())))
-
-
-def parse_fault(text: str) -> Fault:
-    """Parse ``KIND:key=value,...``; every error names the offending text."""
-    kind, _, rest = text.strip().partition(":")
-    spec = FAULT_KINDS.get(kind)
-    if spec is None:
-        known = ", ".join(sorted(FAULT_KINDS))
-        raise ConfigError(f"unknown fault kind {kind!r} in {text!r}: known kinds are {known}")
-    allowed = COMMON_KEYS | spec.keys
-    values: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, raw = item.partition("=")
-        if not eq or not key or not raw:
-            raise ConfigError(f"malformed fault {text!r}: expected key=value, got {item!r}")
-        if key not in allowed:
-            raise ConfigError(f"fault {text!r}: {kind} takes {', '.join(sorted(allowed))}, not {key!r}")
-        if key in values:
-            raise ConfigError(f"fault {text!r}: {key!r} given twice")
-        values[key] = _parse_value(raw)
-    for key in ("rank", "step", "attempt", "nth", "byte", "keep", "bits", "free", "length", "seed", "max_states",
-                "offset"):
-        if key in values and (not isinstance(values[key], int) or values[key] < 0):
-            raise ConfigError(f"fault {text!r}: {key} must be a non-negative integer")
-    if "at" in values and not (isinstance(values["at"], int | float) and 0 <= values["at"] <= 1):
-        raise ConfigError(f"fault {text!r}: at must be a fraction of the file's length in [0, 1]")
-    if kind == "payload":
-        from faults.payload import FORMATS, HEADER_VARIANTS
-
-        if values.get("format", "pickle") not in FORMATS:
-            raise ConfigError(f"fault {text!r}: format must be one of {', '.join(FORMATS)}")
-        if values.get("variant", HEADER_VARIANTS[0]) not in HEADER_VARIANTS:
-            raise ConfigError(f"fault {text!r}: variant must be one of {', '.join(HEADER_VARIANTS)}")
-    if spec.needs_step and "step" not in values:
-        raise ConfigError(f"fault {text!r}: {kind} needs step=N (the step at which it fires)")
-    if spec.needs_rank and "rank" not in values:
-        raise ConfigError(f"fault {text!r}: {kind} needs rank=R")
-    if spec.family == "io" and not {"op", "byte", "phase", "path"} & set(values):
-        raise ConfigError(f"fault {text!r}: {kind} needs a point: op=KIND[,nth=N], byte=X[,path=GLOB] or phase=NAME")
-    params = tuple(sorted((k, v) for k, v in values.items() if k not in COMMON_KEYS))
-    return Fault(kind, values.get("rank"), values.get("step"), values.get("attempt", 0), params)

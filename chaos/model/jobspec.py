@@ -14,6 +14,9 @@ point's ``id`` (``rank0:op17:before``, ``rank0:op9:bitflip``, ``rank0:op9:payloa
 ``disk:full:8192``, ``node1:step3:loss``) is what ``--point``
 takes, so every failing point's replay command reruns exactly that point.
 
+``Point`` lives in ``point.py`` and both are read by ``grammar.py`` (``parse_point``); the
+names are re-exported here.
+
 The ``ENV_*`` names and the other constants the harness shares with the boot path it
 puts on ``PYTHONPATH`` (``boot/sitecustomize.py`` -> ``inproc.py``) live in
 ``contract.py``, re-exported here.
@@ -21,7 +24,6 @@ puts on ``PYTHONPATH`` (``boot/sitecustomize.py`` -> ``inproc.py``) live in
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shlex
@@ -72,19 +74,16 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     TORCHRUN_STRIDE,
     loss_groups,
 )
+from chaos.model.grammar import parse_point, replay_point  # noqa: F401 - read here too by the job's callers
+from chaos.model.point import NODE_MODES, Point  # noqa: F401 - the job's point, re-exported
 
-_POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+)|:step(\d+))?"
-                       rf"|rank(\d+):step(\d+):({'|'.join(STEP_MODES)})|disk:full:(\d+)")
-
-# Node faults of a job spread over simulated nodes (``--nodes N``, chaos/nemesis/nodes.py): harness-side
-# only, so they are not part of contract.py (a node point fires in-rank as a ``net`` request).
-NODE_MODES = ("loss", "link", "rdzv")  # node<i>:step<n>:MODE
+# Node faults of a job spread over simulated nodes (``--nodes N``, chaos/nemesis/nodes.py): NODE_MODES
+# and the node point itself live in point.py.
 FAULT_KINDS = (*FAULT_KINDS, "node")   # noqa: F811 - the contract's kinds plus the node family
 DEFAULT_NODE_HOLD_S = 5.0  # --node-hold: a node's link stays down this long, then comes back up
 RDZV = "{rdzv}"  # in a --nodes COMMAND: the rendezvous endpoint the harness fills in (nodes.py)
 MAX_NODES = 8    # node addresses sort as strings; 10.x.x.10 would sort before 10.x.x.2
 KINDS_WITH_NODES = ("kill", "errno", "node")  # in-rank faults need nothing from the launcher; node is its own
-_NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(NODE_MODES)})")
 
 # ``--launcher``: who starts each attempt. ``subprocess``: the harness itself (chaos.launch.job);
 # ``sbatch``: Slurm, as a batch job (chaos.launch.sbatch), which also restarts it at a sched point.
@@ -92,201 +91,6 @@ LAUNCHERS = ("subprocess", "sbatch")
 # What a job Slurm launches is explored with: faults its own rank fires (a SIGKILL, an injected
 # error; the harness restarts it as a new batch job) and Slurm's own (sched: Slurm restarts it).
 KINDS_WITH_SBATCH = ("kill", "errno", "sched")
-
-
-@dataclass(frozen=True)
-class Point:
-    """One place to break a job.
-
-    - ``op`` (ordinal of the rank's traced file events in attempt 0, counted from 0) with
-      ``mode``: before / after / torn (a kill), a corruption family (stop every copy right
-      after the event, corrupt the file it completed, restart), ``power`` (stop every copy
-      there and replace {out} by a power-loss crash state: every pending change lost, or with
-      ``state`` k the k-th of the other states the cut allows, drawn with the point's seed:
-      some un-fsynced data or directory entries kept, a write torn), ``enospc`` / ``eio`` (the event
-      raises instead of being performed); a corruption with ``at_step`` S waits until the rank
-      announces step S (the save that wrote the file is over and the job trusts it: bit rot
-      at rest), then stops every copy and corrupts the file event N completed; ``payload``,
-      ``stale`` and ``swap`` strike the same file at the same moments, each its own family
-      (``chaos.nemesis.payload`` / ``stale`` / ``swap``);
-    - ``step`` with mode ``kill`` (SIGKILL) or ``term`` (SIGTERM, SIGKILL after the grace);
-    - ``step`` or ``op`` with mode ``net``: the rank's network link is cut there (after the
-      event, for an op) for ``--net-hold`` seconds while the job goes on (``netcut.py``);
-    - ``size`` with mode ``diskfull``: {out} is a tmpfs of that many bytes for attempt 0.
-    - ``step`` or ``op`` with mode ``requeue``, ``preempt`` or ``node`` (``sched``, ``--launcher sbatch``):
-      Slurm requeues the job there, preempts it, or sets its node down (``chaos.nemesis.sched``).
-
-    ``kind``, ``path`` (relative to {out}; for a corruption the file corrupted), ``seq``
-    (trace sequence number) and ``nth`` (how many events of this kind on this path came
-    before, plus one) describe what the fault-free run did there. With ``anchored`` they
-    also say where the point fires: both fault-free runs had this rank's ``nth`` event of
-    ``kind`` on ``path`` (so the path is no random temp name), and a rank fires at that
-    event whatever its ordinal in that run. Ranks that race (two creating one directory,
-    whichever is first) shift each other's ordinals between runs, never another path's
-    count. ``op`` still names the point (``id``); :attr:`replay_id` adds the anchor.
-    """
-
-    rank: int
-    mode: str
-    op: int | None = None
-    step: int | None = None
-    kind: str | None = None
-    path: str | None = None
-    seq: int | None = None
-    nth: int | None = None
-    size: int | None = None
-    node: int | None = None  # a node point (``--nodes``): the node; ``rank`` is the rank that announces the step
-    state: int | None = None  # a power point: which mixed crash state at its cut (None: every pending change lost)
-    at_step: int | None = None  # a corruption point: strike once the rank announced this step, not right after event N
-    anchored: bool = False  # fire at the nth ``kind`` event on ``path``, not at ordinal ``op`` (see above)
-
-    @property
-    def anchor(self) -> str | None:
-        """``KIND:PATH:NTH`` where the point fires (``anchored``); None where it fires by ordinal.
-
-        Colons, not a ``#``, so a replay command needs no quoting for the usual path."""
-        if not self.anchored or self.op is None or not self.kind or not self.path or not self.nth:
-            return None
-        return f"{self.kind}:{self.path}:{self.nth}"
-
-    @property
-    def replay_id(self) -> str:
-        """What a replay command passes to ``--point``: :attr:`id`, then ``@`` and the anchor if any."""
-        anchor = self.anchor
-        return self.id if anchor is None else f"{self.id}@{anchor}"
-
-    @property
-    def id(self) -> str:
-        if self.node is not None:
-            return f"node{self.node}:step{self.step}:{self.mode}"
-        if self.mode == "diskfull":
-            return f"disk:full:{self.size}"
-        if self.step is not None:
-            return f"rank{self.rank}:step{self.step}:{self.mode}"
-        if self.at_step is not None:
-            return f"rank{self.rank}:op{self.op}:{self.mode}:step{self.at_step}"
-        return f"rank{self.rank}:op{self.op}:{self.mode}" + (f":s{self.state}" if self.state is not None else "")
-
-    @property
-    def family(self) -> str:
-        """Which ``--faults`` kind this point belongs to."""
-        if self.node is not None:
-            return "node"
-        if self.mode == "diskfull":
-            return "diskfull"
-        if self.mode == "term":
-            return "term"
-        if self.mode == "net":
-            return "net"
-        if self.mode in SCHED_MODES:
-            return "sched"
-        for family, modes in AT_REST_FAMILIES.items():
-            if self.mode in modes:
-                return family
-        if self.mode == "power":
-            return "power"
-        if self.mode in ERRNO_MODES:
-            return "errno"
-        return "kill"
-
-    @property
-    def in_rank(self) -> bool:
-        """Whether a rank fires it (everything but a full disk, which the harness mounts)."""
-        return self.mode != "diskfull"
-
-    def env(self) -> dict[str, Any]:
-        """What the boot path needs to fire this point (a node point: the announcing rank asks the
-        launcher for the node fault with a ``net`` request, and waits for its answer)."""
-        if self.node is not None:
-            return {"rank": self.rank, "mode": "net", "op": None, "step": self.step}
-        env = {"rank": self.rank, "mode": self.mode, "op": self.op, "step": self.step}
-        if self.at_step is not None:
-            env["at_step"] = self.at_step
-        if self.anchor is not None:
-            env["anchor"] = [self.kind, self.path, self.nth]
-        return env
-
-    def to_fault(self, **extra: Any) -> dict[str, Any]:
-        """The point as an entry of the results' ``faults`` list (the existing schema).
-
-        ``kind``: crash (before/after/torn), kill, term, corrupt, stale, swap, payload,
-        powerloss, ioerror, diskfull or netcut; ``params.when`` the finer mode (``corrupt`` +
-        ``bitflip``, ...).
-        """
-        fam = self.family
-        if fam == "node":
-            return _node_fault(self, extra)
-        kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
-                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut", "sched": "sched",
-                **{k: k for k in AT_REST_KINDS}}[fam]  # an at-rest family's kind is its name
-        when = None if fam in ("power", "diskfull", "net", *AT_REST_KINDS) else self.mode
-        params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
-                                    ("path", self.path), ("seq", self.seq), ("nth", self.nth),
-                                    ("size_bytes", self.size), ("at_step", self.at_step)) if v is not None}
-        params.update({k: v for k, v in extra.items() if v is not None})
-        return {"kind": kind, "rank": None if fam == "diskfull" else self.rank, "step": self.step, "attempt": 0,
-                "params": params, "spec": self.id}
-
-
-def parse_point(text: str) -> Point:
-    """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
-    ``rank0:op9:payload`` | ``rank0:op9:stale:step6`` | ``rank1:op4:swap`` |
-    ``rank0:op9:power:s2`` | ``rank1:op3:truncate:step5`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
-    ``rank0:step5:requeue`` | ``rank0:step5:preempt`` | ``rank0:step5:node`` | ``rank0:op1:requeue`` (sched) |
-    ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``_parse_node_point``).
-
-    An event point may carry its anchor (``Point.replay_id``): ``rank0:op17:before@write:ckpt/a.pt:3``
-    fires at rank 0's third write to ``{out}/ckpt/a.pt``, whatever its ordinal in this run.
-    """
-    base, sep, anchor = text.strip().partition("@")
-    if sep:
-        point = parse_point(base)
-        if point.op is None:
-            raise ConfigError(f"malformed --point {text!r}: only an event point (rankR:opN:MODE) takes an anchor "
-                              "(@KIND:PATH:N)")
-        return dataclasses.replace(point, anchored=True, **_parse_anchor(text, anchor))
-    if text.strip().startswith("node"):
-        return _parse_node_point(text)
-    m = _POINT_RE.fullmatch(text.strip())
-    if not m:
-        raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:MODE (MODE one of {', '.join(OP_MODES)}), "
-                          f"rankR:stepN:{'|'.join(STEP_MODES)} or disk:full:BYTES")
-    rank, op, mode, state, at_step, srank, step, smode, size = m.groups()
-    if size is not None:
-        if int(size) < 1:
-            raise ConfigError(f"malformed --point {text!r}: a full disk needs a size of at least one byte")
-        return Point(0, "diskfull", size=int(size))
-    if step is not None:
-        return Point(int(srank), smode, step=int(step))
-    if state is not None and (mode != "power" or int(state) < 1):
-        raise ConfigError(f"malformed --point {text!r}: only a power point names a crash state (:s1, :s2, ...)")
-    if at_step is not None and mode not in ROT_MODES:
-        raise ConfigError(f"malformed --point {text!r}: only a fault at rest waits for a step (:stepN): "
-                          f"{', '.join(ROT_MODES)}")
-    return Point(int(rank), mode, op=int(op), state=None if state is None else int(state),
-                 at_step=None if at_step is None else int(at_step))
-
-
-def replay_point(entry: dict[str, Any]) -> str:
-    """What ``--point`` takes to rerun a results entry of a job run: its recorded replay point
-    (``scenario.point``, the id with its anchor), or its ``id`` in results written before anchors.
-    Called by ``cli_job.replay_argv`` (``chaos replay``) and ``repro.find`` (``chaos repro``)."""
-    scenario = entry.get("scenario")
-    point = scenario.get("point") if isinstance(scenario, dict) else None
-    return point if isinstance(point, str) and point.partition("@")[0] == entry.get("id") else str(entry.get("id"))
-
-
-def _parse_anchor(text: str, anchor: str) -> dict[str, Any]:
-    """``KIND:PATH:N`` of a ``--point`` (PATH relative to {out}, N >= 1) as Point fields; ConfigError if not."""
-    kind, colon, rest = anchor.partition(":")
-    path, colon2, nth = rest.rpartition(":")
-    if not (colon and colon2 and re.fullmatch(r"[a-z_]+", kind) and path and nth.isdigit() and int(nth) >= 1):
-        raise ConfigError(f"malformed --point {text!r}: an anchor is @KIND:PATH:N (an event kind such as write, "
-                          "a path relative to {out}, and which such event on it, from 1)")
-    if os.path.isabs(path) or path.split(os.sep)[0] == "..":
-        raise ConfigError(f"malformed --point {text!r}: the anchor's path {path!r} must be relative to {{out}} "
-                          "and inside it")
-    return {"kind": kind, "path": path, "nth": int(nth)}
 
 
 def _is_torchrun(argv: tuple[str, ...]) -> bool:
@@ -627,25 +431,3 @@ def check_sbatch_options(flag: str, options: Iterable[str], reserved: tuple[str,
         if not opt.startswith("-") or opt.split("=", 1)[0] in reserved:
             raise ConfigError(f"{flag} {opt!r}: give an sbatch option as --name=value (the harness sets "
                               f"{harness_sets})")
-
-
-def _parse_node_point(text: str) -> Point:
-    """``node1:step3:loss`` | ``node0:step3:rdzv`` | ``node1:step3:link``. The announcing rank is
-    filled in by ``Reference.lookup`` from the fault-free run (-1 until then)."""
-    m = _NODE_POINT.fullmatch(text.strip())
-    if not m:
-        raise ConfigError(f"malformed --point {text!r}: expected nodeI:stepN:MODE, MODE one of "
-                          f"{', '.join(NODE_MODES)}")
-    node, step, mode = int(m.group(1)), int(m.group(2)), m.group(3)
-    if mode == "loss" and node == 0:
-        raise ConfigError(f"--point {text}: node 0 hosts the rendezvous; its loss is node0:step{step}:rdzv")
-    if mode == "rdzv" and node != 0:
-        raise ConfigError(f"--point {text}: the rendezvous host is node 0 (node0:step{step}:rdzv)")
-    return Point(-1, mode, step=step, node=node)
-
-
-def _node_fault(point: Point, extra: dict[str, Any]) -> dict[str, Any]:
-    """A node point as an entry of the results' ``faults`` list."""
-    kind = {"loss": "node_loss", "rdzv": "rendezvous_host_loss", "link": "node_link_cut"}[point.mode]
-    params = {"node": point.node, "announced_by_rank": point.rank, **{k: v for k, v in extra.items() if v is not None}}
-    return {"kind": kind, "rank": None, "step": point.step, "attempt": 0, "params": params, "spec": point.id}

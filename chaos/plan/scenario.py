@@ -19,8 +19,8 @@ from chaos.model.fault import (  # noqa: F401 - moved to chaos.model.fault; this
     PROCESS_SIGNALS,
     Fault,
     FaultKind,
-    parse_fault,
 )
+from chaos.model.grammar import parse_fault  # noqa: F401 - moved to chaos.model.grammar
 from chaos.model.keyvalue import format_value
 from chaos.target.workload.config import WorkloadConfig
 

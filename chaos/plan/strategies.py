@@ -23,7 +23,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from chaos.model.fault import parse_fault
+from chaos.model.grammar import parse_fault
 from chaos.plan.scenario import Scenario
 from chaos.target.workload.config import WorkloadConfig
 

@@ -28,7 +28,7 @@ from typing import Any
 from chaos.errors import HarnessError
 from chaos.launch import cluster
 from chaos.model import statehash
-from chaos.model.fault import parse_fault
+from chaos.model.grammar import parse_fault
 from chaos.record.history import RunRecord
 from chaos.target.workload import device
 from chaos.target.workload.config import WorkloadConfig

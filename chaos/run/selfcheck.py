@@ -46,7 +46,8 @@ from typing import Any
 
 from chaos.errors import ConfigError
 from chaos.judge.registry import of_workload
-from chaos.model.fault import Fault, parse_fault
+from chaos.model.fault import Fault
+from chaos.model.grammar import parse_fault
 from chaos.model.jobspec import FAULT_KINDS
 from chaos.plan.scenario import Scenario
 from chaos.run.runner import RunOptions, ScenarioResult, run_scenario

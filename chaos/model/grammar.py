@@ -1,0 +1,141 @@
+"""The grammar of a place to break a target, read for ``--point`` and ``--fault``.
+
+``parse_point`` reads a job's points (``rank0:op17:before``, ``rank1:step6:net``, ``disk:full:8192``,
+``node1:step3:loss``, with an anchor ``@write:ckpt/a.pt:3``); ``parse_fault`` reads the built-in
+workload's faults (``kill:rank=1,step=11``). Every error names the text it could not read.
+Called by the command line (``chaos.cli``), the planners and the replay of a results file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+from chaos.errors import ConfigError
+from chaos.model.contract import OP_MODES, ROT_MODES, STEP_MODES
+from chaos.model.fault import COMMON_KEYS, FAULT_KINDS, Fault
+from chaos.model.keyvalue import _parse_value
+from chaos.model.point import NODE_MODES, Point
+
+_POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+)|:step(\d+))?"
+                       rf"|rank(\d+):step(\d+):({'|'.join(STEP_MODES)})|disk:full:(\d+)")
+_NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(NODE_MODES)})")
+
+
+def parse_point(text: str) -> Point:
+    """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
+    ``rank0:op9:payload`` | ``rank0:op9:stale:step6`` | ``rank1:op4:swap`` |
+    ``rank0:op9:power:s2`` | ``rank1:op3:truncate:step5`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
+    ``rank0:step5:requeue`` | ``rank0:step5:preempt`` | ``rank0:step5:node`` | ``rank0:op1:requeue`` (sched) |
+    ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``_parse_node_point``).
+
+    An event point may carry its anchor (``Point.replay_id``): ``rank0:op17:before@write:ckpt/a.pt:3``
+    fires at rank 0's third write to ``{out}/ckpt/a.pt``, whatever its ordinal in this run.
+    """
+    base, sep, anchor = text.strip().partition("@")
+    if sep:
+        point = parse_point(base)
+        if point.op is None:
+            raise ConfigError(f"malformed --point {text!r}: only an event point (rankR:opN:MODE) takes an anchor "
+                              "(@KIND:PATH:N)")
+        return dataclasses.replace(point, anchored=True, **_parse_anchor(text, anchor))
+    if text.strip().startswith("node"):
+        return _parse_node_point(text)
+    m = _POINT_RE.fullmatch(text.strip())
+    if not m:
+        raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:MODE (MODE one of {', '.join(OP_MODES)}), "
+                          f"rankR:stepN:{'|'.join(STEP_MODES)} or disk:full:BYTES")
+    rank, op, mode, state, at_step, srank, step, smode, size = m.groups()
+    if size is not None:
+        if int(size) < 1:
+            raise ConfigError(f"malformed --point {text!r}: a full disk needs a size of at least one byte")
+        return Point(0, "diskfull", size=int(size))
+    if step is not None:
+        return Point(int(srank), smode, step=int(step))
+    if state is not None and (mode != "power" or int(state) < 1):
+        raise ConfigError(f"malformed --point {text!r}: only a power point names a crash state (:s1, :s2, ...)")
+    if at_step is not None and mode not in ROT_MODES:
+        raise ConfigError(f"malformed --point {text!r}: only a fault at rest waits for a step (:stepN): "
+                          f"{', '.join(ROT_MODES)}")
+    return Point(int(rank), mode, op=int(op), state=None if state is None else int(state),
+                 at_step=None if at_step is None else int(at_step))
+
+
+def replay_point(entry: dict[str, Any]) -> str:
+    """What ``--point`` takes to rerun a results entry of a job run: its recorded replay point
+    (``scenario.point``, the id with its anchor), or its ``id`` in results written before anchors.
+    Called by ``cli_job.replay_argv`` (``chaos replay``) and ``repro.find`` (``chaos repro``)."""
+    scenario = entry.get("scenario")
+    point = scenario.get("point") if isinstance(scenario, dict) else None
+    return point if isinstance(point, str) and point.partition("@")[0] == entry.get("id") else str(entry.get("id"))
+
+
+def _parse_anchor(text: str, anchor: str) -> dict[str, Any]:
+    """``KIND:PATH:N`` of a ``--point`` (PATH relative to {out}, N >= 1) as Point fields; ConfigError if not."""
+    kind, colon, rest = anchor.partition(":")
+    path, colon2, nth = rest.rpartition(":")
+    if not (colon and colon2 and re.fullmatch(r"[a-z_]+", kind) and path and nth.isdigit() and int(nth) >= 1):
+        raise ConfigError(f"malformed --point {text!r}: an anchor is @KIND:PATH:N (an event kind such as write, "
+                          "a path relative to {out}, and which such event on it, from 1)")
+    if os.path.isabs(path) or path.split(os.sep)[0] == "..":
+        raise ConfigError(f"malformed --point {text!r}: the anchor's path {path!r} must be relative to {{out}} "
+                          "and inside it")
+    return {"kind": kind, "path": path, "nth": int(nth)}
+
+
+def _parse_node_point(text: str) -> Point:
+    """``node1:step3:loss`` | ``node0:step3:rdzv`` | ``node1:step3:link``. The announcing rank is
+    filled in by ``Reference.lookup`` from the fault-free run (-1 until then)."""
+    m = _NODE_POINT.fullmatch(text.strip())
+    if not m:
+        raise ConfigError(f"malformed --point {text!r}: expected nodeI:stepN:MODE, MODE one of "
+                          f"{', '.join(NODE_MODES)}")
+    node, step, mode = int(m.group(1)), int(m.group(2)), m.group(3)
+    if mode == "loss" and node == 0:
+        raise ConfigError(f"--point {text}: node 0 hosts the rendezvous; its loss is node0:step{step}:rdzv")
+    if mode == "rdzv" and node != 0:
+        raise ConfigError(f"--point {text}: the rendezvous host is node 0 (node0:step{step}:rdzv)")
+    return Point(-1, mode, step=step, node=node)
+
+
+def parse_fault(text: str) -> Fault:
+    """Parse ``KIND:key=value,...``; every error names the offending text."""
+    kind, _, rest = text.strip().partition(":")
+    spec = FAULT_KINDS.get(kind)
+    if spec is None:
+        known = ", ".join(sorted(FAULT_KINDS))
+        raise ConfigError(f"unknown fault kind {kind!r} in {text!r}: known kinds are {known}")
+    allowed = COMMON_KEYS | spec.keys
+    values: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, raw = item.partition("=")
+        if not eq or not key or not raw:
+            raise ConfigError(f"malformed fault {text!r}: expected key=value, got {item!r}")
+        if key not in allowed:
+            raise ConfigError(f"fault {text!r}: {kind} takes {', '.join(sorted(allowed))}, not {key!r}")
+        if key in values:
+            raise ConfigError(f"fault {text!r}: {key!r} given twice")
+        values[key] = _parse_value(raw)
+    for key in ("rank", "step", "attempt", "nth", "byte", "keep", "bits", "free", "length", "seed", "max_states",
+                "offset"):
+        if key in values and (not isinstance(values[key], int) or values[key] < 0):
+            raise ConfigError(f"fault {text!r}: {key} must be a non-negative integer")
+    if "at" in values and not (isinstance(values["at"], int | float) and 0 <= values["at"] <= 1):
+        raise ConfigError(f"fault {text!r}: at must be a fraction of the file's length in [0, 1]")
+    if kind == "payload":
+        from faults.payload import FORMATS, HEADER_VARIANTS
+
+        if values.get("format", "pickle") not in FORMATS:
+            raise ConfigError(f"fault {text!r}: format must be one of {', '.join(FORMATS)}")
+        if values.get("variant", HEADER_VARIANTS[0]) not in HEADER_VARIANTS:
+            raise ConfigError(f"fault {text!r}: variant must be one of {', '.join(HEADER_VARIANTS)}")
+    if spec.needs_step and "step" not in values:
+        raise ConfigError(f"fault {text!r}: {kind} needs step=N (the step at which it fires)")
+    if spec.needs_rank and "rank" not in values:
+        raise ConfigError(f"fault {text!r}: {kind} needs rank=R")
+    if spec.family == "io" and not {"op", "byte", "phase", "path"} & set(values):
+        raise ConfigError(f"fault {text!r}: {kind} needs a point: op=KIND[,nth=N], byte=X[,path=GLOB] or phase=NAME")
+    params = tuple(sorted((k, v) for k, v in values.items() if k not in COMMON_KEYS))
+    return Fault(kind, values.get("rank"), values.get("step"), values.get("attempt", 0), params)

@@ -1,0 +1,159 @@
+"""Point: one place to break a user's job, as plain data (``rank0:op17:before``, ``rank1:step6:net``).
+
+Parsed by :mod:`chaos.model.grammar` (``--point``), planned by ``chaos.plan.pointset`` from the
+fault-free run's trace, fired in-rank by ``chaos.target.job.inproc`` (``Point.env``) or by the
+harness (a full disk, a node fault), and written into the results as a ``faults`` entry
+(``Point.to_fault``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from chaos.model.contract import AT_REST_FAMILIES, AT_REST_KINDS, ERRNO_MODES, SCHED_MODES
+
+# Node faults of a job spread over simulated nodes (``--nodes N``, chaos/nemesis/nodes.py): harness-side
+# only, so they are not part of contract.py (a node point fires in-rank as a ``net`` request).
+NODE_MODES = ("loss", "link", "rdzv")  # node<i>:step<n>:MODE
+
+
+@dataclass(frozen=True)
+class Point:
+    """One place to break a job.
+
+    - ``op`` (ordinal of the rank's traced file events in attempt 0, counted from 0) with
+      ``mode``: before / after / torn (a kill), a corruption family (stop every copy right
+      after the event, corrupt the file it completed, restart), ``power`` (stop every copy
+      there and replace {out} by a power-loss crash state: every pending change lost, or with
+      ``state`` k the k-th of the other states the cut allows, drawn with the point's seed:
+      some un-fsynced data or directory entries kept, a write torn), ``enospc`` / ``eio`` (the event
+      raises instead of being performed); a corruption with ``at_step`` S waits until the rank
+      announces step S (the save that wrote the file is over and the job trusts it: bit rot
+      at rest), then stops every copy and corrupts the file event N completed; ``payload``,
+      ``stale`` and ``swap`` strike the same file at the same moments, each its own family
+      (``chaos.nemesis.payload`` / ``stale`` / ``swap``);
+    - ``step`` with mode ``kill`` (SIGKILL) or ``term`` (SIGTERM, SIGKILL after the grace);
+    - ``step`` or ``op`` with mode ``net``: the rank's network link is cut there (after the
+      event, for an op) for ``--net-hold`` seconds while the job goes on (``netcut.py``);
+    - ``size`` with mode ``diskfull``: {out} is a tmpfs of that many bytes for attempt 0.
+    - ``step`` or ``op`` with mode ``requeue``, ``preempt`` or ``node`` (``sched``, ``--launcher sbatch``):
+      Slurm requeues the job there, preempts it, or sets its node down (``chaos.nemesis.sched``).
+
+    ``kind``, ``path`` (relative to {out}; for a corruption the file corrupted), ``seq``
+    (trace sequence number) and ``nth`` (how many events of this kind on this path came
+    before, plus one) describe what the fault-free run did there. With ``anchored`` they
+    also say where the point fires: both fault-free runs had this rank's ``nth`` event of
+    ``kind`` on ``path`` (so the path is no random temp name), and a rank fires at that
+    event whatever its ordinal in that run. Ranks that race (two creating one directory,
+    whichever is first) shift each other's ordinals between runs, never another path's
+    count. ``op`` still names the point (``id``); :attr:`replay_id` adds the anchor.
+    """
+
+    rank: int
+    mode: str
+    op: int | None = None
+    step: int | None = None
+    kind: str | None = None
+    path: str | None = None
+    seq: int | None = None
+    nth: int | None = None
+    size: int | None = None
+    node: int | None = None  # a node point (``--nodes``): the node; ``rank`` is the rank that announces the step
+    state: int | None = None  # a power point: which mixed crash state at its cut (None: every pending change lost)
+    at_step: int | None = None  # a corruption point: strike once the rank announced this step, not right after event N
+    anchored: bool = False  # fire at the nth ``kind`` event on ``path``, not at ordinal ``op`` (see above)
+
+    @property
+    def anchor(self) -> str | None:
+        """``KIND:PATH:NTH`` where the point fires (``anchored``); None where it fires by ordinal.
+
+        Colons, not a ``#``, so a replay command needs no quoting for the usual path."""
+        if not self.anchored or self.op is None or not self.kind or not self.path or not self.nth:
+            return None
+        return f"{self.kind}:{self.path}:{self.nth}"
+
+    @property
+    def replay_id(self) -> str:
+        """What a replay command passes to ``--point``: :attr:`id`, then ``@`` and the anchor if any."""
+        anchor = self.anchor
+        return self.id if anchor is None else f"{self.id}@{anchor}"
+
+    @property
+    def id(self) -> str:
+        if self.node is not None:
+            return f"node{self.node}:step{self.step}:{self.mode}"
+        if self.mode == "diskfull":
+            return f"disk:full:{self.size}"
+        if self.step is not None:
+            return f"rank{self.rank}:step{self.step}:{self.mode}"
+        if self.at_step is not None:
+            return f"rank{self.rank}:op{self.op}:{self.mode}:step{self.at_step}"
+        return f"rank{self.rank}:op{self.op}:{self.mode}" + (f":s{self.state}" if self.state is not None else "")
+
+    @property
+    def family(self) -> str:
+        """Which ``--faults`` kind this point belongs to."""
+        if self.node is not None:
+            return "node"
+        if self.mode == "diskfull":
+            return "diskfull"
+        if self.mode == "term":
+            return "term"
+        if self.mode == "net":
+            return "net"
+        if self.mode in SCHED_MODES:
+            return "sched"
+        for family, modes in AT_REST_FAMILIES.items():
+            if self.mode in modes:
+                return family
+        if self.mode == "power":
+            return "power"
+        if self.mode in ERRNO_MODES:
+            return "errno"
+        return "kill"
+
+    @property
+    def in_rank(self) -> bool:
+        """Whether a rank fires it (everything but a full disk, which the harness mounts)."""
+        return self.mode != "diskfull"
+
+    def env(self) -> dict[str, Any]:
+        """What the boot path needs to fire this point (a node point: the announcing rank asks the
+        launcher for the node fault with a ``net`` request, and waits for its answer)."""
+        if self.node is not None:
+            return {"rank": self.rank, "mode": "net", "op": None, "step": self.step}
+        env = {"rank": self.rank, "mode": self.mode, "op": self.op, "step": self.step}
+        if self.at_step is not None:
+            env["at_step"] = self.at_step
+        if self.anchor is not None:
+            env["anchor"] = [self.kind, self.path, self.nth]
+        return env
+
+    def to_fault(self, **extra: Any) -> dict[str, Any]:
+        """The point as an entry of the results' ``faults`` list (the existing schema).
+
+        ``kind``: crash (before/after/torn), kill, term, corrupt, stale, swap, payload,
+        powerloss, ioerror, diskfull or netcut; ``params.when`` the finer mode (``corrupt`` +
+        ``bitflip``, ...).
+        """
+        fam = self.family
+        if fam == "node":
+            return _node_fault(self, extra)
+        kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
+                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut", "sched": "sched",
+                **{k: k for k in AT_REST_KINDS}}[fam]  # an at-rest family's kind is its name
+        when = None if fam in ("power", "diskfull", "net", *AT_REST_KINDS) else self.mode
+        params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
+                                    ("path", self.path), ("seq", self.seq), ("nth", self.nth),
+                                    ("size_bytes", self.size), ("at_step", self.at_step)) if v is not None}
+        params.update({k: v for k, v in extra.items() if v is not None})
+        return {"kind": kind, "rank": None if fam == "diskfull" else self.rank, "step": self.step, "attempt": 0,
+                "params": params, "spec": self.id}
+
+
+def _node_fault(point: Point, extra: dict[str, Any]) -> dict[str, Any]:
+    """A node point as an entry of the results' ``faults`` list."""
+    kind = {"loss": "node_loss", "rdzv": "rendezvous_host_loss", "link": "node_link_cut"}[point.mode]
+    params = {"node": point.node, "announced_by_rank": point.rank, **{k: v for k, v in extra.items() if v is not None}}
+    return {"kind": kind, "rank": None, "step": point.step, "attempt": 0, "params": params, "spec": point.id}
