@@ -83,7 +83,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "--executor-opt=--partition=debug; --sbatch-opt is the job's own, with --launcher sbatch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--point", action="append", default=[], metavar="ID",
-                   help="run only this point (a replay; repeatable)")
+                   help="run only this point (a replay; repeatable): rank0:op17:before, rank0:step5:kill "
+                        "(or kill:rank=0,step=5), disk:full:8192, ...")
     p.add_argument("--materialize", action="store_true",
                    help="rebuild a point's first attempt from the fault-free trace (its files as they were "
                         "at the event) and run only the resume; one-process jobs, kills before, after or in the "

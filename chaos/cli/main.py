@@ -139,7 +139,8 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--max-restarts", type=int, default=3)
     run.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                     help="e.g. kill:rank=1,step=23 | term:rank=0,step=12,grace=2 | stop:rank=1,step=9 (repeatable)")
+                     help="e.g. rank1:step23:kill | rank0:step12:term,grace=2 | ckpt:step8:bitflip,bits=2, or the "
+                          "older kill:rank=1,step=23 (repeatable; docs/reference/faults.md: the grammar)")
     run.add_argument("--driver", default="process", metavar="NAME",
                      help="run ranks as forked processes (default) or as Docker containers (see `chaos engine`)")
     run.add_argument("--image", default=None, metavar="NAME",

@@ -1,9 +1,27 @@
-"""The grammar of a place to break a target, read for ``--point`` and ``--fault``.
+"""One grammar for every place to break a target, read for ``--point`` and ``--fault``.
 
-``parse_point`` reads a job's points (``rank0:op17:before``, ``rank1:step6:net``, ``disk:full:8192``,
-``node1:step3:loss``, with an anchor ``@write:ckpt/a.pt:3``); ``parse_fault`` reads the built-in
-workload's faults (``kill:rank=1,step=11``). Every error names the text it could not read.
-Called by the command line (``chaos.cli``), the planners and the replay of a results file.
+A place is written ``WHO:WHERE:WHAT``, then ``,KEY=VALUE`` settings where the target takes
+them::
+
+    WHO    rank<R> | node<N> | disk | ckpt (the newest checkpoint) | all (every rank)
+    WHERE  step<S> (an announced step) | op<N> (a rank's N-th traced file event) | full (a disk);
+           left out for a built-in I/O fault, which its keys place (op=write,nth=3)
+    WHAT   what happens there: kill, term, net, before, after, torn, bitflip, power, ...
+
+Both targets: ``rank1:step11:kill``, ``rank0:step5:term``, ``rank1:step5:net``.
+The built-in workload's faults (:class:`chaos.model.fault.Fault`) add settings and more
+places: ``rank1:step11:kill,phase=vote,lost=true``, ``rank0:step4:crash,op=write,nth=1``,
+``rank0:eio,op=fsync``, ``ckpt:step8:bitflip,bits=2``, ``disk:step8:full,free=4096``,
+``all:step8:power,seed=1``. A job's points (:class:`chaos.model.point.Point`) are found in
+its trace: ``rank0:op17:before``, ``rank0:op9:power:s2``, ``rank0:op9:stale:step6``,
+``disk:full:8192``, ``node1:step3:loss``, with an anchor ``@write:ckpt/a.pt:3``.
+
+The older spelling of a built-in fault, ``KIND:key=value`` (``kill:rank=1,step=11``), is read
+for both too, and is what a built-in scenario's replay command still prints; a job's step
+kill, SIGTERM and network cut may be written that way (``kill:rank=0,step=5``). A place one
+target cannot take is refused naming the other (``--point`` or ``--fault``), every error
+naming the text. Called by the command line (``chaos.cli``), the planners and the replay
+of a results file.
 """
 
 from __future__ import annotations
@@ -24,7 +42,7 @@ _POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+)|:st
 _NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(NODE_MODES)})")
 
 
-def parse_point(text: str) -> Point:
+def _read_point(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
     ``rank0:op9:payload`` | ``rank0:op9:stale:step6`` | ``rank1:op4:swap`` |
     ``rank0:op9:power:s2`` | ``rank1:op3:truncate:step5`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
@@ -36,7 +54,7 @@ def parse_point(text: str) -> Point:
     """
     base, sep, anchor = text.strip().partition("@")
     if sep:
-        point = parse_point(base)
+        point = _read_point(base)
         if point.op is None:
             raise ConfigError(f"malformed --point {text!r}: only an event point (rankR:opN:MODE) takes an anchor "
                               "(@KIND:PATH:N)")
@@ -100,8 +118,8 @@ def _parse_node_point(text: str) -> Point:
     return Point(-1, mode, step=step, node=node)
 
 
-def parse_fault(text: str) -> Fault:
-    """Parse ``KIND:key=value,...``; every error names the offending text."""
+def _read_fault(text: str) -> Fault:
+    """``KIND:key=value,...``; every error names the offending text."""
     kind, _, rest = text.strip().partition(":")
     spec = FAULT_KINDS.get(kind)
     if spec is None:
@@ -139,3 +157,84 @@ def parse_fault(text: str) -> Fault:
         raise ConfigError(f"fault {text!r}: {kind} needs a point: op=KIND[,nth=N], byte=X[,path=GLOB] or phase=NAME")
     params = tuple(sorted((k, v) for k, v in values.items() if k not in COMMON_KEYS))
     return Fault(kind, values.get("rank"), values.get("step"), values.get("attempt", 0), params)
+
+
+# ---------------------------------------------------------------------- one grammar, both targets
+_PROCESS = ("kill", "term", "stop", "restart")
+_IO = ("crash", "eio", "enospc", "fsyncfail", "shortwrite", "slowio")
+_REST = ("truncate", "bitflip", "zero", "delete", "stale", "swap", "payload")
+_PLACE = re.compile(r"(rank\d+|node\d+|disk|ckpt|all):")
+_KEYVALUE = re.compile(r"[a-z]+(:|$)")  # KIND:key=value (a built-in fault's older spelling), or KIND alone
+_JOB_KINDS = {"kill": "kill", "term": "term", "netdrop": "net"}  # what a job takes in the older spelling
+_POINT_FORMS = ("rankR:opN:MODE, rankR:stepN:kill|term|net (or kill:rank=R,step=N, term:rank=R,step=N, "
+                "netdrop:rank=R,step=N), disk:full:BYTES or nodeN:stepS:MODE")
+
+
+def parse_fault(text: str) -> Fault:
+    """A built-in workload's fault in either spelling: ``rank1:step11:kill,phase=vote`` or
+    ``kill:rank=1,step=11,phase=vote`` (the same :class:`Fault`)."""
+    stripped = text.strip()
+    if _PLACE.match(stripped):
+        return _read_fault(_as_keyvalue(stripped, text))
+    return _read_fault(text)
+
+
+def _as_keyvalue(place: str, text: str) -> str:
+    """``WHO:WHERE:WHAT[,k=v...]`` as the built-in fault's ``KIND:k=v,...``; ConfigError if not one."""
+    head, comma, settings = place.partition(",")
+    parts = head.split(":")
+    who, what = parts[0], parts[-1]
+    where = parts[1] if len(parts) == 3 else None
+    if len(parts) not in (2, 3) or "@" in place:
+        raise ConfigError(f"malformed --fault {text!r}: expected WHO:stepS:WHAT[,KEY=VALUE...] "
+                          "(rank1:step11:kill) or KIND:key=value (kill:rank=1,step=11)")
+    if (who, where) == ("disk", "full"):
+        raise ConfigError(f"--fault {text!r}: disk:full:BYTES is a job's point (its {{out}} on a tmpfs of BYTES); the "
+                          "built-in workload's full disk is disk:stepS:full,free=BYTES")
+    if where is not None and not re.fullmatch(r"step\d+", where):
+        raise ConfigError(f"--fault {text!r}: {where!r} is a place in a job's trace (a job's point: --point ... "
+                          "-- COMMAND); a built-in fault fires at a step (stepS) or, for an I/O fault, where its "
+                          "keys say (rank0:crash,op=write,nth=3)")
+    keys: list[str] = []
+    if who.startswith("rank"):
+        keys.append(f"rank={who[4:]}")
+        kind = "netdrop" if what == "net" else what
+        if kind not in (*_PROCESS, *_IO, "netdrop"):
+            raise ConfigError(f"--fault {text!r}: a rank's fault is one of {', '.join((*_PROCESS, 'net', *_IO))}")
+    elif who == "ckpt":
+        kind = what
+        if kind not in _REST:
+            raise ConfigError(f"--fault {text!r}: the newest checkpoint's fault is one of {', '.join(_REST)}")
+    elif (who, what) in (("disk", "full"), ("all", "power")):
+        kind = "diskfull" if who == "disk" else "powerloss"
+    else:
+        raise ConfigError(f"--fault {text!r}: {who}:...:{what} is no fault of the built-in workload "
+                          "(disk:stepS:full, all:stepS:power, ckpt:stepS:KIND or rankR:stepS:KIND)")
+    if where is None and kind not in _IO:
+        raise ConfigError(f"--fault {text!r}: {kind} fires at a step: {who}:stepS:{what}")
+    if where is not None:
+        keys.append(f"step={where[4:]}")
+    return f"{kind}:{','.join(k for k in (*keys, settings) if k)}"
+
+
+def parse_point(text: str) -> Point:
+    """A job's point in the grammar (``rank0:op17:before``, ``rank0:step5:kill``, ...), or a step
+    kill, SIGTERM or network cut in the built-in fault's spelling (``kill:rank=0,step=5``)."""
+    stripped = text.strip()
+    if _PLACE.match(stripped) or not _KEYVALUE.match(stripped):
+        if "," in stripped.partition("@")[0] and _PLACE.match(stripped):
+            raise ConfigError(f"--point {text!r}: a job's point takes no KEY=VALUE settings (a SIGTERM's grace is "
+                              "--grace, a cut's length --net-hold); settings are for a built-in fault (--fault)")
+        return _read_point(text)
+    kind = stripped.partition(":")[0]
+    if kind in FAULT_KINDS and kind not in _JOB_KINDS:
+        raise ConfigError(f"--point {text!r}: {kind} is a fault of the built-in workload (--fault); a job's points "
+                          f"are {_POINT_FORMS}")
+    if kind not in _JOB_KINDS:
+        raise ConfigError(f"malformed --point {text!r}: expected {_POINT_FORMS}")
+    fault = _read_fault(stripped)
+    if fault.params or fault.attempt or fault.rank is None or fault.step is None:
+        raise ConfigError(f"--point {text!r}: a job's {kind} is {kind}:rank=R,step=N with nothing else "
+                          "(rankR:stepN:" + _JOB_KINDS[kind] + "); other settings are the built-in workload's")
+    return Point(fault.rank, _JOB_KINDS[kind], step=fault.step)
+

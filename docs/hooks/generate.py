@@ -7,7 +7,7 @@ A page asks for a generated block with a marker on a line of its own::
 and :func:`on_page_markdown` replaces the marker with Markdown made from the code: the
 argparse parsers (``chaos.cli.main.make_parser`` and the job parser of
 ``chaos.cli.job``), the results JSON Schema (``chaos.model.resultschema.SCHEMA``), the
-``--fault`` kinds (``chaos.plan.scenario.FAULT_KINDS``), the workload keys
+``--fault`` kinds (``chaos.model.fault.FAULT_KINDS``), the workload keys
 (``chaos.target.workload.config.WorkloadConfig``) and the pytest plugin's options and
 markers (``chaos.cli.plugin``). Nothing here is typed by hand, so none of it can go
 stale; an unknown marker fails the build.
@@ -181,7 +181,7 @@ def results_schema() -> str:
 
 
 def fault_kinds() -> str:
-    from chaos.plan.scenario import COMMON_KEYS, FAULT_KINDS
+    from chaos.model.fault import COMMON_KEYS, FAULT_KINDS
 
     rows = ["| kind | family | needs | keys | what it does |", "|---|---|---|---|---|"]
     for name, kind in FAULT_KINDS.items():
