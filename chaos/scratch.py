@@ -79,6 +79,16 @@ _lock = threading.RLock()  # _claim holds it while claims_dir() takes it again
 _mine: dict[str, Any] = {"pid": None, "path": None, "swept_pid": None, "default_dir": None, "said": set()}
 
 
+def cache_root() -> str:
+    """The user's chaos cache: ``$CHAOS_CACHE_DIR``, else ``$XDG_CACHE_HOME/chaos`` (``~/.cache/chaos``).
+
+    Below it ``chaos.record.golden`` keeps fault-free runs (``golden/``) and ``chaos.launch.job``
+    the native tracer's compiled library (``native/``, checked before each use by ``faults.shim``).
+    """
+    return os.environ.get("CHAOS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "chaos")
+
+
 class UnsafeClaims(ConfigError):
     """The claims directory could be another user's (or is missing its parent): never used."""
 

@@ -7,8 +7,9 @@ to the rank's Python interposer (``register``: one trace, one ordinal sequence, 
 of point rules) or, in a process the interposer does not run in, writes the same records
 and fires the point itself. Its header says what it cannot see.
 
-Who calls what: ``chaos.launch.job.job_env`` calls :func:`build` once per exploration
-root and puts the library in every attempt's ``LD_PRELOAD``; the rank's boot path
+Who calls what: ``chaos.launch.job.job_env`` calls :func:`build` (the library from the
+user's chaos cache, compiled there once per source) and puts it in every attempt's
+``LD_PRELOAD``; the rank's boot path
 (``chaos.target.job.native.attach``) calls :func:`loaded`, :func:`register` and
 :func:`configure`, and :func:`off` at exit.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -33,30 +35,64 @@ HANDLER = ctypes.CFUNCTYPE(ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes
                            ctypes.c_int, ctypes.c_int)
 
 
-def build(dest: str) -> str:
-    """The library compiled from ``chaosio.c`` into ``dest`` (once per source: named by its hash).
+def build(dest: str, cache: str | None = None) -> str:
+    """The library compiled from ``chaosio.c`` (once per source: named by its hash).
+
+    Taken from ``cache`` (built there if missing) where that folder and the file are this
+    user's alone, neither a link nor writable by anyone else: a library loaded into every
+    rank is code, so one another user could have placed there is never used. Anywhere
+    else it is built in ``dest`` (an exploration's own scratch root).
 
     Raises :class:`Unsupported` naming the reason where no C compiler works here; the
     job is then traced by the Python interposer alone, and its results say so.
     """
+    with open(SOURCE, "rb") as f:
+        src = f.read()
     import hashlib  # here, not at the top: a rank imports this module to bind, never to build
+
+    name = f"chaosio-{hashlib.sha256(src).hexdigest()[:16]}.so"
+    if cache is not None:
+        try:
+            os.makedirs(cache, mode=0o700, exist_ok=True)
+            if _private(os.path.dirname(os.path.abspath(cache))) and _private(cache):
+                lib = os.path.join(cache, name)
+                if not os.path.lexists(lib):
+                    _compile(lib)
+                if _private(lib):
+                    return lib
+        except OSError:
+            pass  # an unwritable cache: build in dest
+    lib = os.path.join(dest, name)
+    if not os.path.exists(lib):
+        os.makedirs(dest, exist_ok=True)
+        _compile(lib)
+    return lib
+
+
+def _private(path: str) -> bool:
+    """Whether ``path`` is this user's own directory or file, no link, writable by no one else."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    kind_ok = stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)
+    return kind_ok and st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _compile(lib: str) -> None:
+    """Compile ``chaosio.c`` to ``lib``: into a temp name beside it, then renamed (atomic: attempts
+    and explorations building at once each get a whole library)."""
     import shutil
     import subprocess
     import tempfile
 
-    with open(SOURCE, "rb") as f:
-        src = f.read()
-    lib = os.path.join(dest, f"chaosio-{hashlib.sha256(src).hexdigest()[:16]}.so")
-    if os.path.exists(lib):
-        return lib
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise Unsupported("the native tracer needs a C compiler (cc or gcc on PATH, or $CC); none was found")
-    os.makedirs(dest, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".chaosio-", suffix=".tmp", dir=dest)  # one per builder (threads too)
+    fd, tmp = tempfile.mkstemp(prefix=".chaosio-", suffix=".tmp", dir=os.path.dirname(lib))
     os.close(fd)
     try:
-        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", tmp, SOURCE, "-ldl", "-lpthread"],
+        done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", tmp, SOURCE, "-ldl", "-lpthread"],
                               capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
         _unlink(tmp)
@@ -64,8 +100,8 @@ def build(dest: str) -> str:
     if done.returncode != 0:
         _unlink(tmp)
         raise Unsupported(f"the native tracer did not build with {cc}: {done.stderr.strip()[-400:]}")
-    os.replace(tmp, lib)  # atomic: parallel attempts building at once each get a whole library
-    return lib
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, lib)
 
 
 def _unlink(path: str) -> None:

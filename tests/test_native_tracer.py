@@ -137,6 +137,23 @@ def test_no_compiler_is_a_typed_error_naming_it(tmp_path: Path, monkeypatch: pyt
     assert not list((tmp_path / "shim").glob("*.so"))
 
 
+def test_the_library_is_built_once_in_a_private_cache_and_never_taken_from_one_others_can_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache, dest = tmp_path / "cache" / "native", tmp_path / "root"
+    (tmp_path / "cache").mkdir(mode=0o700)
+    lib = shim.build(str(dest), cache=str(cache))
+    assert Path(lib).parent == cache and not dest.exists()
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert shim.build(str(dest), cache=str(cache)) == lib  # no second compile: no compiler needed
+    monkeypatch.delenv("CC")
+    cache.chmod(0o777)  # anyone may now have put a library there: it is not loaded
+    assert Path(shim.build(str(dest), cache=str(cache))).parent == dest
+    cache.chmod(0o700)
+    Path(lib).unlink()
+    Path(lib).symlink_to(tmp_path / "elsewhere.so")
+    assert Path(shim.build(str(dest), cache=str(cache))).parent == dest
+
+
 def test_standalone_records_are_json_whatever_the_file_name(tmp_path: Path) -> None:
     """A process the interposer does not run in writes its own records: a hostile name stays data."""
     lib = shim.build(str(tmp_path / "shim"))

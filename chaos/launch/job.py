@@ -51,6 +51,7 @@ from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
 from chaos.nemesis import netcut
+from chaos.scratch import cache_root
 from faults import shim
 from faults.errors import Unsupported
 
@@ -227,7 +228,7 @@ def native_tracer(job: S.JobSpec, root: str) -> str | None:
     if not job.native_trace:
         return None
     try:
-        return shim.build(os.path.join(root, "shim"))
+        return _native_library(root)
     except Unsupported:
         return None
 
@@ -237,10 +238,15 @@ def native_tracer_problem(job: S.JobSpec, root: str) -> str | None:
     if not job.native_trace:
         return None
     try:
-        shim.build(os.path.join(root, "shim"))
+        _native_library(root)
     except Unsupported as e:
         return str(e)
     return None
+
+
+def _native_library(root: str) -> str:
+    """The library from the user's cache (built there once per source), else built in ``root``."""
+    return shim.build(os.path.join(root, "shim"), cache=os.path.join(cache_root(), "native"))
 
 
 def requests(trace_dir: str, name: str) -> list[dict[str, Any]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +29,7 @@ from chaos.launch import cluster
 from chaos.model import statehash
 from chaos.model.grammar import parse_fault
 from chaos.record.history import RunRecord
+from chaos.scratch import cache_root
 from chaos.target.workload import device
 from chaos.target.workload.config import WorkloadConfig
 from reports.jsonfile import write_json_atomic
@@ -61,9 +61,7 @@ class GoldenRun:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("CHAOS_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "chaos")
-    return Path(base) / "golden"
+    return Path(cache_root()) / "golden"
 
 
 def golden_sources() -> list[Path]:
