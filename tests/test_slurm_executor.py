@@ -278,3 +278,28 @@ def test_a_task_on_a_node_without_the_scratch_says_so(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         f"chaos: error: the plan {plan} cannot be read on {os.uname().nodename} (No such file or directory): "
         "--scratch must be a file system every node mounts at the same path"]
+
+
+def test_a_task_that_ends_leaves_another_task_s_full_disk_mounted(tmp_path: Path) -> None:
+    """Tasks on one node share its mount namespace: a task's cleanup unmounts under its own points
+    only. Before, it unmounted the whole exploration root, so a task that finished first took
+    another task's tmpfs from under a disk:full point, whose restart then ran on the empty real
+    {out} and lost its work (a flaky lost_work through the array, pass locally)."""
+    from chaos.run.slurmexec import PLAN, task_main
+    from faults import disk
+
+    ok, why = disk.can_mount_tmpfs()
+    if not ok:
+        pytest.skip(why)
+    root = tmp_path / "root"
+    other = root / "point-00001" / "out"
+    other.mkdir(parents=True)
+    (root / "array" / "done").mkdir(parents=True)
+    plan = {"job": {"command": ["true", "{out}"]}, "preload_modules": [], "seed": 0, "netlab": False, "deadline": None,
+            "points": [{"index": 1, "task": 1, "point": {"rank": 0, "mode": "kill", "step": 1}}]}
+    (root / "array" / PLAN).write_text(json.dumps(plan))
+    with disk.mounted_tmpfs(str(other), 1 << 20) as info:
+        assert disk.mounts_under(str(root)) == [info["path"]]
+        assert task_main(str(root / "array" / PLAN), 0) == 0  # task 0 has no point: it ends at once
+        assert disk.mounts_under(str(root)) == [info["path"]]  # task 1's disk is still there
+    assert disk.mounts_under(str(root)) == []

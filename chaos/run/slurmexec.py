@@ -337,11 +337,13 @@ def task_main(plan_path: str, task: int) -> int:
     job = dataclasses.replace(JobSpec.from_dict(plan["job"]), preload_modules=tuple(plan["preload_modules"]))
     done_dir = Path(root) / "array" / "done"
     signal.signal(signal.SIGTERM, _interrupt)
+    mine: list[str] = []  # this task's point folders: the only ones its cleanup may unmount under
     try:
         for entry in plan["points"]:
             if entry["task"] != task:
                 continue
             index = int(entry["index"])
+            mine.append(os.path.join(root, f"point-{index:05d}"))
             record = done_dir / f"{index:05d}.json"
             if record.exists():
                 continue
@@ -362,7 +364,10 @@ def task_main(plan_path: str, task: int) -> int:
     finally:
         launch.kill_all()
         netcut.teardown_all()
-        disk.unmount_all(root)
+        # Not the whole root: the other tasks on this node share its mount namespace, and a full
+        # disk another one has mounted over its point's {out} must outlive this task's end.
+        for folder in mine:
+            disk.unmount_all(folder)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
