@@ -53,7 +53,7 @@ def test_run_writes_results_json_and_replay_reruns_it(tmp_path):
     for key in ("id", "seed", "checkpointer", "backend", "world_size", "faults", "verdict", "oracles", "replay"):
         assert key in sc
     assert sc["verdict"] == "fail" and sc["oracles"]["bit_exact"]["result"] == "fail"
-    assert sc["faults"][0]["spec"] == "kill:rank=1,step=5"
+    assert sc["faults"][0]["spec"] == "rank1:step5:kill"  # the one grammar (--fault took the older spelling)
     assert sc["fired"][0]["signal"] == "SIGKILL" and sc["fired"][0]["rank"] == 1
     assert sc["replay"] in proc.stdout.replace("\n", "")
     assert list((tmp_path / "scratch").iterdir()) == [], "scratch roots must be removed"
@@ -73,4 +73,4 @@ def test_a_fault_that_never_fires_makes_the_scenario_skipped_not_passed(tmp_path
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (sc,) = json.loads(out.read_text())["scenarios"]
     assert sc["verdict"] == "skipped" and sc["fired"] == []
-    assert "kill:rank=1,step=5,attempt=1 never fired" in sc["error"]
+    assert "rank1:step5:kill,attempt=1 never fired" in sc["error"]

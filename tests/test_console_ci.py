@@ -48,7 +48,7 @@ def _results() -> list[ScenarioResult]:
 
 def test_compact_lines_say_verdict_id_time_and_the_failing_oracle():
     passed, failed, errored, skipped = _results()
-    assert compact_lines(passed, "[1/4] ") == ["[1/4] PASS reference-kill_rank=1_step=23-seed0 3.2s"]
+    assert compact_lines(passed, "[1/4] ") == ["[1/4] PASS reference-rank1_step23_kill-seed0 3.2s"]
     head, replay = compact_lines(failed, "[2/4] ")
     assert head == (f"[2/4] FAIL {failed.scenario.id} 5.6s  bit_exact: rank 0 final state: first differing tensor "
                     "'data/position' (+1 more: loss_continuity)")

@@ -148,7 +148,7 @@ def test_kill_term_and_pause_go_through_the_sdk_and_are_recorded(tmp_path):
         ("stop", 1, "SIGSTOP", "container.pause()"),
     ]
     assert all(f.detail["driver"] == "docker" and f.detail["container"].startswith("chaos-t0k3n") for f in fired)
-    assert fired[2].spec == "stop:rank=1,step=5,phase=write_shards"
+    assert fired[2].spec == "rank1:step5:stop,phase=write_shards"
 
 
 def test_netdrop_disconnects_the_container_and_lets_the_rank_go_on(tmp_path):

@@ -155,7 +155,7 @@ def test_each_io_fault_fires_by_its_own_rule():
 def test_a_schedule_of_two_io_faults_where_one_never_fired_is_skipped():
     scenario = Scenario("reference", faults=[parse_fault(f) for f in TWO_IO])
     why = _unfired_io_faults(scenario, _record(scenario.faults, [(0, 0)], {0: 2}))
-    assert why is not None and why.startswith("skipped: I/O fault eio:rank=0,step=8")
+    assert why is not None and why.startswith("skipped: I/O fault rank0:step8:eio")
     assert "1 of the 2 I/O faults fired" in why
     assert _unfired_io_faults(scenario, _record(scenario.faults, [(0, 0), (0, 1)], {0: 2})) is None
 

@@ -101,11 +101,11 @@ def _run(tmp_path: Path, *args: str) -> dict:
 
 
 def test_the_command_line_runs_a_fault_written_in_the_grammar(tmp_path: Path) -> None:
-    """The built-in workload, end to end: the scenario and its replay are the older spelling's."""
-    doc = _run(tmp_path, "--steps", "6", "--save-every", "2", "--fault", "rank1:step3:kill")
+    """The built-in workload, end to end: the older spelling in, the grammar in the record and replay."""
+    doc = _run(tmp_path, "--steps", "6", "--save-every", "2", "--fault", "kill:rank=1,step=3")
     (s,) = doc["scenarios"]
-    assert [f["spec"] for f in s["faults"]] == ["kill:rank=1,step=3"]
-    assert s["verdict"] == "pass" and "--fault kill:rank=1,step=3" in s["replay"]
+    assert [f["spec"] for f in s["faults"]] == ["rank1:step3:kill"] and s["id"] == "reference-rank1_step3_kill-seed0"
+    assert s["verdict"] == "pass" and "--fault rank1:step3:kill" in s["replay"]
 
 
 def test_a_job_runs_a_point_written_in_the_built_in_spelling(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ def test_builtin_scenarios_map_to_pass_failure_error_and_skipped():
     assert set(cases) == {s["id"] for s in doc["scenarios"]}
     assert all(c.get("classname") == "reference" for c in cases.values())
 
-    failed = cases["reference-kill_rank=1_step=13-seed0"]
+    failed = cases["reference-rank1_step13_kill-seed0"]
     failure = failed.find("failure")
     assert failure.get("message") == ("bit_exact: rank 0 final state: first differing tensor 'model/w'; "
                                       "loss_continuity: rank 0 step 4 (attempt 1): loss 4.57 is -16.90% off")
@@ -97,13 +97,13 @@ def test_builtin_scenarios_map_to_pass_failure_error_and_skipped():
     assert f"replay: {replay}" in failure.text.splitlines()
     assert "durability" not in failure.text  # only the failing oracles
 
-    error = cases["reference-term_rank=0_step=12_grace=2-seed0"].find("error")
+    error = cases["reference-rank0_step12_term_grace=2-seed0"].find("error")
     assert error.get("message") == "RuntimeError: the fork server died while starting rank 1"
     assert "while starting rank 1" in error.text and "replay: chaos run" in error.text
 
-    skipped = cases["reference-kill_rank=1_step=5_attempt=1-seed0"].find("skipped")
+    skipped = cases["reference-rank1_step5_kill_attempt=1-seed0"].find("skipped")
     assert skipped.get("message") == "fault kill:rank=1,step=5,attempt=1 never fired"
-    assert cases["reference-kill_rank=1_step=23-seed0"].find("*") is None  # a pass has no child
+    assert cases["reference-rank1_step23_kill-seed0"].find("*") is None  # a pass has no child
 
 
 def test_campaign_coverage_goes_to_system_out():
@@ -120,7 +120,7 @@ def test_characters_xml_cannot_hold_are_escaped_not_fatal(tmp_path):
     doc = builtin_doc()
     doc["scenarios"][2]["error"] = "rank 1 wrote \x1b[31mred\x00 and \ud800 to stderr"
     path = write_junit(doc, tmp_path / "sub" / "junit.xml")
-    error = _cases(ET.parse(path).getroot())["reference-term_rank=0_step=12_grace=2-seed0"].find("error")
+    error = _cases(ET.parse(path).getroot())["reference-rank0_step12_term_grace=2-seed0"].find("error")
     assert error.get("message") == "rank 1 wrote \\u001b[31mred\\u0000 and \\ud800 to stderr"
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["junit.xml"]  # no temp file left
 

@@ -160,8 +160,8 @@ def test_the_fault_free_run_loses_as_many_ranks_right_after_each_resume_step(tmp
 
     plan = goldens._resized_plan(WorkloadConfig(steps=20), 4, [(8, 3), (12, 2)], tmp_path / "logs",
                                  tmp_path / "ckpt", "gloo")
-    assert [f.spec() for f in plan.faults] == ["kill:rank=3,step=9,lost=true",
-                                               "kill:rank=2,step=13,attempt=1,lost=true"]
+    assert [f.spec() for f in plan.faults] == ["rank3:step9:kill,lost=true",
+                                               "rank2:step13:kill,attempt=1,lost=true"]
     assert (plan.world_size, plan.max_restarts, plan.checkpointer) == (4, 2, "reference")
 
 

@@ -164,7 +164,7 @@ def test_the_intended_oracle_catches_and_fail_fast_stops_there(monkeypatch: pyte
     assert bad.result == CAUGHT and [o.probe for o in bad.caught_by] == ["powerloss"]
     assert [o.probe for o in bad.outcomes] == [p.name for p in BATTERY[:BATTERY.index(PROBES["powerloss"]) + 1]]
     assert bad.intended(bad.caught_by[0]) == ["atomic_commit"] and report.passed
-    assert ran[-1].faults[0].param("max_states") == 7 and bad.outcomes[-1].faults == ("powerloss:step=8,max_states=7",)
+    assert ran[-1].faults[0].param("max_states") == 7 and bad.outcomes[-1].faults == ("all:step8:power,max_states=7",)
 
 
 def test_cli_json_carries_intended_oracle_probe_result_and_failures(

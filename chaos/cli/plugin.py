@@ -431,7 +431,7 @@ class ChaosRunner:
 def chaos(chaos_session: ChaosSession, record_property: Any) -> ChaosRunner:
     """Run chaos from a test, then assert on the evidence.
 
-    Built-in workload: ``chaos.run(chaos.scenario("reference", ["kill:rank=1,step=9"]))``.
+    Built-in workload: ``chaos.run(chaos.scenario("reference", ["rank1:step9:kill"]))``.
     Your own job (what ``chaos run -- COMMAND`` does, in-process)::
 
         result = chaos.job(["python", "train.py", "--out", "{out}"], ranks=2, max_points=20,

@@ -1,8 +1,8 @@
-"""One planned fault of the built-in workload, as plain data, and its ``KIND:key=value`` spelling.
+"""One planned fault of the built-in workload, as plain data, and its spelling in the one grammar.
 
-A fault on the command line reads ``KIND:key=value,...``, e.g. ``kill:rank=1,step=23``.
-Every fault round-trips through ``Fault.spec()`` so a scenario's replay command is
-exactly the faults it ran. ``chaos.plan.scenario`` builds scenarios of them; the
+A fault on the command line reads ``rank1:step23:kill`` (or, in the older spelling still read,
+``kill:rank=1,step=23``); ``chaos.model.grammar`` reads both. Every fault round-trips
+through ``Fault.spec()`` so a scenario's replay command is exactly the faults it ran. ``chaos.plan.scenario`` builds scenarios of them; the
 launchers (``chaos.launch.cluster``, the docker driver) and the environment
 (``chaos.nemesis.environment``) carry them out.
 """
@@ -89,15 +89,27 @@ class Fault:
         return FAULT_KINDS[self.kind].family
 
     def spec(self) -> str:
-        parts = []
-        if self.rank is not None:
-            parts.append(f"rank={self.rank}")
-        if self.step is not None:
-            parts.append(f"step={self.step}")
+        """The fault in the one grammar (``chaos.model.grammar``): ``rank1:step11:kill,phase=vote``,
+        ``ckpt:step8:bitflip,bits=2``, ``rank0:eio,op=fsync``. What a scenario's id and replay
+        command carry; ``parse_fault`` reads it back to this fault (and the older
+        ``kill:rank=1,step=11`` spelling of results written before)."""
+        family = FAULT_KINDS[self.kind].family if self.kind in FAULT_KINDS else None
+        settings = []
+        if self.kind == "diskfull":
+            who, what = "disk", "full"
+        elif self.kind == "powerloss":
+            who, what = "all", "power"
+        elif family == "rest" or self.rank is None:
+            who, what = "ckpt" if family == "rest" else "all", self.kind
+        else:
+            who, what = f"rank{self.rank}", "net" if self.kind == "netdrop" else self.kind
+        if self.rank is not None and not who.startswith("rank"):
+            settings.append(f"rank={self.rank}")
         if self.attempt:
-            parts.append(f"attempt={self.attempt}")
-        parts += [f"{k}={format_value(v)}" for k, v in self.params]
-        return f"{self.kind}:{','.join(parts)}" if parts else self.kind
+            settings.append(f"attempt={self.attempt}")
+        settings += [f"{k}={format_value(v)}" for k, v in self.params]
+        place = f"{who}:step{self.step}:{what}" if self.step is not None else f"{who}:{what}"
+        return ",".join([place, *settings])
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "rank": self.rank, "step": self.step, "attempt": self.attempt,

@@ -1,6 +1,6 @@
 """Scenarios: what the built-in workload runs and what to break in it, as plain data.
 
-A scenario's faults are :class:`chaos.model.fault.Fault` (``kill:rank=1,step=23`` on the
+A scenario's faults are :class:`chaos.model.fault.Fault` (``rank1:step23:kill`` on the
 command line); its replay command is exactly the faults it ran.
 """
 

@@ -6,7 +6,7 @@ and exec roots under ``--root``, default ``/run/chaos-engine`` or ``CHAOS_ENGINE
 which ``chaos run --driver docker`` then finds by itself. ``stop`` removes every
 container, network and volume the harness made, stops the daemon and deletes its root::
 
-    chaos engine start && chaos run --driver docker --fault kill:rank=1,step=23 && chaos engine stop
+    chaos engine start && chaos run --driver docker --fault rank1:step23:kill && chaos engine stop
 """
 
 from __future__ import annotations
