@@ -232,3 +232,22 @@ def test_a_vforked_child_leaves_the_parent_s_fd_table_alone(tmp_path: Path) -> N
     recs = [json.loads(x) for f in trace.glob("trace-*.jsonl") for x in f.read_text().splitlines()]
     assert not [r for r in recs if r.get("op") == "write"], recs  # nothing was written to {out}/log
     assert {r["op"] for r in recs} <= {"open", "close"}
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python-only"])
+def test_a_power_cut_after_the_last_write_accounts_for_every_file(tmp_path: Path, native: bool) -> None:
+    """A real power-loss point at the mixed job's last file event: with the native tracer every
+    file it wrote is in the record the crash state is rebuilt from; without it, dd's and the
+    memmap's files are kept as they were, unexplained."""
+    pytest.importorskip("numpy")
+    job = JobSpec(command=(sys.executable, str(JOBS / "mixed_job.py"), "--out", "{out}"), result_globs=("final.json",),
+                  native_trace=native)
+    _ref, run = explore.reference(job, str(tmp_path / "x"), 1)
+    last = max(r["ord"] for r in merged_records(run.scratch) if r.get("event") == "op" and r.get("ord") is not None)
+    opts = ("--no-native-trace",) if not native else ()
+    doc = _run(tmp_path, "mixed_job.py", "--point", f"rank0:op{last}:power", *opts)
+    (s,) = doc["scenarios"]
+    applied = s["fault_applied"]
+    assert s["fired"] and set(applied["files_before"]) >= {"py.json", "dd.bin", "mm.bin"}, applied
+    untraced = sorted(u["file"] for u in applied.get("untraced") or [])
+    assert untraced == ([] if native else ["dd.bin", "mm.bin"]), applied
