@@ -152,6 +152,11 @@ static void after_fork_child(void) {
      * uninstalls itself there), so it traces standalone into its own file. */
     owner = getpid();
     handler = NULL;
+    /* Only the forking thread lives on: a lock another thread held stays held forever. */
+    pthread_mutex_init(&mu, NULL);
+    REAL(int, close, int);
+    if (tracefd >= 0) real_close(tracefd);  /* the parent's trace: the child writes its own */
+    if (datafd >= 0) real_close(datafd);
     tracefd = datafd = -1;
     dataoff = seq = 0;
 }

@@ -251,3 +251,31 @@ def test_a_power_cut_after_the_last_write_accounts_for_every_file(tmp_path: Path
     assert s["fired"] and set(applied["files_before"]) >= {"py.json", "dd.bin", "mm.bin"}, applied
     untraced = sorted(u["file"] for u in applied.get("untraced") or [])
     assert untraced == ([] if native else ["dd.bin", "mm.bin"]), applied
+
+
+def test_a_forked_child_traces_into_its_own_file_numbered_with_its_parent(tmp_path: Path) -> None:
+    """A process without the interposer forks: the child writes its own trace (its pid), and the
+    two processes' events take their numbers from the one counter of the rank."""
+    lib = shim.build(str(tmp_path / "shim"))
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    out.mkdir()
+    trace.mkdir()
+    conf = shim.conf(0, 0, str(trace), [str(out)], str(trace / "ord-r0-a0"), None)
+    code = ("import os\n"
+            f"out = {str(out)!r}\n"
+            "open(os.path.join(out, 'parent-before'), 'w').write('a')\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    open(os.path.join(out, 'child'), 'w').write('b')\n"
+            "    os._exit(0)\n"
+            "os.waitpid(pid, 0)\n"
+            "open(os.path.join(out, 'parent-after'), 'w').write('c')\n")
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "LD_PRELOAD": lib, shim.ENV_CONF: conf},
+                   check=True, timeout=60)
+    files = sorted(trace.glob("trace-r0-a0-p*.jsonl"))
+    assert len(files) == 2
+    by_file = [[json.loads(x) for x in f.read_text().splitlines()] for f in files]
+    names = [{os.path.basename(r["path"]) for r in recs} for recs in by_file]
+    assert sorted(map(sorted, names)) == [["child"], ["parent-after", "parent-before"]]
+    ords = sorted(r["ord"] for recs in by_file for r in recs)
+    assert ords == list(range(len(ords))) and len(ords) == 9  # open, write, close of each file
