@@ -340,8 +340,10 @@ def train(spec: RankSpec, conn: Any, log: EventLog, listener: Any = None) -> dic
         if trigger.settles_before(trainer.step + 1):
             if ckpt is not None and pending:
                 pending = _acknowledge(ckpt, log, pending)
-            dist.barrier()  # every rank's saves returned and logged before the corruption lands
+            # Logged before the barrier: the rank that fires the fault passes it only once every rank
+            # has logged it (after the barrier, a rank the fault then killed at once might not have).
             log.emit("settled", step=trainer.step)
+            dist.barrier()  # every rank's saves returned and logged before the corruption lands
         trigger.at_step(trainer.step + 1)
         loss, lr = trainer.train_step()
         log.emit("step", step=trainer.step, loss=loss, loss_hex=loss.hex(), lr=lr)
