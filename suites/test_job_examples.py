@@ -26,6 +26,7 @@ pytestmark = pytest.mark.chaos
 EXAMPLES = Path(__file__).resolve().parents[1] / "chaos" / "examples"
 
 
+@pytest.mark.slow  # nightly: tests/test_job_cli.py runs the careful job's sampled points on every commit
 def test_the_careful_example_survives_every_sampled_point(chaos):
     result = chaos.job([sys.executable, str(EXAMPLES / "careful_job.py"), "--out", "{out}"], ranks=2,
                        max_points=16, result_files=["final-rank*.json"])

@@ -12,7 +12,8 @@ pytestmark = [pytest.mark.chaos, pytest.mark.root]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-@pytest.mark.parametrize("fault", ["netdrop:rank=1,step=18", "netdrop:rank=0,phase=save,step=20"])
+@pytest.mark.parametrize("fault", ["netdrop:rank=1,step=18",
+                                   pytest.param("netdrop:rank=0,phase=save,step=20", marks=pytest.mark.slow)])
 # A link drop tests the harness's lab more than any checkpointer: the reference per commit (7 s
 # each), all four in the nightly.
 @pytest.mark.parametrize("checkpointer", ["reference", pytest.param("dcp", marks=pytest.mark.slow),

@@ -100,6 +100,7 @@ def _run(tmp_path: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # nightly: tests/test_cli.py's replay test runs a --fault and checks the printed grammar
 def test_the_command_line_runs_a_fault_written_in_the_grammar(tmp_path: Path) -> None:
     """The built-in workload, end to end: the older spelling in, the grammar in the record and replay."""
     doc = _run(tmp_path, "--steps", "6", "--save-every", "2", "--fault", "kill:rank=1,step=3")

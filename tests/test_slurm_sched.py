@@ -177,6 +177,7 @@ def _run(cluster: PrivateSlurm, tmp_path: Path, capsys, example: str, *points: s
 
 
 @real
+@pytest.mark.slow  # nightly: the per-commit run keeps the requeue that catches the careless job
 def test_a_careful_job_survives_a_slurm_requeue(cluster, tmp_path, capsys) -> None:
     got = _run(cluster, tmp_path, capsys, "careful_job.py", "rank0:step5:requeue")
     _careful_survives(got, "rank0:step5:requeue")
