@@ -17,6 +17,7 @@ user's chaos cache, compiled there once per source) and puts it in every attempt
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import stat
 from collections.abc import Callable
@@ -46,11 +47,7 @@ def build(dest: str, cache: str | None = None) -> str:
     Raises :class:`Unsupported` naming the reason where no C compiler works here; the
     job is then traced by the Python interposer alone, and its results say so.
     """
-    with open(SOURCE, "rb") as f:
-        src = f.read()
-    import hashlib  # here, not at the top: a rank imports this module to bind, never to build
-
-    name = f"chaosio-{hashlib.sha256(src).hexdigest()[:16]}.so"
+    name = _library_name()
     if cache is not None:
         try:
             os.makedirs(cache, mode=0o700, exist_ok=True)
@@ -67,6 +64,15 @@ def build(dest: str, cache: str | None = None) -> str:
         os.makedirs(dest, exist_ok=True)
         _compile(lib)
     return lib
+
+
+@functools.lru_cache(maxsize=1)
+def _library_name() -> str:
+    """``chaosio-<hash of the source>.so``: read and hashed once per process, not once per attempt."""
+    import hashlib  # here, not at the top: a rank imports this module to bind, never to build
+
+    with open(SOURCE, "rb") as f:
+        return f"chaosio-{hashlib.sha256(f.read()).hexdigest()[:16]}.so"
 
 
 def _private(path: str) -> bool:

@@ -222,31 +222,25 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
 
 
 def native_tracer(job: S.JobSpec, root: str) -> str | None:
-    """The native tracer's library for ``job``'s attempts, built once in the exploration ``root``
-    (``faults.shim``); None with ``--no-native-trace`` or where it cannot be built (the reason:
-    :func:`native_tracer_problem`)."""
-    if not job.native_trace:
-        return None
-    try:
-        return _native_library(root)
-    except Unsupported:
-        return None
+    """The native tracer's library for ``job``'s attempts (``faults.shim``: from the user's cache,
+    else built in the exploration ``root``); None with ``--no-native-trace`` or where it cannot be
+    built (the reason: :func:`native_tracer_problem`)."""
+    return _native_library(job, root)[0]
 
 
 def native_tracer_problem(job: S.JobSpec, root: str) -> str | None:
     """Why ``job``'s native writes go untraced, or None where the native tracer is on."""
+    return _native_library(job, root)[1]
+
+
+def _native_library(job: S.JobSpec, root: str) -> tuple[str | None, str | None]:
+    """(library, None), (None, why it cannot be built), or (None, None) with --no-native-trace."""
     if not job.native_trace:
-        return None
+        return None, None
     try:
-        _native_library(root)
+        return shim.build(os.path.join(root, "shim"), cache=os.path.join(cache_root(), "native")), None
     except Unsupported as e:
-        return str(e)
-    return None
-
-
-def _native_library(root: str) -> str:
-    """The library from the user's cache (built there once per source), else built in ``root``."""
-    return shim.build(os.path.join(root, "shim"), cache=os.path.join(cache_root(), "native"))
+        return None, str(e)
 
 
 def requests(trace_dir: str, name: str) -> list[dict[str, Any]]:
