@@ -154,15 +154,21 @@ def test_the_library_is_built_once_in_a_private_cache_and_never_taken_from_one_o
     assert Path(shim.build(str(dest), cache=str(cache))).parent == dest
 
 
-def test_standalone_records_are_json_whatever_the_file_name(tmp_path: Path) -> None:
-    """A process the interposer does not run in writes its own records: a hostile name stays data."""
+def _standalone(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """{out}, the trace directory and the environment of a process the interposer does not run in:
+    the library preloaded and configured for rank 0, attempt 0 (standalone mode)."""
     lib = shim.build(str(tmp_path / "shim"))
     out, trace = tmp_path / "out", tmp_path / "trace"
     out.mkdir()
     trace.mkdir()
-    name = 'we"ird\\na\nme'
     conf = shim.conf(0, 0, str(trace), [str(out)], str(trace / "ord-r0-a0"), None)
-    env = {**os.environ, "LD_PRELOAD": lib, shim.ENV_CONF: conf}
+    return out, trace, {**os.environ, "LD_PRELOAD": lib, shim.ENV_CONF: conf}
+
+
+def test_standalone_records_are_json_whatever_the_file_name(tmp_path: Path) -> None:
+    """A process the interposer does not run in writes its own records: a hostile name stays data."""
+    out, trace, env = _standalone(tmp_path)
+    name = 'we"ird\\na\nme'
     subprocess.run(["dd", f"of={out / name}", "bs=16", "status=none"], input=b"x" * 40, env=env, check=True)
     recs = [json.loads(line) for f in trace.glob("trace-r0-a0-p*.jsonl") for line in f.read_text().splitlines()]
     writes = [r for r in recs if r["op"] == "write"]
@@ -174,12 +180,8 @@ def test_standalone_records_are_json_whatever_the_file_name(tmp_path: Path) -> N
 
 
 def test_standalone_records_name_the_real_path_even_for_bytes_that_are_no_utf8(tmp_path: Path) -> None:
-    lib = shim.build(str(tmp_path / "shim"))
-    out, trace = tmp_path / "out", tmp_path / "trace"
-    (out / "sub").mkdir(parents=True)
-    trace.mkdir()
-    conf = shim.conf(0, 0, str(trace), [str(out)], str(trace / "ord-r0-a0"), None)
-    env = {**os.environ, "LD_PRELOAD": lib, shim.ENV_CONF: conf}
+    out, trace, env = _standalone(tmp_path)
+    (out / "sub").mkdir()
     odd = os.fsencode(out) + b"/sub/../bad\xffname"  # a dotted parent and a byte that starts no UTF-8 character
     subprocess.run([b"dd", b"of=" + odd, b"status=none"], input=b"y" * 10, env=env, check=True)
     (line,) = [json.loads(x) for f in trace.glob("trace-*.jsonl") for x in f.read_text().splitlines()
@@ -217,16 +219,12 @@ def test_a_power_cut_in_a_child_process_is_applied(tmp_path: Path) -> None:
 def test_a_vforked_child_leaves_the_parent_s_fd_table_alone(tmp_path: Path) -> None:
     """subprocess starts children with vfork: the child's dup2 of a file under {out} onto its stdout
     runs in the parent's memory and must not make the parent's own stdout look like that file."""
-    lib = shim.build(str(tmp_path / "shim"))
-    out, trace = tmp_path / "out", tmp_path / "trace"
-    out.mkdir()
-    trace.mkdir()
-    conf = shim.conf(0, 0, str(trace), [str(out)], str(trace / "ord-r0-a0"), None)
+    out, trace, env = _standalone(tmp_path)
     code = ("import subprocess, sys\n"
             f"with open({str(out / 'log')!r}, 'w') as f:\n"
             "    subprocess.run(['true'], stdout=f, check=True)\n"
             "sys.stdout.write('hello from the parent\\n'); sys.stdout.flush()\n")
-    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "LD_PRELOAD": lib, shim.ENV_CONF: conf},
+    done = subprocess.run([sys.executable, "-c", code], env=env,
                           capture_output=True, text=True, check=True)
     assert done.stdout == "hello from the parent\n"
     recs = [json.loads(x) for f in trace.glob("trace-*.jsonl") for x in f.read_text().splitlines()]
@@ -256,11 +254,7 @@ def test_a_power_cut_after_the_last_write_accounts_for_every_file(tmp_path: Path
 def test_a_forked_child_traces_into_its_own_file_numbered_with_its_parent(tmp_path: Path) -> None:
     """A process without the interposer forks: the child writes its own trace (its pid), and the
     two processes' events take their numbers from the one counter of the rank."""
-    lib = shim.build(str(tmp_path / "shim"))
-    out, trace = tmp_path / "out", tmp_path / "trace"
-    out.mkdir()
-    trace.mkdir()
-    conf = shim.conf(0, 0, str(trace), [str(out)], str(trace / "ord-r0-a0"), None)
+    out, trace, env = _standalone(tmp_path)
     code = ("import os\n"
             f"out = {str(out)!r}\n"
             "open(os.path.join(out, 'parent-before'), 'w').write('a')\n"
@@ -270,7 +264,7 @@ def test_a_forked_child_traces_into_its_own_file_numbered_with_its_parent(tmp_pa
             "    os._exit(0)\n"
             "os.waitpid(pid, 0)\n"
             "open(os.path.join(out, 'parent-after'), 'w').write('c')\n")
-    subprocess.run([sys.executable, "-c", code], env={**os.environ, "LD_PRELOAD": lib, shim.ENV_CONF: conf},
+    subprocess.run([sys.executable, "-c", code], env=env,
                    check=True, timeout=60)
     files = sorted(trace.glob("trace-r0-a0-p*.jsonl"))
     assert len(files) == 2
