@@ -41,7 +41,8 @@ torch.save(w, os.path.join(out, "final.pt"))
 
 
 def _both_ways(job: JobSpec, tmp: Path, max_points: int, seed: int) -> tuple[dict, dict, int]:
-    ran = explore.explore(job, max_points=max_points, jobs=1, seed=seed, scratch_base=str(tmp))
+    ran = explore.explore(dataclasses.replace(job, materialize=False), max_points=max_points, jobs=1, seed=seed,
+                          scratch_base=str(tmp))
     rebuilt = explore.explore(dataclasses.replace(job, materialize=True), max_points=max_points, jobs=1, seed=seed,
                               scratch_base=str(tmp))
     verdicts = [{r.point.id: (r.verdict.verdict, r.verdict.outcome, r.verdict.summary) for r in e.results}
@@ -133,7 +134,7 @@ def test_a_job_whose_events_vary_between_runs_is_never_materialized(tmp_path: Pa
                   modes=("before", "after"), result_globs=("final.json",), cwd=str(tmp_path), materialize=True)
     e = explore.explore(job, max_points=4, seed=0, scratch_base=str(tmp_path))
     materialized = [r for r in e.results if r.record.attempts and r.record.attempts[0].materialized]
-    said = any("--materialize: the two fault-free runs traced different file events" in n for n in e.reference.notes)
+    said = any("materialize: the two fault-free runs traced different file events" in n for n in e.reference.notes)
     assert len(e.results) == 4 and e.reference.same_events is not vary and said is vary
     assert len(materialized) == (0 if vary else 4)
 
@@ -154,4 +155,20 @@ def test_only_what_the_trace_can_say_is_materialized() -> None:
     assert "one-process" in why_not(two, parse_point("rank0:op3:after"), untraced=False)
     assert "no traced event explains" in why_not(one, parse_point("rank0:op3:after"), untraced=True)
     assert "traced different file events" in why_not(one, parse_point("rank0:op3:after"), untraced=False, varies=True)
-    assert "--materialize" in JobSpec(command=one.command, materialize=True).replay_args()
+    assert "--no-materialize" in why_not(dataclasses.replace(one, materialize=False), parse_point("rank0:op3:after"),
+                                         untraced=False)
+    sbatch = dataclasses.replace(one, launcher="sbatch")
+    assert "--launcher sbatch" in why_not(sbatch, parse_point("rank0:op3:after"), untraced=False)
+
+
+def test_materializing_is_the_default_and_older_results_replay_as_they_ran() -> None:
+    """On by default since 2026-12-06: a results file records it either way, and one written
+    before (no ``materialize`` key) ran every point to the point, so it replays that way."""
+    one = JobSpec(command=("python", "t.py", "{out}"))
+    assert one.materialize and "materialize" not in " ".join(one.replay_args())
+    off = dataclasses.replace(one, materialize=False)
+    assert "--no-materialize" in off.replay_args()
+    assert JobSpec.from_dict(one.to_dict()).materialize is True
+    assert JobSpec.from_dict(off.to_dict()).materialize is False
+    older = {k: v for k, v in one.to_dict().items() if k != "materialize"}
+    assert JobSpec.from_dict(older).materialize is False

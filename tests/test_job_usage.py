@@ -78,8 +78,9 @@ def test_a_point_never_reached_when_it_ran_is_a_usage_error_after_its_results(tm
     marks.mkdir()
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    proc = chaos_run("--json", str(results), "--point", "rank0:op20:after", "--", sys.executable, str(job), "{out}",
-                     str(marks), scratch=scratch)
+    # run to the point: materialized from the fault-free trace (where event 20 is) it would be reached
+    proc = chaos_run("--json", str(results), "--no-materialize", "--point", "rank0:op20:after", "--", sys.executable,
+                     str(job), "{out}", str(marks), scratch=scratch)
     line = _one_error_line(proc)
     assert line.startswith("chaos: error: --point rank0:op20:after was never reached: the point was not reached"), line
     assert "1 not_reached" in proc.stdout  # the run's own record stays

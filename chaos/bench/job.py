@@ -79,8 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="our sampling seed, the same in every repeat (default 0)")
     p.add_argument("--modes", default=None, metavar="M,...", help="our --modes (default: ours, all of them)")
     p.add_argument("--faults", default=None, metavar="K,...", help="our --faults (default: every kind that applies)")
-    p.add_argument("--materialize", action="store_true",
-                   help="our --materialize: kill points' first attempts rebuilt from the fault-free trace")
+    p.add_argument("--materialize", action=argparse.BooleanOptionalAction, default=True,
+                   help="our points' first attempts rebuilt from the fault-free trace where it says it all "
+                        "(default, as in chaos run); --no-materialize runs every one to the point")
     p.add_argument("--peer-modes", default=PEER_MODES, metavar="M,...",
                    help=f"ckpt-chaos's --modes (default {PEER_MODES}: all it has)")
     p.add_argument("--result-file", default=None, metavar="NAME",
@@ -169,8 +170,8 @@ def run_ours(script: Path, args: argparse.Namespace, where: Path, repeat: int, f
         argv += ["--modes", args.modes]
     if getattr(args, "faults", None):
         argv += ["--faults", args.faults]
-    if getattr(args, "materialize", False):
-        argv += ["--materialize"]
+    if not getattr(args, "materialize", True):
+        argv += ["--no-materialize"]
     wall, proc = _timed([*argv, "--", *_command(script)], where, _limit(args))
     run = ToolRun("chaos", repeat, first, round(wall, 3), proc.returncode)
     if proc.returncode not in (0, 1) or not results.exists():
@@ -372,7 +373,7 @@ def bench(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
         "tools": {"chaos": _version("chaos-ckpt"), PEER: _version(PEER)},
         "settings": {"repeat": args.repeat, "max_points": args.max_points, "ranks": args.ranks, "jobs": args.jobs,
                      "seed": args.seed, "modes": args.modes or "all", "peer_modes": args.peer_modes,
-                     "faults": getattr(args, "faults", None) or "all", "materialize": bool(getattr(args, "materialize", False)),
+                     "faults": getattr(args, "faults", None) or "all", "materialize": bool(getattr(args, "materialize", True)),
                      "result_files": dict(zip(("chaos", PEER), _result_names(args), strict=True)), "timeout_s": args.timeout},
         "scratch": str(root) if args.keep else None,
         "scripts": [],

@@ -85,10 +85,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--point", action="append", default=[], metavar="ID",
                    help="run only this point (a replay; repeatable): rank0:op17:before, rank0:step5:kill "
                         "(or kill:rank=0,step=5), disk:full:8192, ...")
-    p.add_argument("--materialize", action="store_true",
+    p.add_argument("--materialize", action=argparse.BooleanOptionalAction, default=True,
                    help="rebuild a point's first attempt from the fault-free trace (its files as they were "
-                        "at the event) and run only the resume; one-process jobs, kills before, after or in the "
-                        "middle of (torn) an event and corruptions and power losses at one")
+                        "at the event) and run only the resume, where the trace says it all: one-process jobs, "
+                        "kills before, after or in the middle of (torn) an event and corruptions and power losses "
+                        "at one (default); --no-materialize runs every point's first attempt to the point")
     p.add_argument("--no-preload", action="store_true",
                    help="do not import, in the interpreters started ahead of an attempt, the modules the "
                         "fault-free run imported before its first file event (torch, numpy, ...)")

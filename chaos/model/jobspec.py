@@ -131,7 +131,7 @@ class JobSpec:
     node_hold_s: float = DEFAULT_NODE_HOLD_S  # --node-hold: a link point's node stays cut off this long
     preload: bool = True                    # --no-preload: False
     native_trace: bool = True               # --no-native-trace: False (faults/chaosio.c not preloaded)
-    materialize: bool = False               # --materialize: a kill point's attempt 0 rebuilt from the trace
+    materialize: bool = True                # --no-materialize: False (a point's attempt 0 always runs to the point)
     launcher: str = "subprocess"            # --launcher: subprocess | sbatch (a Slurm batch job, chaos.launch.sbatch)
     sbatch_options: tuple[str, ...] = ()    # --sbatch-opt: passed to sbatch as given (--signal=..., --partition=...)
     # what explore found the fault-free run imported before its first file event (run-time only: never
@@ -258,8 +258,8 @@ class JobSpec:
             args += ["--no-preload"]
         if not self.native_trace:
             args += ["--no-native-trace"]
-        if self.materialize:
-            args += ["--materialize"]
+        if not self.materialize:
+            args += ["--no-materialize"]
         if self.nodes is not None:
             args += ["--nodes", str(self.nodes)]
         if self.node_hold_s != DEFAULT_NODE_HOLD_S:
@@ -283,7 +283,9 @@ class JobSpec:
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
         """The spec a results JSON recorded (``to_dict``), for ``chaos replay`` and ``chaos repro``.
-        KeyError / TypeError / ValueError when the record is not one: the caller names its file."""
+        KeyError / TypeError / ValueError when the record is not one: the caller names its file.
+        A spec without ``materialize`` was written while running to the point was the default,
+        so it replays that way."""
         return cls(command=tuple(str(a) for a in spec["command"]),
                    resume_command=tuple(spec["resume_command"]) if spec.get("resume_command") else None,
                    ranks=spec.get("ranks"), result_globs=tuple(spec.get("result_files") or ()),
@@ -312,7 +314,7 @@ class JobSpec:
                 "net_hold_s": self.net_hold_s, "cwd": self.cwd, "nodes": self.nodes,
                 "node_hold_s": self.node_hold_s, **({} if self.preload else {"preload": False}),
                 **({} if self.native_trace else {"native_trace": False}),
-                **({"materialize": True} if self.materialize else {}),
+                "materialize": self.materialize,
                 **({"launcher": self.launcher, "sbatch_options": list(self.sbatch_options)}
                    if self.launcher != "subprocess" else {})}
 
@@ -409,7 +411,7 @@ def _check_launcher(job: JobSpec) -> None:
             raise ConfigError("--sbatch-opt needs --launcher sbatch")
         return
     shape = ("--ranks" if job.ranks is not None else "--nodes" if job.nodes is not None
-             else "a torchrun COMMAND" if job.torchrun else "--materialize" if job.materialize else None)
+             else "a torchrun COMMAND" if job.torchrun else None)
     if shape is not None:
         raise ConfigError(f"--launcher sbatch with {shape}: a Slurm batch job here runs one plain COMMAND "
                           "(one process per attempt)")

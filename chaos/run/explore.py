@@ -510,8 +510,8 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
     # The same kinds of event in the same order (paths may differ: a temp file's random name is no variation)
     same = [(rk, r["op"]) for rk, r, _, _ in event_keys(traces)] == [(rk, r["op"]) for rk, r, _, _ in
                                                                       event_keys(recs[1].traces)]
-    if job.materialize and not same:
-        notes.append("--materialize: the two fault-free runs traced different file events, so one trace cannot "
+    if materialize.job_shape(job) is None and not same:
+        notes.append("materialize: the two fault-free runs traced different file events, so one trace cannot "
                      "stand for every run; every point runs to the point")
     return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
                      traces, facts, job.nodes, changes, preloaded, same,
@@ -696,11 +696,10 @@ class PointsRunner(Protocol):
 
 
 def replay_source(job: JobSpec, ref: Reference, point: Point) -> str | None:
-    """Where a point's attempt 0 is rebuilt from (``--materialize``: the first fault-free run's
+    """Where a point's attempt 0 is rebuilt from (materialized: the first fault-free run's
     folder), or None: it runs. Called for each point by :func:`_run_points` and by the Slurm
     executor's plan (``slurmexec``)."""
-    if not job.materialize or materialize.why_not(job, point, bool(ref.untraced_changes),
-                                                  varies=not ref.same_events) is not None:
+    if materialize.why_not(job, point, bool(ref.untraced_changes), varies=not ref.same_events) is not None:
         return None
     return os.path.dirname(ref.golden.out)
 

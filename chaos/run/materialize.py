@@ -4,8 +4,9 @@ Why: a kill right before or after file event N of a one-process job leaves exact
 fault-free run had done up to that event, and its trace says what that is: every write's
 bytes, every rename and unlink, in order. Running the job from step 0 to the point, one
 interpreter start and ``import torch`` included, only to be killed there, costs as much as
-the resume that is the point's real test. With ``--materialize`` (opt-in while it proves
-itself), ``explore`` calls :func:`attempt_zero` instead of launching attempt 0:
+the resume that is the point's real test. So wherever the trace says it all (the default;
+``--no-materialize`` turns it off), ``explore`` calls :func:`attempt_zero` instead of
+launching attempt 0:
 
 1. {out} and the job's temp dir become the crash model's state at the cut with every
    change kept (a process kill loses nothing the kernel was handed:
@@ -32,7 +33,8 @@ real halt.
 Then the restart runs for real and the point is judged as any other. Only where the trace
 can say it all (:func:`why_not`): a kill before, after or in the middle of an event (not at a step), a
 corruption or a power loss right after one (or a corruption at the step it waits for),
-one process (no ``--ranks``, torchrun or ``--nodes``), every event of it under {out} or the
+one process (no ``--ranks``, torchrun or ``--nodes``) that the harness launches itself (not
+``--launcher sbatch``), every event of it under {out} or the
 job's temp dir, no change under {out} that no event explains, both fault-free runs tracing
 the same file events (a job whose events vary from run to run is not one trace), and a
 trace the crash model represents; any other point runs to the point as before.
@@ -56,6 +58,18 @@ from faults.crashstate import CrashModel, Snapshot, clear
 from faults.interposer import IORule
 
 
+def job_shape(job: JobSpec) -> str | None:
+    """Why none of this job's points is materialized, whatever the trace (None: some may be).
+    Called by :func:`why_not`, and by ``explore.reference`` before it notes varying events."""
+    if not job.materialize:
+        return "--no-materialize"
+    if job.ranks is not None or job.torchrun or job.nodes is not None:
+        return "only a one-process job's attempt is materialized"
+    if job.launcher != "subprocess":
+        return "a job Slurm launches (--launcher sbatch) runs each attempt as a batch job"
+    return None
+
+
 def why_not(job: JobSpec, point: Point, untraced: bool, varies: bool = False) -> str | None:
     """Why this point's first attempt must run to the point (None: it can be materialized).
 
@@ -67,8 +81,9 @@ def why_not(job: JobSpec, point: Point, untraced: bool, varies: bool = False) ->
     if point.op is None or not (kill or rot):
         return ("only a kill before, after or in the middle of a file event, or a corruption or power loss right "
                 "after one, is materialized")
-    if job.ranks is not None or job.torchrun or job.nodes is not None:
-        return "only a one-process job's attempt is materialized"
+    shape = job_shape(job)
+    if shape is not None:
+        return shape
     if untraced:
         return "the fault-free run changed files under {out} that no traced event explains"
     if varies:

@@ -12,7 +12,7 @@ controller) and hands it to ``explore.explore``, which calls it in place of its 
 
 1. writes ``ROOT/array/plan.json``: the job, the seed, and each chosen point with its
    index, its array task (points dealt round-robin over ``--jobs`` tasks) and where its
-   first attempt is rebuilt from (``--materialize``);
+   first attempt is rebuilt from (materialized points);
 2. submits ``sbatch --array=0-(N-1)`` of ``python -m chaos.run.slurmexec PLAN`` (this
    Python, the job's working directory, the caller's environment, ``--executor-opt`` as
    given); each task (:func:`task_main`) runs its share with ``explore.run_chain`` in the
