@@ -176,6 +176,7 @@ def test_a_chain_no_fault_free_run_can_take_is_not_run(tmp_path):
     assert not list(tmp_path.iterdir())  # no run, nothing cached
 
 
+@pytest.mark.slow  # per commit: the real resharded resume of the wrong-shard test below, at 2 ranks
 def test_the_40_step_resharded_resume_of_issue_34_passes_against_a_fault_free_run_on_one_rank(chaos):
     """``chaos run --workload parallel=fsdp --world-size 2 --steps 40 --save-every 5 --seed 0
     --checkpointer reference --fault kill:rank=1,step=11,lost=true`` failed loss_continuity

@@ -149,6 +149,7 @@ def test_a_task_lost_before_its_points_is_retried_once_and_the_run_is_the_same(s
     assert "task(s) 3 of array job" in array.stderr and "resubmitted once" in array.stderr
 
 
+@pytest.mark.slow  # per commit: a task lost once and retried
 @real
 def test_a_task_lost_twice_leaves_its_points_as_lost_errors_never_dropped(slurm, tmp_path: Path) -> None:
     _cluster, env = slurm
@@ -190,6 +191,7 @@ def test_sigterm_cancels_the_array_and_leaves_nothing_queued(slurm, tmp_path: Pa
     assert "interrupted" in err
 
 
+@pytest.mark.slow  # per commit: the local run's budget (test_job_sampling)
 @real
 def test_a_budget_spent_before_the_tasks_start_leaves_the_points_out_as_a_local_run_does(slurm, tmp_path: Path) -> None:
     """A point no task started before the --budget ran out is not run, as locally: left out of the
