@@ -273,3 +273,17 @@ def test_a_forked_child_traces_into_its_own_file_numbered_with_its_parent(tmp_pa
     assert sorted(map(sorted, names)) == [["child"], ["parent-after", "parent-before"]]
     ords = sorted(r["ord"] for recs in by_file for r in recs)
     assert ords == list(range(len(ords))) and len(ords) == 9  # open, write, close of each file
+
+
+def test_a_root_the_library_cannot_name_is_said_and_never_claimed_as_traced(tmp_path: Path) -> None:
+    """The library's configuration separates paths with ':' and ';', so a scratch root holding one
+    cannot be given to it: the rank runs with the Python interposer alone, and the results say
+    so rather than ``native_trace: true``."""
+    scratch = tmp_path / "runs:1"
+    scratch.mkdir()
+    doc = _run(tmp_path, "child_job.py", "--faults", "kill", "--modes", "after", "--max-points", "1",
+               "--scratch", str(scratch))
+    reference = doc["job"]["reference"]
+    assert reference["native_trace"] is False
+    said = [n for n in reference["notes"] if n.startswith("writes from native code and from processes")]
+    assert said and "cannot name the path" in said[0] and "runs:1" in said[0], reference["notes"]

@@ -480,7 +480,8 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                      + "; ".join(f"{u['file']}: {u['how']} ({_size(u['size_before'])} -> {_size(u['size_after'])})"
                                  for u in changes[:5])
                      + ". A point's record names such files; power loss keeps them as they were at the cut")
-    native = launch.native_tracer_problem(job, root)
+    native = launch.native_tracer_problem(job, root) or next(  # preloaded, yet a rank could not bind it
+        (str(r.get("why")) for recs_ in traces.values() for r in recs_ if r.get("event") == "native_off"), None)
     if native:
         notes.append(f"writes from native code and from processes the job starts are not traced: {native}")
     acks = any(x.get("name") == "chaos.probe" and x.get("info", {}).get("kind") == "saved"

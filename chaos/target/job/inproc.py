@@ -144,6 +144,11 @@ class JobInterposer(Interposer):
         self._attempt = attempt
         self._imports = (frozenset(sys.modules), dict(os.environ))
 
+    def note_native_off(self, why: str) -> None:
+        """The native tracer was preloaded but could not be bound (``native.attach``'s reason):
+        one record in the trace, so the results say so instead of ``native_trace: true``."""
+        self._emit({"event": "native_off", "why": why})
+
     def _write_imports(self) -> None:
         """Once, at the first file event: the top-level modules the job imported since it started,
         with their files, and which environment variables it changed meanwhile. The harness
@@ -532,7 +537,9 @@ def install() -> JobInterposer | None:
     if "chaosio" in env.get("LD_PRELOAD", ""):  # the native tracer (launch.job.job_env)
         from chaos.target.job import native
 
-        native.attach(ix, rank, attempt, tdir, point)
+        why = native.attach(ix, rank, attempt, tdir, point)
+        if why is not None:
+            ix.note_native_off(why)
     ix.note_start(attempt)  # after attach: the variable it exports is the harness's, not the job's
     if env.get(S.ENV_CHILDREN) != "1":
         os.register_at_fork(after_in_child=_forget)

@@ -31,11 +31,13 @@ if TYPE_CHECKING:
 _keep: list[Any] = []  # the ctypes callback: freed while the library still calls it would crash
 
 
-def attach(ix: Interposer, rank: int, attempt: int, trace_dir: str, point: dict[str, Any] | None) -> bool:
-    """Bind the preloaded native tracer to ``ix``; False where the library is not loaded here."""
+def attach(ix: Interposer, rank: int, attempt: int, trace_dir: str, point: dict[str, Any] | None) -> str | None:
+    """Bind the preloaded native tracer to ``ix``: None once bound, else why not. Called by
+    ``inproc.install``, which writes the reason into the rank's trace, so that the results do
+    not claim a native trace that never ran (``explore.reference`` reads it)."""
     lib = shim.loaded()
     if lib is None:
-        return False
+        return "the library in LD_PRELOAD was not loaded into this process"
     roots = [ix.root, *ix.extra_roots]
     for given in (os.environ.get(S.ENV_OUT), os.environ.get("TMPDIR")):  # as the job may spell them
         if given and os.path.abspath(given) not in roots and os.path.realpath(given) in roots:
@@ -48,8 +50,8 @@ def attach(ix: Interposer, rank: int, attempt: int, trace_dir: str, point: dict[
         target = (str(point["mode"]), int(point["op"]))
     try:
         text = shim.conf(rank, attempt, trace_dir, roots, ord_file, target)
-    except Exception:  # a path the library cannot carry: the Python interposer alone, as before
-        return False
+    except Exception as exc:  # a path the library cannot carry: the Python interposer alone, as before
+        return str(exc)
     handler = _handler(ix, lib)
     _keep.append(shim.register(lib, handler))
     lib.chaos_shim_configure(text.encode())
@@ -59,7 +61,7 @@ def attach(ix: Interposer, rank: int, attempt: int, trace_dir: str, point: dict[
     if os.environ.get(S.ENV_CHILDREN) == "1":
         # A forked child keeps its interposer (inproc): its native calls go to it, not standalone.
         os.register_at_fork(after_in_child=lambda: lib.chaos_shim_register(_keep[-1]))
-    return True
+    return None
 
 
 def _handler(ix: Interposer, lib: Any) -> Any:
