@@ -117,3 +117,23 @@ def test_ctrl_c_leaves_no_rank_process(tmp_path):
     time.sleep(0.5)
     assert not [p for p in pids if _alive(p)], f"rank processes survived Ctrl-C: {pids}"
     assert list(scratch.iterdir()) == [], "scratch root must be removed on Ctrl-C"
+
+
+def test_a_deep_temp_dir_still_starts_the_fork_server(tmp_path):
+    """multiprocessing puts the fork server's Unix socket under TMPDIR; a deep TMPDIR (a CI
+    workspace, pytest-xdist's per-worker temp dirs) once failed every launch with "AF_UNIX
+    path too long". The socket's folder now goes to a short system temp dir instead, and is
+    gone when the harness exits; nothing is left in the deep one but the run's own scratch."""
+    deep = tmp_path / ("d" * max(1, 100 - len(str(tmp_path))))
+    scratch = deep / "scratch"
+    scratch.mkdir(parents=True)
+    assert len(str(deep)) + 32 > 107  # the socket's path would not fit under it
+    results = tmp_path / "r.json"
+    env = dict(os.environ, TMPDIR=str(deep))
+    done = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--checkpointer", "reference",
+                           "--fault", "rank1:step11:kill", "--scratch", str(scratch), "--json", str(results)],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    [scenario] = json.loads(results.read_text())["scenarios"]
+    assert scenario["verdict"] == "pass", scenario["error"]
+    assert sorted(p.name for p in deep.iterdir()) == ["scratch"]

@@ -16,8 +16,10 @@ from __future__ import annotations
 import functools
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -34,11 +36,43 @@ from chaos.target.workload.device import rank_env as rank_device_env
 from chaos.target.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
 
 _ctx: Any = None
+# sockaddr_un.sun_path holds 108 bytes with its NUL. The fork server's socket is
+# DIR/listener-XXXXXXXX in multiprocessing's temp dir DIR, itself TMPDIR/pymp-XXXXXXXX.
+_SUN_PATH_MAX, _LISTENER_TAIL, _PYMP_TAIL = 107, 18, 14
+
+
+def _short_socket_dir() -> None:
+    """Give multiprocessing a temp dir short enough for the fork server's Unix socket.
+
+    multiprocessing makes its ``pymp-*`` dir (the socket's, removed at exit) under TMPDIR,
+    once per process; under a deep TMPDIR (a CI workspace, pytest-xdist's ``popen-gwN``
+    temp dirs) the socket's path passes sun_path's limit and every launch fails with
+    "AF_UNIX path too long". Python 3.13 falls back to a short system temp dir itself;
+    this does the same for the versions before. Called by :func:`_context` before the
+    server first starts, when another part of the harness (certify's crash runs) may
+    already have made the long dir: then a short one replaces it in multiprocessing's
+    per-process config (``util.get_temp_dir`` reads it there), with the same clean-up."""
+    from multiprocessing import process, util
+
+    config = process.current_process()._config
+    current = config.get("tempdir")
+    need = (len(os.fsencode(current)) + _LISTENER_TAIL if current
+            else len(os.fsencode(tempfile.gettempdir())) + _PYMP_TAIL + _LISTENER_TAIL)
+    if need <= _SUN_PATH_MAX:
+        return
+    short = next((d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)),
+                 None)
+    if short is None:
+        return  # nowhere shorter: the launch's error names the cause
+    made = tempfile.mkdtemp(prefix="pymp-", dir=short)
+    util.Finalize(None, shutil.rmtree, args=(made,), kwargs={"ignore_errors": True}, exitpriority=-100)
+    config["tempdir"] = made
 
 
 def _context() -> Any:
     global _ctx
     if _ctx is None:
+        _short_socket_dir()
         ctx = mp.get_context("forkserver")
         # chaos.launch.cluster too: each rank unpickles its target from it, and would import it
         # (with chaos.nemesis.environment and chaos.plan.scenario, ~12 ms) at every start otherwise.
