@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import HarnessError
-from chaos.launch.ports import free_port
+from chaos.launch.ports import UNIX_PATH_MAX, free_port
 from chaos.launch.reaper import forget, kill_all, kill_rank, signal_rank, track
 from chaos.model.fault import PROCESS_SIGNALS, Fault
 from chaos.nemesis.environment import Environment
@@ -36,9 +36,9 @@ from chaos.target.workload.device import rank_env as rank_device_env
 from chaos.target.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
 
 _ctx: Any = None
-# sockaddr_un.sun_path holds 108 bytes with its NUL. The fork server's socket is
-# DIR/listener-XXXXXXXX in multiprocessing's temp dir DIR, itself TMPDIR/pymp-XXXXXXXX.
-_SUN_PATH_MAX, _LISTENER_TAIL, _PYMP_TAIL = 107, 18, 14
+# The fork server's socket is DIR/listener-XXXXXXXX in multiprocessing's temp dir DIR,
+# itself TMPDIR/pymp-XXXXXXXX.
+_LISTENER_TAIL, _PYMP_TAIL = 18, 14
 
 
 def _short_socket_dir() -> None:
@@ -58,7 +58,7 @@ def _short_socket_dir() -> None:
     current = config.get("tempdir")
     need = (len(os.fsencode(current)) + _LISTENER_TAIL if current
             else len(os.fsencode(tempfile.gettempdir())) + _PYMP_TAIL + _LISTENER_TAIL)
-    if need <= _SUN_PATH_MAX:
+    if need <= UNIX_PATH_MAX:
         return
     short = next((d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)),
                  None)

@@ -1,4 +1,6 @@
-"""A free TCP port on the loopback interface, for rank rendezvous and local servers.
+"""A free TCP port on the loopback interface, for rank rendezvous and local servers; and the
+longest path a Unix socket can bind (:data:`UNIX_PATH_MAX`), for the launchers that make one
+(``cluster``'s fork server, the docker driver's control socket, ``slurmcluster``'s munge).
 
 Who calls it: ``cluster`` (a scenario's rank group), ``job.launch`` and ``job.nodes`` (an
 attempt's rendezvous), ``recovery_pool`` and ``powerloss`` (the recovery workers' group),
@@ -10,6 +12,8 @@ import the launcher (``chaos.launch.cluster`` costs ~40 ms to import) to get one
 from __future__ import annotations
 
 import socket
+
+UNIX_PATH_MAX = 107  # bytes: sockaddr_un.sun_path holds 108, its NUL included
 
 
 def free_port(host: str = "127.0.0.1") -> int:

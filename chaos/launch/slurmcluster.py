@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import trustedpath
-from chaos.launch.ports import free_port
+from chaos.launch.ports import UNIX_PATH_MAX, free_port
 from faults import Unsupported
 from faults.process import alive, read_pidfile
 
@@ -120,9 +120,9 @@ class PrivateSlurm:
         ok, why = can_start()
         if not ok:
             raise SlurmUnavailable(why)
-        if len(os.fsencode(str(self.munge_socket))) > 107:  # sun_path holds 108 bytes, its NUL included
+        if len(os.fsencode(str(self.munge_socket))) > UNIX_PATH_MAX:
             raise SlurmUnavailable(f"root {self.root} is too long for munged's socket path "
-                                   f"({len(os.fsencode(str(self.munge_socket)))} bytes > 107): choose a shorter --root")
+                                   f"({len(os.fsencode(str(self.munge_socket)))} bytes > {UNIX_PATH_MAX}): choose a shorter --root")
         if self.running():
             return self
         if self.pids():

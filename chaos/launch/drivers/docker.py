@@ -53,13 +53,13 @@ from typing import Any
 from chaos.errors import HarnessError
 from chaos.launch import cluster
 from chaos.launch.drivers import engine
+from chaos.launch.ports import UNIX_PATH_MAX
 from chaos.model.fault import PROCESS_SIGNALS, Fault
 from chaos.nemesis.environment import Environment
 from chaos.target.workload.spec import SCENARIO_ENV
 
 STORE_PORT = 29500  # each container has its own network namespace: a fixed port is free
 CONNECT_TIMEOUT_S = 180.0  # a container start plus a cold torch import, on a loaded 2-core box
-UNIX_PATH_MAX = 107
 
 
 def host_mounts() -> list[str]:
