@@ -270,17 +270,32 @@ static int open_trace(void) {
     return tracefd >= 0;
 }
 
-/* One record: {"event":EV, FIELDS, "seq":..,"rank":..,"pid":..,"ts":..}; FIELDS is preformatted JSON. */
-static void emit(const char *event, const char *fields) {
-    if (!open_trace()) return;
+static double mono(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* When this thread's current op began (set by before(), used by op_record()): an op's "ts" is
+ * taken before its syscall, as the Python interposer's is, so ranks' traces merge in an order
+ * the kernel could have seen even when a thread is descheduled before writing its line. */
+static __thread double op_t0 = -1.0;
+
+/* One record: {"event":EV, FIELDS, "seq":..,"rank":..,"pid":..,"ts":..}; FIELDS is preformatted JSON. */
+static void emit_at(const char *event, const char *fields, double ts) {
+    if (!open_trace()) return;
     char line[16384];
     pthread_mutex_lock(&mu);
     int k = snprintf(line, sizeof line, "{\"event\":\"%s\",%s,\"seq\":%lld,\"rank\":%d,\"pid\":%d,\"ts\":%.9f}\n",
-                     event, fields, seq++, rank, (int)getpid(), (double)t.tv_sec + t.tv_nsec / 1e9);
+                     event, fields, seq++, rank, (int)getpid(), ts);
     if (k > 0 && (size_t)k < sizeof line) write_all(tracefd, line, (size_t)k);
     pthread_mutex_unlock(&mu);
+}
+
+static void emit(const char *event, const char *fields) {
+    double ts = mono();
+    if (op_t0 >= 0) op_t0 = ts; /* a point fired before the op: the op's line sorts after it */
+    emit_at(event, fields, ts);
 }
 
 static long long store(const void *b, size_t n) {
@@ -336,6 +351,7 @@ static void halt(const char *op, long long ord, const char *path) {
  * Returns 0 to perform it, or an errno to fail it with. */
 static int before(const char *op, const char *path, long long *ord, int needs_space) {
     *ord = chaos_shim_next_ord();
+    op_t0 = mono();
     if (*ord == pord && (is("before") || (is("torn") && strcmp(op, "write")))) {
         fired("kill", op, *ord, path, "before");
         die();
@@ -361,7 +377,8 @@ static void op_record(const char *op, long long ord, const char *path, const cha
     if (err) snprintf(e, sizeof e, ",\"error\":%d", err);
     snprintf(f, sizeof f, "\"op\":\"%s\",\"path\":%s,\"ord\":%lld,\"via\":\"native\",\"native\":true%s%s%s", op, jp, ord,
              extra && *extra ? "," : "", extra ? extra : "", e);
-    emit("op", f);
+    emit_at("op", f, op_t0 >= 0 ? op_t0 : mono());
+    op_t0 = -1.0;
 }
 
 /* ------------------------------------------------------------------ the calls */

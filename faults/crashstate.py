@@ -209,8 +209,11 @@ class CrashSet:
 def merge_traces(traces: Iterable[Iterable[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Merge several ranks' traces into one order by their monotonic timestamps.
 
-    ``time.monotonic()`` is one clock for all processes of a machine, so this is
-    the order the kernel saw, up to ops racing within microseconds.
+    ``time.monotonic()`` is one clock for all processes of a machine, and an op's
+    ``ts`` is when it began (``faults.interposer``), so an op that completed before
+    another began comes first: a rank's ``mkdir`` of a save's shared directory before
+    the other rank's files in it, however late its record was written. Ops that truly
+    overlap may come in either order, as the kernel may have run them.
     """
     allrecs = [r for t in traces for r in t]
     return sorted(allrecs, key=lambda r: (r.get("ts", 0.0), r.get("rank", 0), r.get("seq", 0)))
@@ -444,6 +447,12 @@ class CrashModel:
                         names[ino] = shown(where)
                         queue(_DirOp(seq, "link", pi, name, ino,
                                      desc={"op": "create", "path": shown(where)}))
+                    else:
+                        # Never guessed: dropping the file would make every state lack it.
+                        raise FaultError(
+                            f"open of {shown(where)} (rank {rec.get('rank', 0)}, seq {seq}) in a directory "
+                            "that neither the tree before the save nor an earlier op of the merged traces "
+                            "made: the traces are out of order or a directory was made by untraced code")
                 elif ino is not None and rec.get("trunc") and self._kind[ino] == "f":
                     pdata[ino] = pdata.get(ino, ()) + (("t", 0, b""),)
                 if ino is not None and rec.get("fd") is not None:

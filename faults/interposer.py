@@ -49,6 +49,12 @@ followed by ``os.replace(root/"a.tmp", root/"a")``::
     {"event":"op","seq":3,"rank":0,"op":"close","path":"/r/a.tmp","fd":5,...}
     {"event":"op","seq":4,"rank":0,"op":"rename","src":"/r/a.tmp","dst":"/r/a","via":"replace",...}
 
+An op's ``ts`` (``time.monotonic()``, one clock for every process of a machine) is when
+it *began*: taken before its syscall, though the line is written after it returns. Ranks'
+traces are merged by it (:func:`faults.crashstate.merge_traces`), and an op that
+completed before another began is then ordered first even when its thread was
+descheduled before writing its line; within a rank ``seq`` orders, as the lock does.
+
 Rules (``IORule``) fire at an exact point; the fired point is appended to the trace
 as ``{"event":"fired",...}`` *before* the action, so it survives the kill it causes:
 
@@ -403,6 +409,19 @@ class Interposer:
             self._native = NativeWriters(self).install()
         return self
 
+    def quiesced(self) -> Any:
+        """Hold every other thread of this process out of traced I/O while the block runs.
+
+        A traced op's syscall and its record happen under one lock, so while it is held
+        the disk and the trace agree: no op is done but unrecorded, and none starts. The
+        built-in workload holds it while the harness snapshots the tree and counts the
+        trace's lines at a power-loss point (``chaos.launch.cluster``), which a commit or
+        janitor thread left running by an asynchronous checkpointer could otherwise
+        straddle. Re-entrant: the holding thread's own I/O is traced as usual. Use as
+        ``with ix.quiesced(): ...`` (the lock itself: no contextlib on the boot path).
+        """
+        return self._lock
+
     def uninstall(self) -> None:
         """Restore every patched function, unsubscribe, close the trace. Idempotent."""
         if not self._installed:
@@ -439,10 +458,16 @@ class Interposer:
     def _enter(self) -> None:
         self._lock.acquire()
         self._tls.busy = True
+        self._tls.t0 = time.monotonic()
 
     def _leave(self) -> None:
         self._tls.busy = False
+        self._tls.t0 = None
         self._lock.release()
+
+    def _restamp(self) -> None:
+        """The next op of this region begins now (after a rule's delay, or after the previous op)."""
+        self._tls.t0 = time.monotonic()
 
     def _resolve(self, path: Any, dir_fd: int | None = None, follow: bool = False,
                  create: bool = False) -> str | None:
@@ -529,12 +554,16 @@ class Interposer:
                 return True
         return False
 
-    def _emit(self, rec: dict[str, Any]) -> dict[str, Any]:
+    def _emit(self, rec: dict[str, Any], ts: float | None = None) -> dict[str, Any]:
         rec["seq"] = self._seq
         self._seq += 1
         rec["rank"] = self.rank
         rec["pid"] = os.getpid()
-        rec["ts"] = time.monotonic()
+        if ts is None:
+            ts = time.monotonic()
+            if getattr(self._tls, "t0", None) is not None:
+                self._tls.t0 = ts  # an op this region records next began after this record
+        rec["ts"] = ts
         if self._trace_fd is not None:
             line = (json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode()
             self._write_all(self._trace_fd, line)
@@ -569,9 +598,22 @@ class Interposer:
         return read_data(self.data_path, rec)  # type: ignore[arg-type]
 
     def _op(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Record an op once its syscall returned, stamped with when it *began*.
+
+        ``ts`` is taken before the syscall (under the lock, after any rule's delay), not
+        when the record is written: a rank descheduled between its ``mkdir`` of a save's
+        shared directory and the record would otherwise be ordered after the other
+        rank's files in that directory (``faults.crashstate.merge_traces``), and the
+        crash model would lose them. An op that completes before another begins is so
+        ordered before it, whatever happens to either thread after its syscall.
+        """
         rec: dict[str, Any] = {"event": "op", "op": kind}
         rec.update(fields)
-        return self._emit(rec)
+        t0 = getattr(self._tls, "t0", None)
+        out = self._emit(rec, t0)
+        if t0 is not None:
+            self._restamp()
+        return out
 
     # ------------------------------------------------------------------ rules
     def _match(self, kind: str, paths: tuple[str, ...], offset: int | None = None,
@@ -631,6 +673,7 @@ class Interposer:
             self._fire(i, kind, paths, performed=rule.action == "delay", **point)
             if rule.action == "delay":
                 time.sleep(rule.delay_s)
+                self._restamp()
             elif rule.action == "kill":
                 self._die()
             else:  # enospc, eio, fsync_fail
@@ -675,6 +718,7 @@ class Interposer:
             if self.rules[i].action == "delay":
                 self._fire(i, "write", (info.path,), offset=offset, length=len(data))
                 time.sleep(self.rules[i].delay_s)
+                self._restamp()
             elif rule_i is None:
                 rule_i = i
         if rule_i is None:

@@ -233,6 +233,24 @@ def test_truncated_shard_and_missing_manifest(saved):
     assert "truncated" in info.value.rejected[0][1] and "missing" in info.value.rejected[1][1]
 
 
+def test_each_step_passed_over_is_announced_with_its_reason(saved):
+    """Phase load_rejected: what a harness recovering this tree quotes when an older step loaded."""
+    from chaos import phases
+
+    root, d = saved
+    os.truncate(os.path.join(d, "shard-r00000.safetensors"), 10)
+    seen: list[tuple[str, dict]] = []
+    listener = lambda name, info: seen.append((name, info))  # noqa: E731
+    phases.subscribe(listener)
+    try:
+        assert ReferenceCheckpointer(root, 0, 1).load_latest(small_state(0))[0] == 1
+    finally:
+        phases.unsubscribe(listener)
+    rejected = [info for name, info in seen if name == "load_rejected"]
+    assert [i["step"] for i in rejected] == [2] and "rank 0:" in rejected[0]["why"]
+    assert "shard-r00000.safetensors" in rejected[0]["why"]
+
+
 def test_template_structure_mismatch_falls_back(saved):
     root, _ = saved
     bad = small_state(0)

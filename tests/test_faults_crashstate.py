@@ -284,3 +284,28 @@ def test_a_directory_staged_in_the_temp_dir_brings_its_own_pending_entries(tmp_p
     assert {tuple(m.contents(s)[0]) for s in end} == {("step-1",)}  # the directory itself is durable
     missing = [s for s in end if not m.contents(s)[1]]
     assert missing[0].lost[0]["op"] == "create" and missing[0].lost[0]["path"].endswith("/shard")
+
+
+
+def test_two_ranks_sharing_a_save_directory_merge_by_when_each_op_began() -> None:
+    """Rank 1 makes the save's shared directory; rank 0's mkdir fails (it exists) and it
+    writes its shard there. Each op's ``ts`` is when it began (the interposer stamps it
+    before the syscall), so the merge puts the mkdir first however late rank 1 wrote its
+    line. A file in a directory no earlier op made is refused, never silently dropped: a
+    dropped shard made every state load the previous step (the CI flake of 2026-12-06)."""
+    from faults import FaultError
+    from faults.crashstate import merge_traces
+
+    def r(rank: int, seq: int, ts: float, kind: str, **kw: object) -> dict:
+        return {**op(seq, kind, **kw), "rank": rank, "ts": ts}
+
+    shard = f"{R}/step-12.tmp/shard-0"
+    rank0 = [r(0, 0, 2.0, "open", path=shard, fd=5, created=True, trunc=True),
+             r(0, 1, 2.1, "write", path=shard, fd=5, offset=0, length=4, data=b"SSSS"),
+             r(0, 2, 2.2, "fsync", path=shard, fd=5), r(0, 3, 2.3, "close", path=shard, fd=5)]
+    mkdir = r(1, 0, 1.0, "mkdir", path=f"{R}/step-12.tmp")
+    model = CrashModel(R, Snapshot(), merge_traces([rank0, [mkdir]]), seed=0)
+    states = model.generate(exhaustive_limit=1 << 12).states
+    assert any(contents(model, s).get("step-12.tmp/shard-0") == b"SSSS" for s in states)
+    with pytest.raises(FaultError, match=r"step-12.tmp/shard-0 \(rank 0, seq 0\) in a directory that neither"):
+        CrashModel(R, Snapshot(), merge_traces([rank0, [{**mkdir, "ts": 2.5}]]), seed=0)

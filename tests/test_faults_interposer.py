@@ -378,3 +378,80 @@ def test_default_extra_root_is_the_temp_dir_found_without_writing_there(
     inside = Interposer(root, extra_roots=[root / "sub", tmp]).install()
     inside.uninstall()
     assert inside.extra_roots == (os.path.realpath(tmp),)  # one inside the root adds nothing
+
+
+def test_quiesced_holds_other_threads_out_of_traced_io(tmp_path: pathlib.Path) -> None:
+    """While held, another thread's writes neither reach the disk nor the trace: a snapshot
+    and a count of the trace's lines taken then agree (the built-in power-loss point)."""
+    import threading
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    trace = tmp_path / "trace.jsonl"
+    stop = threading.Event()
+    ix = Interposer(root, trace_path=trace, keep_records=False, extra_roots=())
+
+    def writer() -> None:
+        n = 0
+        while not stop.is_set():
+            with open(root / "metrics.prom", "wb") as f:
+                f.write(str(n).encode())
+            n += 1
+
+    with ix:
+        t = threading.Thread(target=writer)
+        t.start()
+        try:
+            time.sleep(0.05)
+            with ix.quiesced():
+                lines, data = trace.read_bytes().count(b"\n"), (root / "metrics.prom").read_bytes()
+                time.sleep(0.2)
+                assert trace.read_bytes().count(b"\n") == lines
+                assert (root / "metrics.prom").read_bytes() == data
+                with open(root / "mine", "wb") as f:  # the holder's own I/O is still traced
+                    f.write(b"x")
+                assert trace.read_bytes().count(b"\n") > lines
+            time.sleep(0.05)
+            assert (root / "metrics.prom").read_bytes() != data  # the writer went on
+        finally:
+            stop.set()
+            t.join()
+    last = [r for r in read_trace(trace) if r.get("op") == "write" and r["path"].endswith("metrics.prom")][-1]
+    assert last["length"] == len((root / "metrics.prom").read_bytes())  # the trace ends where the disk does
+
+
+def test_an_op_is_stamped_when_it_began_not_when_its_line_was_written(tmp_path: pathlib.Path) -> None:
+    """A thread descheduled between its syscall and its trace line keeps the time its op
+    began: ranks' traces merge by it (``faults.crashstate.merge_traces``)."""
+    import threading
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    original = os.mkdir
+
+    def slow_return(*args: object, **kw: object) -> None:
+        original(*args, **kw)  # type: ignore[arg-type]
+        time.sleep(0.3)  # the syscall is done; the thread is late to write its line
+
+    os.mkdir = slow_return  # there when the interposer is made: it is the "original" it calls
+    try:
+        ix = Interposer(root, trace_path=tmp_path / "t.jsonl", extra_roots=())
+    finally:
+        os.mkdir = original
+    ix.install()
+    try:
+        began = time.monotonic()
+        t = threading.Thread(target=os.mkdir, args=(str(root / "shared"),))
+        t.start()
+        t.join()
+        ended = time.monotonic()
+        with open(root / "after", "wb") as f:
+            f.write(b"x")
+    finally:
+        ix.uninstall()
+        os.mkdir = original  # uninstall put back what it found at construction
+    recs = [r for r in read_trace(tmp_path / "t.jsonl") if r.get("event") == "op"]
+    mkdir = next(r for r in recs if r["op"] == "mkdir")
+    assert began <= mkdir["ts"] < began + 0.2 < ended
+    assert [r["seq"] for r in recs] == sorted(r["seq"] for r in recs)
+    assert [r["ts"] for r in recs] == sorted(r["ts"] for r in recs)  # one rank: still in seq order

@@ -23,6 +23,7 @@ WORKLOAD = {"d_model": 32, "n_layers": 1, "n_heads": 2}
 MISBEHAVES = '''
 import os
 import torch.distributed as dist
+from chaos.phases import phase
 
 class Misbehaves:
     """Marker files in the directory: hang (rank 1 enters a barrier rank 0 never joins),
@@ -39,6 +40,8 @@ class Misbehaves:
             os._exit(7)
         if has("raise") and self.rank == 0:
             raise ValueError("bad checkpoint")
+        if has("reject"):
+            phase("load_rejected", step=12, why=f"rank {self.rank}: shard checksum mismatch")
         return None
     def close(self): pass
 '''
@@ -55,7 +58,7 @@ def _alive(pid: int) -> bool:
 @pytest.fixture
 def dirs(tmp_path: Path) -> dict[str, Path]:
     out = {}
-    for name in ("ok", "hang", "die", "raise"):
+    for name in ("ok", "hang", "die", "raise", "reject"):
         d = tmp_path / name
         d.mkdir()
         if name != "ok":
@@ -141,3 +144,18 @@ def test_a_rank_dying_in_a_batch(dirs: dict[str, Path], tmp_path: Path) -> None:
         assert [r["error"] for r in pool.collect_batch()[0] or []] == [None, None]
     assert not _wait_gone(seen)
     assert not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in seen)
+
+
+def test_a_fallback_the_checkpointer_explains_is_quoted_in_the_verdict(dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A power-loss "loaded an older step" says why, where the loader announces phase load_rejected."""
+    with _pool(tmp_path) as pool:
+        quiet, loud = pool.recover(dirs["ok"]), pool.recover(dirs["reject"])
+    assert all("rejected" not in r for r in quiet)
+    assert [r["rejected"] for r in loud] == [[{"step": 12, "why": f"rank {r}: shard checksum mismatch"}]
+                                             for r in (0, 1)]
+    fp = {"w": "abc"}
+    for r in loud:
+        r.update(step=8, fingerprint=fp)
+    kind, detail = classify(loud, {8: {0: fp, 1: fp}}, 12)
+    assert kind == "durability" and detail["reason"] == "loaded step 8, older than acknowledged step 12"
+    assert detail["rejected"]["rank 1"] == [{"step": 12, "why": "rank 1: shard checksum mismatch"}]

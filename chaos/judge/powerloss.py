@@ -26,7 +26,9 @@ state:
                    ranks with a state and others with none, or a step that names
                    another step's state: a mixture or a partial checkpoint;
    ``durability``  a committed state older than the last acknowledged one, or nothing
-                   although a save had been acknowledged;
+                   although a save had been acknowledged (``rejected`` quotes why each
+                   rank passed over the newer steps, where the checkpointer announces it
+                   with phase ``load_rejected``, as the reference does);
    ``error``       ``load_latest`` raised (the text is kept). Everything in the tree
                    before save N is taken as durable, so when a save had been
                    acknowledged its checkpoint was there to load: ``liveness: true``;
@@ -261,6 +263,9 @@ def classify(results: list[dict[str, Any]], committed: Mapping[Any, Mapping[Any,
         return "atomicity", detail
     if acked_before is not None and steps[0] < acked_before:
         detail["reason"] = f"loaded step {steps[0]}, older than acknowledged step {acked_before}"
+        why = {f"rank {r['rank']}": r["rejected"] for r in results if r.get("rejected")}
+        if why:  # the checkpointer said why it passed over the newer steps
+            detail["rejected"] = why
         return "durability", detail
     return "ok", detail
 

@@ -229,7 +229,7 @@ class Attempt:
             elif f.family == "disk" and rank == (f.rank or 0):
                 triggers.append({"index": i, "step": f.step, "phase": None})
             elif f.family == "powerloss":
-                triggers.append({"index": i, "step": f.step, "phase": "save"})
+                triggers.append({"index": i, "step": f.step, "phase": "save", "quiesce": True})
         addr, netns, env = self.env.rank_network(rank, port)
         env = {**env, **rank_device_env(plan.workload, rank)}  # device=cuda: this rank's one GPU
         traced = plan.wants_trace() or bool(rules)

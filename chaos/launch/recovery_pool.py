@@ -11,6 +11,8 @@ group, build the workload's load template, and then loop:
                                              .load_latest(deepcopy(template))
                                              fingerprint(state)
     parent receives, per rank ◄── {"step", "fingerprint", "error", "timeout", "seconds"}
+                                  (+ "rejected": the steps it passed over and why, where
+                                   the checkpointer announces phase ``load_rejected``)
 
 so a state costs one checkpointer construction, one load and one hash per rank.
 
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
+from chaos import phases
 from chaos.errors import HarnessError
 from chaos.launch.cluster import _context as cluster_context
 from chaos.launch.ports import free_port
@@ -201,6 +204,15 @@ def _recover(cls: type, spec: _WorkerSpec, template: dict[str, Any], path: str,
     out: dict[str, Any] = {"rank": spec.rank, "step": None, "fingerprint": None, "error": None,
                            "timeout": False, "seconds": 0.0}
     ckpt = None
+    # Why the checkpointer fell back past a newer step, where it says so (phase
+    # ``load_rejected``, the reference's): a verdict of "loaded an older step" then names it.
+    rejected: list[dict[str, Any]] = []
+
+    def note(name: str, info: dict[str, Any]) -> None:
+        if name == "load_rejected":
+            rejected.append({"step": info.get("step"), "why": str(info.get("why"))[:500]})
+
+    phases.subscribe(note)
     try:
         ckpt = cls(path, spec.rank, spec.world_size, **spec.ckpt_options)
         found = ckpt.load_latest(_clone_tree(template))  # DCP-style loaders fill it in place
@@ -218,6 +230,9 @@ def _recover(cls: type, spec: _WorkerSpec, template: dict[str, Any], path: str,
             except BaseException as exc:  # noqa: BLE001
                 if out["error"] is None:
                     out["error"] = "close: " + _err(exc)
+        phases.unsubscribe(note)
+    if rejected:
+        out["rejected"] = rejected[:8]
     out["seconds"] = time.perf_counter() - t0
     return out
 

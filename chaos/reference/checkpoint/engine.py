@@ -288,6 +288,7 @@ class ReferenceCheckpointer:
                 return step, loaded.state
             why = "; ".join(f"rank {r}: {v['why']}" for r, v in enumerate(verdicts) if not v["ok"])
             rejected.append((step, why))
+            phase("load_rejected", step=step, why=why)  # a harness that recovers this tree says why it fell back
             self.metrics.reject(step, why)
         if not order:
             self.metrics.load(None, "none", time.perf_counter() - start, 0, self.options.verify, [])

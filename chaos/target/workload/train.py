@@ -175,8 +175,8 @@ class FaultTrigger:
     rank blocks until the supervisor answers, so the fault lands exactly there.
     """
 
-    def __init__(self, spec: RankSpec, conn: Any, log: EventLog) -> None:
-        self.conn, self.log = conn, log
+    def __init__(self, spec: RankSpec, conn: Any, log: EventLog, interposer: Any = None) -> None:
+        self.conn, self.log, self.interposer = conn, log, interposer
         self.by_step = {int(t["step"]): t for t in spec.triggers if not t.get("phase")}
         self.by_phase = [t for t in spec.triggers if t.get("phase")]
         self.fired: set[int] = set()
@@ -188,6 +188,13 @@ class FaultTrigger:
             return
         self.fired.add(trigger["index"])
         self.log.emit("fault_point", index=trigger["index"], **where)
+        if trigger.get("quiesce") and self.interposer is not None:
+            # A power-loss point: the supervisor snapshots the tree and counts the trace
+            # while no other thread of this rank is between a syscall and its record.
+            with self.interposer.quiesced():
+                self.conn.send(("fault", trigger["index"]))
+                self.conn.recv()
+            return
         self.conn.send(("fault", trigger["index"]))
         self.conn.recv()  # the supervisor answers only if the rank is meant to go on
 
@@ -313,11 +320,11 @@ def train(spec: RankSpec, conn: Any, log: EventLog, listener: Any = None) -> dic
         log.emit("pg_ready", device=str(device))
     trainer = Trainer(cfg, spec.rank, spec.world_size, device)
     log.emit("trainer_ready")
-    _install_interposer(spec, log)
+    ix = _install_interposer(spec, log)
     ckpt = _make_checkpointer(spec)
     if ckpt is not None:
         log.emit("ckpt_ready", root=os.path.realpath(spec.ckpt_root), auxiliary=auxiliary_files(ckpt))
-    trigger = FaultTrigger(spec, conn, log)
+    trigger = FaultTrigger(spec, conn, log, ix)
 
     if spec.mode == "verify":
         _verify(ckpt, trainer, log)
