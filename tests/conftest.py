@@ -71,7 +71,8 @@ def escaped(before: dict, after: dict) -> list[str]:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.stash[_KEY] = snapshot()
+    if not hasattr(session.config, "workerinput"):  # under pytest-xdist the controller checks, once
+        session.stash[_KEY] = snapshot()
     # Per-user state the harness keeps (chaos.model.resultschema's origin key) goes to the session's
     # own folder: a test run writes nothing in the real home. suites/conftest.py does the same.
     os.environ["XDG_STATE_HOME"] = str(session.config._tmp_path_factory.mktemp("xdg-state"))
