@@ -91,8 +91,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "kills before, after or in the middle of (torn) an event and corruptions and power losses "
                         "at one (default); --no-materialize runs every point's first attempt to the point")
     p.add_argument("--no-preload", action="store_true",
-                   help="do not import, in the interpreters started ahead of an attempt, the modules the "
-                        "fault-free run imported before its first file event (torch, numpy, ...)")
+                   help="do not import the modules the fault-free run imported before its first file event "
+                        "(torch, numpy, ...) ahead of an attempt: neither in the interpreters started ahead of "
+                        "it nor in the one that forks a one-process job's attempts (a zygote)")
     p.add_argument("--no-native-trace", action="store_true",
                    help="do not preload the native tracer (faults/chaosio.c), which sees and faults writes from "
                         "native code (h5py, a C++ writer, an msync) and from the processes the job starts")

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.launch import reaper, spares
+from chaos.launch import reaper, spares, zygote
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
@@ -84,6 +84,7 @@ class AttemptOutcome:
     node: dict[str, Any] | None = None    # a node point answered (--nodes, nodes.py): the loss or cut, each agent's end
     slurm: dict[str, Any] | None = None   # --launcher sbatch (sbatch.py): the Slurm job, its run, a sched point's action
     prestarted: bool = False  # its copies were spares started ahead, held at the gate until it began
+    forked: bool = False  # its copies were forked by the exploration's zygote (zygote.py), modules loaded
     interrupted: bool = False  # its copies were stopped because the exploration was interrupted (``cancel``)
     materialized: bool = False  # rebuilt from the fault-free trace, never run (``chaos.run.materialize``)
 
@@ -155,6 +156,8 @@ class AttemptOutcome:
             d["slurm"] = self.slurm
         if self.prestarted:
             d["prestarted"] = True
+        if self.forked:
+            d["forked"] = True
         if self.materialized:
             d["materialized"] = True
         if self.interrupted:
@@ -314,6 +317,22 @@ def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point |
     return plan
 
 
+def start_zygote(job: S.JobSpec, root: str) -> str | None:
+    """Start the zygote that forks this exploration's attempts (``zygote.py``); a note for the
+    user: what it does, or why there is none although modules are preloaded. Called by
+    ``explore`` once the fault-free runs said what to preload (``job.preload_modules``)."""
+    if not job.preload_modules or not can_prestart(job) or job.ranks is not None or job.nodes:
+        return None  # (a --nodes job's attempts start on its simulated nodes: nodes.run_attempt)
+    scratch = os.path.join(root, "zygote")
+    os.makedirs(os.path.join(scratch, "out"), exist_ok=True)
+    template = _plan(job, os.path.join(scratch, "out"), scratch, 1, None, scratch, None, free_port())[0]
+    why = zygote.start(root, template, os.path.join(scratch, "zygote.log"))
+    if why is not None:
+        return f"attempts start as fresh interpreters (spares), not forked from a zygote: {why}"
+    return ("attempts are forked from one interpreter that imported the preloaded modules once (a zygote), "
+            "each with its own session, folder, environment and arguments (--no-preload: off)")
+
+
 def can_prestart(job: S.JobSpec, lab: NetworkLab | None = None) -> bool:
     """Whether an attempt's copies may be started ahead of it (``spares.py`` says when)."""
     return (lab is None and not job.torchrun and job.launcher == "subprocess"
@@ -327,8 +346,8 @@ def prestart(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Poin
     Called by ``explore.py`` while another attempt runs; False (nothing started) where
     ``can_prestart`` says no or the exploration is being interrupted.
     """
-    if _cancelled.is_set() or not can_prestart(job, lab):
-        return False
+    if _cancelled.is_set() or not can_prestart(job, lab) or zygote.serves(os.path.dirname(os.path.abspath(scratch))):
+        return False  # with a zygote, a fork at the attempt's start is cheaper than a spare importing beside it
     port = free_port()
     spares.start(scratch, attempt, _plan(job, out, scratch, attempt, point, attempt_mark(mark, attempt), lab, port),
                  port)
@@ -359,11 +378,15 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     exits = _Exits()
     warm = spares.take(scratch, attempt, plan)
     outcome.prestarted = warm is not None
+    root = os.path.dirname(os.path.abspath(scratch))
     started = time.monotonic()
     try:
         for i, c in enumerate(plan):
             if warm is not None:
                 proc = warm[i]
+            elif (forked := None if in_lab else zygote.spawn(root, c)) is not None:
+                proc = forked  # type: ignore[assignment]
+                outcome.forked = True
             else:
                 with open(c.log, "wb") as fh:
                     proc = subprocess.Popen(list(c.argv), cwd=c.cwd, env=dict(c.env), stdin=subprocess.DEVNULL,
@@ -506,4 +529,5 @@ def kill_all() -> None:
     """Every spare not used, and every copy of every attempt still running with what it started
     (Ctrl-C, harness crash): ``reaper.kill_all``, which reaps all the harness launched."""
     spares.drop_all()
+    zygote.close_all()
     reaper.kill_all()

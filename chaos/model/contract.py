@@ -60,6 +60,7 @@ ENV_TMP = "CHAOS_JOB_TMP"                # the point's temp dir: each rank's TMP
 ENV_PYCACHE = "CHAOS_JOB_PYCACHE"        # where the boot path compiles the tracer's modules (scratch root)
 ENV_GATE = "CHAOS_JOB_GATE"              # "GO_FD,READY_FD": a spare interpreter waits there (spares.py)
 ENV_PRELOAD = "CHAOS_JOB_PRELOAD"        # modules the boot path imports before the gate (explore.preload)
+ENV_ZYGOTE = "CHAOS_JOB_ZYGOTE"          # fd of the socket a zygote forks attempts on (launch/zygote.py)
 IMPORTS_FILE = "imports-r{rank}-a{attempt}-p{pid}.json"  # what a rank had imported at its first file event
 PROBE_FILE_ENV = "CHAOS_PROBE_FILE"      # chaos.probe writes its JSON lines here
 # The ``chaos.probe`` announcements that say "step n ran": probe.step, a --step-regex match,

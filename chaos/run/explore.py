@@ -638,6 +638,8 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
         try:
             ref, _golden_run = reference(job, root, jobs, seed, netlab)
             job = dataclasses.replace(job, preload_modules=ref.preload)  # every attempt from here on
+            if executor is None and (said := launch.start_zygote(job, root)) is not None:
+                ref.notes.append(said)
             # The run order, classes first (every family, each save's end, ...: pointset.plan); what it
             # covers, and what --max-points leaves out, is a note shown with the fault-free runs'.
             plan = (None if only is not None or not ref.points else

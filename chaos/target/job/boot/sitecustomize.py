@@ -76,6 +76,21 @@ def _preload(saved: tuple) -> None:
         sys.pycache_prefix, sys.dont_write_bytecode = mine
 
 
+def _zygote() -> None:
+    """A zygote (``chaos/launch/zygote.py`` starts it) forks each attempt of an exploration from
+    here, its modules preloaded: the zygote itself never comes back from ``serve``, and each
+    forked child goes on booting as its attempt (``chaos/target/job/zygote.py``)."""
+    fd = os.environ.pop("CHAOS_JOB_ZYGOTE", None)
+    if not fd:
+        return
+    try:
+        from chaos.target.job.zygote import serve
+    except Exception as exc:  # noqa: BLE001 - the harness reads end of file and starts attempts itself
+        print(f"chaos: the zygote could not start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        os._exit(0)
+    serve(int(fd))
+
+
 def _boot() -> None:
     if not os.environ.get("CHAOS_JOB_OUT"):
         return
@@ -103,6 +118,7 @@ def _boot() -> None:
                 import chaos.target.job.native  # noqa: F401 - binding the native tracer: before the gate
         finally:
             _preload(saved)
+            _zygote()  # a zygote forks attempts here: this returns only in each forked attempt
             _gate()  # a spare waits here even when the tracer failed to import
         install()
     except Exception as exc:  # noqa: BLE001 - never break the user's job; the judge sees no trace

@@ -1,0 +1,246 @@
+"""Zygotes: one interpreter per exploration that imported the job's modules and forks its attempts.
+
+Why: on a torch or framework job, most of an attempt's cost is its interpreter importing
+torch and the framework (``chaos.target.job.zygote`` says more). ``explore`` calls
+``launch.start_zygote`` once the fault-free runs have said what to preload; from then on
+``launch.run_attempt`` asks :func:`spawn` for each copy an attempt starts, and only where
+it gets None (no zygote, a copy it cannot stand for, a zygote that died) starts the copy
+as before, from a spare or a fresh interpreter. ``launch.kill_all`` ends every zygote.
+
+A zygote stands for a copy only where forking cannot change what the job does:
+
+- the same command line up to the job's own arguments (interpreter, its options, the
+  script or ``-m module``: the zygote reports how many words that is), the same working
+  directory, and the same environment but for the harness's per-attempt variables
+  (``CHAOS_JOB_*``) and ``TMPDIR``, which the forked child takes on before the job runs;
+- it was started by ``launch.start_zygote`` only for a one-process Python job the harness
+  launches itself with modules to preload (``--no-preload`` turns both off), and it had
+  no thread but its main one once those were imported (a fork copies only the calling
+  thread).
+
+An attempt forked by a zygote is the zygote's child, not the harness's: :class:`ForkedProcess`
+stands in for its ``subprocess.Popen`` (``pid``, ``poll``, ``wait``, ``returncode``), with the
+exit status the zygote reports when it reaps it. It is its own session, so
+``reaper.killpg(pid)`` ends it and what it started, as for a copy started directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import threading
+import time
+
+from chaos.errors import HarnessError
+from chaos.launch import reaper
+from chaos.launch.spares import Copy
+from chaos.model import contract as C
+from faults.process import alive
+
+READY_WAIT_S = 120.0  # importing torch and a framework on a loaded machine
+_PER_ATTEMPT = ("TMPDIR",)
+
+
+class ForkedProcess:
+    """A copy forked by a :class:`Zygote`, as much of ``subprocess.Popen`` as ``launch.job`` uses."""
+
+    def __init__(self, pid: int, zygote: Zygote, args: list[str]) -> None:
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+        self._zygote = zygote
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._zygote.pump(0.0)
+        if self.returncode is None and self._zygote._dead and not alive(self.pid):
+            # Its parent, the zygote, died first: how it ended is lost, and is not guessed.
+            raise HarnessError(f"the zygote that forked attempt process {self.pid} died before reporting "
+                               "how it ended")
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """As ``Popen.send_signal``: to the process only while its exit is not known (its pid may be reused after)."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._zygote.pump(left)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class Zygote:
+    """One zygote process and its socket; thread-safe (points may run ``--jobs N`` at a time)."""
+
+    def __init__(self, template: Copy, log: str) -> None:
+        self.template = template
+        self.head = 0
+        self.why_not: str | None = None
+        self._lock = threading.RLock()
+        self._children: dict[int, ForkedProcess] = {}
+        self._dead = False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        env = dict(template.env)
+        env[C.ENV_ZYGOTE] = str(theirs.fileno())
+        try:
+            with open(log, "wb") as fh:
+                self.proc = subprocess.Popen(list(template.argv), cwd=template.cwd, env=env, stdin=subprocess.DEVNULL,
+                                             stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                             pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        # Marked with the zygote's own CHAOS_JOB_MARK, as every child it forks is in /proc (a fork keeps
+        # the environment the zygote was started with there, whatever the child's os.environ says).
+        reaper.track(self.proc, env.get(C.ENV_MARK), marked=True)
+        hello = self._recv(READY_WAIT_S)
+        if hello is None or not hello.get("ready"):
+            self.why_not = (hello or {}).get("why") or "it did not come up (its log: " + log + ")"
+        elif hello.get("threads", 1) != 1:
+            self.why_not = (f"the preloaded modules started {hello['threads'] - 1} thread(s), which a fork "
+                            "would not copy")
+        elif int(hello.get("head", -1)) < 1:
+            self.why_not = "it could not read its own command line"
+        else:
+            self.head = int(hello["head"])
+        if self.why_not is not None:
+            self.close()
+
+    # -- the socket -------------------------------------------------------------
+    def _recv(self, timeout: float) -> dict | None:
+        """One message (None: none within ``timeout``, or end of file); exit notices are filed."""
+        while True:
+            r, _, _ = select.select([self._sock], [], [], max(0.0, timeout))
+            if not r:
+                return None
+            try:
+                data = self._sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                self._lost()
+                return None
+            msg = json.loads(data)
+            if "exit" in msg:
+                child = self._children.pop(int(msg["exit"]), None)
+                if child is not None:
+                    child.returncode = int(msg["code"])
+                timeout = 0.0
+                continue
+            return msg
+
+    def _lost(self) -> None:
+        """The zygote is gone, with the exit statuses of children it had not reported: a child
+        that ended too cannot be judged, and its ``poll`` raises rather than guess one."""
+        self._dead = True
+
+    def pump(self, timeout: float) -> None:
+        """File the exit notices that arrived (waiting up to ``timeout`` for the first)."""
+        with self._lock:
+            if self._dead:
+                time.sleep(min(timeout, 0.05))
+                return
+            msg = self._recv(timeout)
+            if msg is not None:  # an answer nobody waits for: a protocol error
+                raise HarnessError(f"unexpected message from the zygote: {msg}")
+
+    # -- forking ----------------------------------------------------------------
+    def fits(self, copy: Copy) -> bool:
+        """Whether a child of this zygote runs ``copy`` exactly as a fresh interpreter would."""
+        if self._dead or self.why_not is not None or copy.cwd != self.template.cwd:
+            return False
+        if copy.argv[:self.head] != self.template.argv[:self.head]:
+            return False
+        return _steady(dict(copy.env)) == _steady(dict(self.template.env))
+
+    def spawn(self, copy: Copy) -> ForkedProcess | None:
+        """Fork ``copy`` (its log, environment, arguments), or None where this zygote cannot."""
+        with self._lock:
+            if not self.fits(copy):
+                return None
+            req = {"args": list(copy.argv[self.head:]), "env": dict(copy.env), "cwd": copy.cwd, "log": copy.log}
+            try:
+                self._sock.send(json.dumps(req).encode())
+            except OSError:
+                self._lost()
+                return None
+            answer = self._recv(30.0)
+            if answer is None or "pid" not in answer:
+                if answer is None:  # no answer in time: it is not trusted with another attempt
+                    self._dead = True
+                return None
+            child = ForkedProcess(int(answer["pid"]), self, list(copy.argv))
+            self._children[child.pid] = child
+            return child
+
+    def close(self) -> None:
+        """End the zygote (its children are each killed by whoever runs them)."""
+        with self._lock:
+            self._dead = True
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            reaper.killpg(self.proc.pid)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            reaper.forget(self.proc)
+
+
+def _steady(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith("CHAOS_JOB_") and k not in _PER_ATTEMPT}
+
+
+_zygotes: dict[str, Zygote] = {}  # exploration root -> its zygote
+_lock = threading.Lock()
+
+
+def start(root: str, template: Copy, log: str) -> str | None:
+    """Start the zygote of the exploration in ``root``; None once it serves, else why not."""
+    z = Zygote(template, log)
+    if z.why_not is not None:
+        return z.why_not
+    with _lock:
+        old = _zygotes.pop(root, None)
+        _zygotes[root] = z
+    if old is not None:
+        old.close()
+    return None
+
+
+def spawn(root: str, copy: Copy) -> ForkedProcess | None:
+    """A child of ``root``'s zygote running ``copy``, or None (start it another way)."""
+    with _lock:
+        z = _zygotes.get(root)
+    return z.spawn(copy) if z is not None else None
+
+
+def serves(root: str) -> bool:
+    with _lock:
+        z = _zygotes.get(root)
+    return z is not None and not z._dead
+
+
+def close_all() -> None:
+    with _lock:
+        found = list(_zygotes.values())
+        _zygotes.clear()
+    for z in found:
+        z.close()
+
+
+__all__ = ["ForkedProcess", "Zygote", "close_all", "serves", "spawn", "start"]

@@ -1,0 +1,149 @@
+"""The zygote (chaos/launch/zygote.py, chaos/target/job/zygote.py): one interpreter per exploration
+imports the job's installed modules once and forks each attempt. A forked attempt must be
+indistinguishable from a fresh one to the job (its arguments, environment, folder, temp dir,
+session, fresh randomness), report its own exit status, change no verdict, and leave nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos.errors import HarnessError
+from chaos.launch import job as launch
+from chaos.launch import zygote
+from chaos.model.jobspec import JobSpec
+from chaos.run import explore
+from faults.process import alive
+
+JOB = """\
+import json, os, sys, tempfile, time
+import numpy as np
+out = sys.argv[sys.argv.index("--out") + 1]
+if "--code" in sys.argv:
+    code = int(sys.argv[sys.argv.index("--code") + 1])
+    if code < 0:
+        time.sleep(60)
+    sys.exit(code)
+ck = os.path.join(out, "ckpt.npy")
+start = int(np.load(ck)[0]) if os.path.exists(ck) else 0
+for step in range(start, 4):
+    with open(ck + ".tmp", "wb") as f:
+        np.save(f, np.array([step + 1]))
+    os.replace(ck + ".tmp", ck)
+seen = {"argv": sys.argv, "cwd": os.getcwd(), "tmp": tempfile.gettempdir(), "TMPDIR": os.environ.get("TMPDIR"),
+        "leader": os.getsid(0) == os.getpid(), "noise": float(np.random.rand()),
+        "boot": sorted(k for k in os.environ if k in ("CHAOS_JOB_GATE", "CHAOS_JOB_PRELOAD", "CHAOS_JOB_ZYGOTE")),
+        "out_env": os.environ.get("CHAOS_JOB_OUT")}
+with open(os.path.join(os.environ["SEEN_DIR"], f"seen-{os.getpid()}.json"), "w") as f:
+    json.dump(seen, f)
+with open(os.path.join(out, "final.txt"), "w") as f:
+    f.write("4")
+"""
+
+
+def _job(tmp_path: Path, **kw: object) -> JobSpec:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    return JobSpec(command=(sys.executable, str(script), "--out", "{out}"), cwd=str(tmp_path),
+                   result_globs=("final.txt",), **kw)  # type: ignore[arg-type]
+
+
+def test_forked_attempts_see_what_a_fresh_interpreter_sees_and_change_no_verdict(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    seen_dir = tmp_path / "seen"
+    seen_dir.mkdir()
+    monkeypatch.setenv("SEEN_DIR", str(seen_dir))
+    base = tmp_path / "scratch"
+    base.mkdir()
+    forked = explore.explore(_job(tmp_path), max_points=6, jobs=1, seed=2, scratch_base=str(base))
+    assert any("forked from one interpreter" in n for n in forked.reference.notes), forked.reference.notes
+    ran = [a for r in forked.results for a in r.record.attempts if not a.materialized]
+    assert len(ran) >= 6 and all(a.forked and not a.prestarted for a in ran)
+    seen = [json.loads(p.read_text()) for p in seen_dir.glob("seen-*.json")]
+    assert len(seen) >= 6
+    for s in seen:
+        assert s["argv"][1:] == ["--out", s["out_env"]]  # its own {out}, not the zygote's
+        assert s["tmp"] == s["TMPDIR"] != str(base) and s["cwd"] == str(tmp_path)
+        assert s["leader"] and s["boot"] == []
+    assert len({s["noise"] for s in seen}) == len(seen)  # numpy's unseeded state is fresh in each
+    for p in seen_dir.iterdir():
+        p.unlink()
+    cold = explore.explore(_job(tmp_path, preload=False), max_points=6, jobs=1, seed=2, scratch_base=str(base))
+    assert not any(a.forked for r in cold.results for a in r.record.attempts)
+    # tempfile.gettempdir() probes the folder with a randomly named file: a file event whose name differs
+    verdicts = [{r.point.id: (r.verdict.outcome, re.sub(r"chaos-job-\w+|tmp/rank0/\w+", "X", r.verdict.summary))
+                 for r in e.results} for e in (forked, cold)]
+    assert len(verdicts[0]) == 6 and verdicts[0] == verdicts[1]
+    assert not zygote._zygotes and not os.listdir(base)  # the zygote ended with the exploration
+
+
+def _template(tmp_path: Path, name: str, job: JobSpec) -> launch.spares.Copy:
+    scratch = tmp_path / name
+    (scratch / "out").mkdir(parents=True)
+    return launch._plan(job, str(scratch / "out"), str(scratch), 1, None, str(scratch), None, 0)[0]
+
+
+def test_a_zygote_reports_each_childs_exit_and_refuses_what_it_cannot_stand_for(tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    monkeypatch.setenv("SEEN_DIR", str(tmp_path))
+    # numpy.random imported in the zygote (numpy itself imports it lazily): each child draws afresh;
+    # a module that asked tempfile for the temp dir as it loaded: each child still gets its own TMPDIR
+    (tmp_path / "warm_tmp.py").write_text("import tempfile\nWHERE = tempfile.gettempdir()\n")
+    job = dataclasses.replace(_job(tmp_path), preload_modules=("numpy", "numpy.random", "warm_tmp"))
+    root = str(tmp_path)
+    assert zygote.start(root, _template(tmp_path, "zygote", job), str(tmp_path / "zygote.log")) is None
+    z = zygote._zygotes[root]
+    try:
+        for i in range(3):
+            child = zygote.spawn(root, _template(tmp_path, f"run{i}", job))
+            assert child is not None and child.wait(timeout=30) == 0
+        seen = [json.loads(p.read_text()) for p in tmp_path.glob("seen-*.json")]
+        assert len(seen) == 3 and len({s["noise"] for s in seen}) == 3
+        for s in seen:  # TMPDIR: the attempt's own (its run's tmp), and tempfile asked it again
+            assert s["tmp"] == s["TMPDIR"] and s["TMPDIR"].startswith(os.path.dirname(s["argv"][2]) + "/tmp")
+        copy = _template(tmp_path, "a", job)
+        three = zygote.spawn(root, dataclasses.replace(copy, argv=(*copy.argv, "--code", "3")))
+        hang = zygote.spawn(root, dataclasses.replace(copy, argv=(*copy.argv, "--code", "-1")))
+        assert three is not None and hang is not None and three.pid != hang.pid != z.proc.pid
+        assert three.wait(timeout=30) == 3
+        os.killpg(hang.pid, signal.SIGKILL)  # its own session, as a copy started directly
+        assert hang.wait(timeout=30) == -signal.SIGKILL
+        term = zygote.spawn(root, dataclasses.replace(copy, argv=(*copy.argv, "--code", "-1")))
+        assert term is not None
+        term.send_signal(signal.SIGTERM)  # as a term point's preemption does (launch.job._send_term)
+        assert term.wait(timeout=30) == -signal.SIGTERM
+        term.send_signal(signal.SIGTERM)  # once its end is known: nothing (its pid may belong to another)
+        # Another environment (a variable a module may read as it loads) or folder: not forked
+        env = dict(copy.env) | {"OMP_NUM_THREADS": "7"}
+        assert zygote.spawn(root, dataclasses.replace(copy, env=tuple(sorted(env.items())))) is None
+        assert zygote.spawn(root, dataclasses.replace(copy, cwd=str(tmp_path / "a"))) is None
+        assert zygote.spawn(root, dataclasses.replace(copy, argv=("python3.99", *copy.argv[1:]))) is None
+        # A zygote that died: no more forks, and a child whose status it took along is an error, not a guess
+        orphan = zygote.spawn(root, dataclasses.replace(copy, argv=(*copy.argv, "--code", "-1")))
+        assert orphan is not None
+        os.kill(z.proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while zygote.spawn(root, copy) is not None and time.monotonic() < deadline:
+            pass
+        assert zygote.spawn(root, copy) is None
+        os.killpg(orphan.pid, signal.SIGKILL)
+        with pytest.raises(HarnessError, match="died before reporting"):
+            orphan.wait(timeout=30)
+    finally:
+        zygote.close_all()
+    assert not alive(z.proc.pid)
+
+
+def test_no_zygote_without_modules_to_preload_or_for_several_ranks(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    assert launch.start_zygote(job, str(tmp_path)) is None  # nothing preloaded: spares as before
+    ranks = dataclasses.replace(job, preload_modules=("numpy",), ranks=2)
+    assert launch.start_zygote(ranks, str(tmp_path)) is None and not zygote._zygotes
