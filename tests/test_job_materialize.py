@@ -9,6 +9,7 @@ the ones a run to the point gets.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -89,6 +90,38 @@ def test_every_materialized_halt_gets_the_verdict_of_running_to_it(example: str,
     assert materialized >= least, materialized  # a corruption waiting for a step (:stepN) too
     if example == "careless_job.py":
         assert any(v[0] == "fail" for v in ran.values())  # its defect, found both ways
+
+
+STAGED_JOB = """
+import json, os, sys, tempfile
+out = sys.argv[1]
+ckpt = os.path.join(out, "ckpt.json")
+start = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+for step in range(start, 4):
+    # Lightning Fabric's _atomic_save: the new file staged in the system temp dir, then moved in
+    fd, tmp = tempfile.mkstemp(suffix=".ckpt")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"step": step + 1}, f)
+    os.replace(tmp, ckpt)
+json.dump({"done": 4}, open(os.path.join(out, "final.json"), "w"))
+"""
+
+
+def test_a_job_that_stages_its_saves_in_the_temp_dir_is_materialized(tmp_path: Path) -> None:
+    """Its temp file lies in the rank's folder of the temp dir, which the boot path made before the
+    tracer ran: the rebuilt temp tree has that folder, and the kills at its events are materialized
+    with the verdicts of running to them."""
+    script = tmp_path / "staged_job.py"
+    script.write_text(STAGED_JOB)
+    job = JobSpec(command=(sys.executable, str(script), "{out}"), faults=("kill",), result_globs=("final.json",),
+                  cwd=str(tmp_path))
+    ran, rebuilt, materialized = _both_ways(job, tmp_path, 10, seed=0)
+
+    def masked(verdicts: dict) -> dict:  # the scratch root's and mkstemp's random names
+        return {k: re.sub(r"chaos-job-\w+|tmp\w{8}\.ckpt", "X", str(v)) for k, v in verdicts.items()}
+
+    assert len(ran) == 10 and masked(rebuilt) == masked(ran)
+    assert materialized >= 8, materialized
 
 
 @pytest.mark.slow  # two explorations of a torch script: about 25 s

@@ -203,8 +203,11 @@ def attempt_zero(job: JobSpec, point: Point, golden_scratch: str, out: str, scra
         return None  # an event outside {out} and the job's temp dir: nothing to rebuild it from
     os.makedirs(tmp, exist_ok=True)
     try:
-        for root in (out, tmp):  # each tree as the kill left it: every change kept, a kill loses nothing
-            model = CrashModel(root, Snapshot(), upto)  # type: ignore[arg-type]
+        # Each tree as the kill left it: every change kept, a kill loses nothing. What was there before
+        # the trace began: an empty {out}, and in the temp dir the rank's own folder, which the boot
+        # path makes before the tracer is installed (inproc: TMPDIR is <tmp>/rank0).
+        for root, before in ((out, Snapshot()), (tmp, Snapshot(dirs=("rank0",)))):
+            model = CrashModel(root, before, upto)  # type: ignore[arg-type]
             last = model.n_prefixes - 1
             state = model.state(last, *model.extreme_choices(last)[1])
             clear(root)
