@@ -293,9 +293,9 @@ def test_a_root_prefix_outside_the_harness_namespace_is_refused():
 CHAOS = [sys.executable, "-m", "chaos.cli.main"]
 
 
-def _chaos_run_killed_when(ready, base: Path, claims: Path, fault: str) -> int:
+def _chaos_run_killed_when(ready, base: Path, claims: Path, fault: str, tmpdir: Path | None = None) -> int:
     """Start `chaos run --fault FAULT` under ``base``; SIGKILL it once ``ready()`` is truthy; its pid."""
-    env = dict(os.environ, **{scratch.CLAIMS_ENV: str(claims)})
+    env = dict(os.environ, **{scratch.CLAIMS_ENV: str(claims)}, **({"TMPDIR": str(tmpdir)} if tmpdir else {}))
     run = subprocess.Popen([*CHAOS, "run", "--scratch", str(base), "--steps", "60", "--save-every", "4",
                             "--fault", fault, "--cache-dir", str(base.parent / "cache")],
                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -313,6 +313,27 @@ def _chaos_run_killed_when(ready, base: Path, claims: Path, fault: str) -> int:
 def _chaos_clean(claims: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, **{scratch.CLAIMS_ENV: str(claims)})
     return subprocess.run([*CHAOS, "clean"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_chaos_clean_removes_the_multiprocessing_temp_dir_of_a_sigkilled_chaos_run(tmp_path, claims):
+    """The fork server's socket folder lives until the harness exits: a SIGKILL used to leave one
+    ``pymp-*`` folder in the temp dir every time. It is a claimed root now (``chaos-pymp-*``)."""
+    base = tmp_path / "scratch"
+    base.mkdir()
+    # A TMPDIR short enough for the fork server's socket (a deep one sends the folder to /tmp)
+    tmp = Path(tempfile.mkdtemp(prefix="cp-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    try:
+        def serving() -> bool:  # made just before the fork server starts, which has started once ranks log
+            return any(p.name.startswith("chaos-pymp-") for p in tmp.iterdir()) and any(base.glob("*/logs/rank*"))
+
+        pid = _chaos_run_killed_when(serving, base, claims, "rank1:step50:kill", tmpdir=tmp)
+        [made] = [p for p in tmp.iterdir() if p.name.startswith("chaos-pymp-")]
+        out = _chaos_clean(claims)
+        assert out.returncode == 0, out.stderr
+        assert f"pid {pid}" in out.stdout and str(made) in out.stdout
+        assert not made.exists() and not [p for p in tmp.iterdir() if "pymp" in p.name]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="the scenario's full-disk tmpfs needs root")

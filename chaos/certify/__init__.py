@@ -242,12 +242,13 @@ def _scratch_dir(parent: str | None) -> Iterator[str]:
     explicitly; ``TMPDIR`` and :data:`tempfile.tempdir` point at ``<scratch>/tmp`` so
     whatever else asks for a temp dir meanwhile — the fork server this starts (torch's
     ``torchinductor_<user>`` dir at its import), libraries — lands inside too. The
-    ``pymp-*`` dir of :mod:`multiprocessing` is made first, where it was, because it
-    lives until this process exits (multiprocessing removes it then).
+    temp dir of :mod:`multiprocessing` is made first, where it was, because it lives until
+    this process exits (``chaos.launch.cluster.own_mp_temp_dir``: a claimed root, removed
+    then, or by ``chaos clean`` after a SIGKILL).
     """
-    import multiprocessing.util
+    from chaos.launch.cluster import own_mp_temp_dir
 
-    multiprocessing.util.get_temp_dir()
+    own_mp_temp_dir()
     scratch = make_root("chaos-certify-", parent)
     saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
     tmp = os.path.join(scratch, "tmp")

@@ -37,34 +37,44 @@ from chaos.target.workload.spec import EXIT_CONFIG, EXIT_OK, RankSpec
 
 _ctx: Any = None
 # The fork server's socket is DIR/listener-XXXXXXXX in multiprocessing's temp dir DIR,
-# itself TMPDIR/pymp-XXXXXXXX.
-_LISTENER_TAIL, _PYMP_TAIL = 18, 14
+# here TMPDIR/chaos-pymp-XXXXXXXX (own_mp_temp_dir).
+_LISTENER_TAIL, _PYMP_TAIL = 18, 20
 
 
-def _short_socket_dir() -> None:
-    """Give multiprocessing a temp dir short enough for the fork server's Unix socket.
+def own_mp_temp_dir() -> None:
+    """Give multiprocessing a temp dir that a killed harness does not leave behind, and that is
+    short enough for the fork server's Unix socket.
 
-    multiprocessing makes its ``pymp-*`` dir (the socket's, removed at exit) under TMPDIR,
-    once per process; under a deep TMPDIR (a CI workspace, pytest-xdist's ``popen-gwN``
-    temp dirs) the socket's path passes sun_path's limit and every launch fails with
-    "AF_UNIX path too long". Python 3.13 falls back to a short system temp dir itself;
-    this does the same for the versions before. Called by :func:`_context` before the
-    server first starts, when another part of the harness (certify's crash runs) may
-    already have made the long dir: then a short one replaces it in multiprocessing's
-    per-process config (``util.get_temp_dir`` reads it there), with the same clean-up."""
+    multiprocessing makes its own ``pymp-*`` dir (the socket's) under TMPDIR once per process
+    and removes it at exit, so a SIGKILLed harness (a CI timeout) left one behind every time.
+    Made here instead as a claimed scratch root (``chaos.scratch.make_root``): the next
+    harness's sweep, or ``chaos clean``, removes it once its maker is dead, with the same
+    checks as for any root. Under a deep TMPDIR (a CI workspace, pytest-xdist's ``popen-gwN``
+    temp dirs) the socket's path would pass sun_path's limit and every launch fail with
+    "AF_UNIX path too long": then it goes in a short system temp dir, as Python 3.13 does
+    itself. Called by :func:`_context` before the server first starts, and by certify before
+    it moves TMPDIR into its own scratch. A dir multiprocessing already made is kept where
+    it fits; one that does not is replaced in multiprocessing's per-process config (``util.get_temp_dir``
+    reads it there), with the same clean-up at exit."""
     from multiprocessing import process, util
+
+    from chaos.errors import ConfigError
+    from chaos.scratch import make_root
 
     config = process.current_process()._config
     current = config.get("tempdir")
-    need = (len(os.fsencode(current)) + _LISTENER_TAIL if current
-            else len(os.fsencode(tempfile.gettempdir())) + _PYMP_TAIL + _LISTENER_TAIL)
-    if need <= UNIX_PATH_MAX:
+    if current and len(os.fsencode(current)) + _LISTENER_TAIL <= UNIX_PATH_MAX:
         return
-    short = next((d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)),
-                 None)
-    if short is None:
-        return  # nowhere shorter: the launch's error names the cause
-    made = tempfile.mkdtemp(prefix="pymp-", dir=short)
+    base = tempfile.gettempdir()
+    if len(os.fsencode(base)) + _PYMP_TAIL + _LISTENER_TAIL > UNIX_PATH_MAX:
+        short = (d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK))
+        base = next(short, None)  # type: ignore[arg-type]
+        if base is None:
+            return  # nowhere shorter: the launch's error names the cause
+    try:
+        made = make_root("chaos-pymp-", base)
+    except ConfigError:
+        return  # a temp dir the harness does not trust: multiprocessing makes its own, as before
     util.Finalize(None, shutil.rmtree, args=(made,), kwargs={"ignore_errors": True}, exitpriority=-100)
     config["tempdir"] = made
 
@@ -72,7 +82,7 @@ def _short_socket_dir() -> None:
 def _context() -> Any:
     global _ctx
     if _ctx is None:
-        _short_socket_dir()
+        own_mp_temp_dir()
         ctx = mp.get_context("forkserver")
         # chaos.launch.cluster too: each rank unpickles its target from it, and would import it
         # (with chaos.nemesis.environment and chaos.plan.scenario, ~12 ms) at every start otherwise.
