@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from chaos.launch.job import BOOT_DIR
-from chaos.launch.preload import choose
+from chaos.launch.preload import Choice, choose
 from chaos.model import jobspec as S
 from chaos.model.jobspec import JobSpec
 
@@ -62,9 +62,11 @@ def test_the_boot_path_imports_the_named_modules_before_the_job_and_hides_the_va
     assert proc.stdout.split() == ["True", "False"]
 
 
-def _write(trace: Path, modules: dict[str, str | None], changed: list[str] = ()) -> str:
+def _write(trace: Path, modules: dict[str, str | None], changed: list[str] = (),
+           values: dict[str, str | None] | None = None) -> str:
     trace.mkdir(parents=True, exist_ok=True)
-    (trace / "imports-r0-a0-p42.json").write_text(json.dumps({"modules": modules, "env_changed": list(changed)}))
+    record = {"modules": modules, "env_changed": list(changed), **({"env_values": values} if values is not None else {})}
+    (trace / "imports-r0-a0-p42.json").write_text(json.dumps(record))
     return str(trace)
 
 
@@ -77,13 +79,29 @@ def test_only_installed_distributions_are_preloaded_and_never_after_the_job_chan
             "mymodel": str(tmp_path / "proj" / "mymodel.py"),           # the job's own code: never run early
             "_private": "/venv/lib/python3.11/site-packages/_private.py", "sys": None}
     trace = _write(tmp_path / "t1", mods)
-    names, note = choose(job, trace, can_prestart=True)
-    assert names == ("torch", "yaml") and note is not None and "torch, yaml" in note
-    assert choose(job, trace, can_prestart=False) == ((), None)  # no spares: nothing to gain
-    assert choose(JobSpec(command=job.command, cwd=job.cwd, preload=False), trace, True) == ((), None)
-    names, note = choose(job, _write(tmp_path / "t2", mods, ["OMP_NUM_THREADS"]), can_prestart=True)
-    assert names == () and note is not None and "OMP_NUM_THREADS" in note
-    assert choose(job, str(tmp_path / "none"), True) == ((), None)  # no file event: nothing to go by
+    got = choose(job, trace, can_prestart=True)
+    assert got.modules == ("torch", "yaml") and got.note is not None and "torch, yaml" in got.note
+    assert not got.zygote_only and not got.env
+    assert choose(job, trace, can_prestart=False) == Choice()  # no spares: nothing to gain
+    assert choose(JobSpec(command=job.command, cwd=job.cwd, preload=False), trace, True) == Choice()
+    # A record without the variables' values (written before they were kept): no preload anywhere
+    got = choose(job, _write(tmp_path / "t2", mods, ["OMP_NUM_THREADS"]), can_prestart=True)
+    assert got.modules == () == got.zygote_only and got.note is not None and "OMP_NUM_THREADS" in got.note
+    assert choose(job, str(tmp_path / "none"), True) == Choice()  # no file event: nothing to go by
+
+
+def test_after_the_job_changed_its_environment_only_a_zygote_preloads_and_only_in_import_order(
+        tmp_path: Path) -> None:
+    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK as it is imported: the job "changed" it before its
+    first file event. Spares never preload then; a zygote may, if its own imports set it the same."""
+    job = JobSpec(command=("python", "train.py", "{out}"), cwd=str(tmp_path / "proj"))
+    mods = {"torch": "/venv/lib/python3.11/site-packages/torch/__init__.py",
+            "lightning": "/venv/lib/python3.11/site-packages/lightning/__init__.py"}
+    got = choose(job, _write(tmp_path / "t", mods, ["PYTORCH_NVML_BASED_CUDA_CHECK", "GONE"],
+                             {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "GONE": None}), can_prestart=True)
+    assert got.modules == () and got.zygote_only == ("torch", "lightning")  # the job's order, not sorted
+    assert got.env == (("PYTORCH_NVML_BASED_CUDA_CHECK", "1"), ("GONE", None))
+    assert got.note is not None and "PYTORCH_NVML_BASED_CUDA_CHECK" in got.note
 
 
 def test_no_preload_is_replayed_and_recorded() -> None:

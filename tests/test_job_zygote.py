@@ -41,7 +41,7 @@ for step in range(start, 4):
 seen = {"argv": sys.argv, "cwd": os.getcwd(), "tmp": tempfile.gettempdir(), "TMPDIR": os.environ.get("TMPDIR"),
         "leader": os.getsid(0) == os.getpid(), "noise": float(np.random.rand()),
         "boot": sorted(k for k in os.environ if k in ("CHAOS_JOB_GATE", "CHAOS_JOB_PRELOAD", "CHAOS_JOB_ZYGOTE")),
-        "out_env": os.environ.get("CHAOS_JOB_OUT")}
+        "out_env": os.environ.get("CHAOS_JOB_OUT"), "set_by_import": os.environ.get("SET_BY_IMPORT")}
 with open(os.path.join(os.environ["SEEN_DIR"], f"seen-{os.getpid()}.json"), "w") as f:
     json.dump(seen, f)
 with open(os.path.join(out, "final.txt"), "w") as f:
@@ -94,9 +94,11 @@ def _template(tmp_path: Path, name: str, job: JobSpec) -> launch.spares.Copy:
 def test_a_zygote_reports_each_childs_exit_and_refuses_what_it_cannot_stand_for(tmp_path: Path,
                                                                               monkeypatch) -> None:
     monkeypatch.setenv("SEEN_DIR", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # warm_tmp below: importable before the job's own folder is
     # numpy.random imported in the zygote (numpy itself imports it lazily): each child draws afresh;
     # a module that asked tempfile for the temp dir as it loaded: each child still gets its own TMPDIR
-    (tmp_path / "warm_tmp.py").write_text("import tempfile\nWHERE = tempfile.gettempdir()\n")
+    (tmp_path / "warm_tmp.py").write_text("import os, tempfile\nWHERE = tempfile.gettempdir()\n"
+                                          "os.environ['SET_BY_IMPORT'] = '1'\n")  # as Lightning sets a variable
     job = dataclasses.replace(_job(tmp_path), preload_modules=("numpy", "numpy.random", "warm_tmp"))
     root = str(tmp_path)
     assert zygote.start(root, _template(tmp_path, "zygote", job), str(tmp_path / "zygote.log")) is None
@@ -109,6 +111,7 @@ def test_a_zygote_reports_each_childs_exit_and_refuses_what_it_cannot_stand_for(
         assert len(seen) == 3 and len({s["noise"] for s in seen}) == 3
         for s in seen:  # TMPDIR: the attempt's own (its run's tmp), and tempfile asked it again
             assert s["tmp"] == s["TMPDIR"] and s["TMPDIR"].startswith(os.path.dirname(s["argv"][2]) + "/tmp")
+            assert s["set_by_import"] == "1"  # what the preloaded import did, as in a fresh interpreter
         copy = _template(tmp_path, "a", job)
         three = zygote.spawn(root, dataclasses.replace(copy, argv=(*copy.argv, "--code", "3")))
         hang = zygote.spawn(root, dataclasses.replace(copy, argv=(*copy.argv, "--code", "-1")))
@@ -147,3 +150,24 @@ def test_no_zygote_without_modules_to_preload_or_for_several_ranks(tmp_path: Pat
     assert launch.start_zygote(job, str(tmp_path)) is None  # nothing preloaded: spares as before
     ranks = dataclasses.replace(job, preload_modules=("numpy",), ranks=2)
     assert launch.start_zygote(ranks, str(tmp_path)) is None and not zygote._zygotes
+
+
+def test_a_job_that_changed_its_environment_gets_a_zygote_only_if_the_imports_set_it_so(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """The job had set a variable by its first file event (Lightning does, as it is imported): only a
+    zygote whose own preload leaves the same value may fork its attempts; spares never preload."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    (tmp_path / "sets_env.py").write_text("import os\nos.environ['SET_BY_IMPORT'] = '1'\n")
+    base = dataclasses.replace(_job(tmp_path), zygote_preload=("sets_env",))
+    for value, serves in (("1", True), ("2", False)):
+        job = dataclasses.replace(base, zygote_env=(("SET_BY_IMPORT", value),))
+        root = tmp_path / f"root-{value}"
+        root.mkdir()
+        try:
+            note = launch.start_zygote(job, str(root))
+            assert note is not None and launch.zygote_serves(str(root)) is serves, note
+            assert ("importing them set exactly that" in note) if serves else ("did not set SET_BY_IMPORT" in note)
+            plan = launch._plan(job, str(root / "out"), str(root / "p"), 1, None, str(root), None, 0)
+            assert "CHAOS_JOB_PRELOAD" not in dict(plan[0].env)  # the spares' copies: nothing preloaded
+        finally:
+            zygote.close_all()

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.launch import reaper, spares, zygote
+from chaos.launch import preload, reaper, spares, zygote
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
@@ -321,16 +321,30 @@ def start_zygote(job: S.JobSpec, root: str) -> str | None:
     """Start the zygote that forks this exploration's attempts (``zygote.py``); a note for the
     user: what it does, or why there is none although modules are preloaded. Called by
     ``explore`` once the fault-free runs said what to preload (``job.preload_modules``)."""
-    if not job.preload_modules or not can_prestart(job) or job.ranks is not None or job.nodes:
+    names = job.preload_modules or job.zygote_preload
+    if not names or not can_prestart(job) or job.ranks is not None or job.nodes:
         return None  # (a --nodes job's attempts start on its simulated nodes: nodes.run_attempt)
     scratch = os.path.join(root, "zygote")
     os.makedirs(os.path.join(scratch, "out"), exist_ok=True)
     template = _plan(job, os.path.join(scratch, "out"), scratch, 1, None, scratch, None, free_port())[0]
+    if not job.preload_modules:  # zygote only: it checks that its imports set what the job had set
+        env = dict(template.env) | {S.ENV_PRELOAD: ",".join(names),
+                                    S.ENV_ZYGOTE_ENV: json.dumps(dict(job.zygote_env))}
+        template = spares.Copy(template.argv, tuple(sorted(env.items())), template.log, template.cwd)
     why = zygote.start(root, template, os.path.join(scratch, "zygote.log"))
     if why is not None:
-        return f"attempts start as fresh interpreters (spares), not forked from a zygote: {why}"
+        return f"attempts start as fresh interpreters, not forked from a zygote: {why}"
+    if not job.preload_modules:
+        return (f"attempts are forked from one interpreter that imported {preload.shown(names)} once (a zygote): "
+                f"the job had set {', '.join(k for k, _ in job.zygote_env[:5])} by its first file event, and "
+                "importing them set exactly that (--no-preload: off)")
     return ("attempts are forked from one interpreter that imported the preloaded modules once (a zygote), "
             "each with its own session, folder, environment and arguments (--no-preload: off)")
+
+
+def zygote_serves(root: str) -> bool:
+    """Whether the exploration in ``root`` has a zygote forking its attempts (``start_zygote``)."""
+    return zygote.serves(root)
 
 
 def can_prestart(job: S.JobSpec, lab: NetworkLab | None = None) -> bool:

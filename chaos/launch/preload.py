@@ -8,17 +8,21 @@ with the modules the job will import loaded before their gate as well, the job's
 
 What is preloaded is read, not guessed: the job's tracer writes, at the rank's first file
 event, the top-level modules imported since the job started and the environment variables
-it changed meanwhile (``inproc.JobInterposer._write_imports``). ``explore.reference`` calls
-:func:`choose` with the first fault-free run's record of rank 0; ``launch.job`` hands the
-names to every attempt's boot path (``CHAOS_JOB_PRELOAD``), which imports them before the
-gate (``boot/sitecustomize.py``). Only where that cannot change what the job does:
+it changed meanwhile, with their values (``inproc.JobInterposer._write_imports``).
+``explore.reference`` calls :func:`choose` with the first fault-free run's record of rank 0;
+``launch.job`` hands the names, in the order the job imported them, to every attempt's boot
+path (``CHAOS_JOB_PRELOAD``), which imports them before the gate (``boot/sitecustomize.py``),
+or to the exploration's zygote (``zygote.py``), which imports them once and forks each
+attempt. Only where that cannot change what the job does:
 
 - modules of an installed distribution (a site- or dist-packages folder, a project's own
   ``.venv`` included), never the job's own code (its script's folder, its source tree: that
   would run it early), nor the standard library's (cheap, and imported by the others anyway);
 - only when the job changed no environment variable before its first file event (a module
   may read one as it is imported: ``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` set by the
-  script before ``import torch``); then nothing is preloaded and the note says why;
+  script before ``import torch``); then no spare preloads anything and the note says why,
+  and a zygote only if importing the modules alone sets each such variable to the value the
+  job had (a library that sets one as it loads, as Lightning does: :class:`Choice`);
 - only where spares are used (``job.can_prestart``: a Python COMMAND the harness launches
   itself), and never with ``--no-preload``.
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from dataclasses import dataclass
 
 from chaos.model import contract as C
 from chaos.model.jobspec import JobSpec
@@ -41,31 +46,53 @@ def _installed(path: str) -> bool:
     return "site-packages" in parts or "dist-packages" in parts
 
 
-def choose(job: JobSpec, trace_dir: str, can_prestart: bool) -> tuple[tuple[str, ...], str | None]:
-    """(modules to preload, sorted; a note for the user or None) from rank 0's record in ``trace_dir``."""
+@dataclass(frozen=True)
+class Choice:
+    """What ``choose`` found. ``modules``: preloaded wherever attempts start ahead (spares, a
+    zygote). ``zygote_only`` with ``env``: the job had changed those variables by its first file
+    event, so only a zygote may preload them, and only if importing them sets each one exactly so
+    (``env``: name -> value, None for unset; the zygote checks after its preload)."""
+
+    modules: tuple[str, ...] = ()
+    note: str | None = None
+    zygote_only: tuple[str, ...] = ()
+    env: tuple[tuple[str, str | None], ...] = ()
+
+
+def choose(job: JobSpec, trace_dir: str, can_prestart: bool) -> Choice:
+    """What to preload, from rank 0's record in ``trace_dir`` (modules in the order the job imported them)."""
     if not job.preload or not can_prestart:
-        return (), None
+        return Choice()
     found = sorted(glob.glob(os.path.join(glob.escape(trace_dir), C.IMPORTS_FILE.format(rank=0, attempt=0, pid="*"))))
     if not found:
-        return (), None  # no file event: nothing to go by
+        return Choice()  # no file event: nothing to go by
     try:
         with open(found[0], encoding="utf-8") as f:
             record = json.loads(f.read(1 << 20))
-        modules, changed = dict(record["modules"]), list(record["env_changed"])
+        modules, changed = dict(record["modules"]), [str(k) for k in record["env_changed"]]
+        values = record.get("env_values")
+        env = None if not isinstance(values, dict) else tuple(
+            (str(k), None if values.get(k) is None else str(values[k])) for k in changed)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return (), f"no module is preloaded: the fault-free run's record of its imports is unreadable ({exc})"
-    if changed:
-        return (), (f"no module is preloaded in the interpreters started ahead of an attempt: the job set "
-                    f"{', '.join(changed[:5])} before its first file event, which a module imported earlier "
-                    "might read as it loads")
+        return Choice(note=f"no module is preloaded: the fault-free run's record of its imports is unreadable ({exc})")
     names = [name for name, path in modules.items() if name not in _NEVER and not name.startswith("_")
              and isinstance(path, str) and _installed(path)]
+    if changed:
+        refused = (f"no module is preloaded in the interpreters started ahead of an attempt: the job set "
+                   f"{', '.join(changed[:5])} before its first file event, which a module imported earlier "
+                   "might read as it loads")
+        if env is None or not names:  # a record from before values were kept: nothing to check against
+            return Choice(note=refused)
+        return Choice(note=refused, zygote_only=tuple(names), env=env)
     if not names:
-        return (), None
-    names.sort()
-    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-    return tuple(names), (f"preloaded before each attempt's gate, as the fault-free run had imported them by its "
-                          f"first file event: {shown} (--no-preload: off)")
+        return Choice()
+    return Choice(tuple(names), (f"preloaded before each attempt's gate, as the fault-free run had imported them by "
+                                 f"its first file event: {shown(names)} (--no-preload: off)"))
 
 
-__all__ = ["choose"]
+def shown(names: tuple[str, ...] | list[str]) -> str:
+    """Module names for a note: the first eight, then how many more."""
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+
+__all__ = ["Choice", "choose", "shown"]

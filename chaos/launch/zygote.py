@@ -16,7 +16,10 @@ A zygote stands for a copy only where forking cannot change what the job does:
 - it was started by ``launch.start_zygote`` only for a one-process Python job the harness
   launches itself with modules to preload (``--no-preload`` turns both off), and it had
   no thread but its main one once those were imported (a fork copies only the calling
-  thread).
+  thread). Where the job had changed environment variables by its first file event (spares
+  then preload nothing: ``preload.choose``), only if its own imports set each one the same
+  (Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK`` as it loads), in the order the job
+  imported them.
 
 An attempt forked by a zygote is the zygote's child, not the harness's: :class:`ForkedProcess`
 stands in for its ``subprocess.Popen`` (``pid``, ``poll``, ``wait``, ``returncode``), with the

@@ -61,6 +61,7 @@ ENV_PYCACHE = "CHAOS_JOB_PYCACHE"        # where the boot path compiles the trac
 ENV_GATE = "CHAOS_JOB_GATE"              # "GO_FD,READY_FD": a spare interpreter waits there (spares.py)
 ENV_PRELOAD = "CHAOS_JOB_PRELOAD"        # modules the boot path imports before the gate (explore.preload)
 ENV_ZYGOTE = "CHAOS_JOB_ZYGOTE"          # fd of the socket a zygote forks attempts on (launch/zygote.py)
+ENV_ZYGOTE_ENV = "CHAOS_JOB_ZYGOTE_ENV"  # JSON {name: value|null} the zygote's preload must leave set so
 IMPORTS_FILE = "imports-r{rank}-a{attempt}-p{pid}.json"  # what a rank had imported at its first file event
 PROBE_FILE_ENV = "CHAOS_PROBE_FILE"      # chaos.probe writes its JSON lines here
 # The ``chaos.probe`` announcements that say "step n ran": probe.step, a --step-regex match,

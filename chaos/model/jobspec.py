@@ -52,6 +52,8 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     ENV_STEP_REGEX,
     ENV_TMP,
     ENV_TRACE_DIR,
+    ENV_ZYGOTE,
+    ENV_ZYGOTE_ENV,
     ERRNO_MODES,
     FAULT_KINDS,
     HALT_FAMILIES,
@@ -137,6 +139,10 @@ class JobSpec:
     # what explore found the fault-free run imported before its first file event (run-time only: never
     # recorded, never replayed); the boot path imports them before the gate (ENV_PRELOAD)
     preload_modules: tuple[str, ...] = ()
+    # modules only a zygote may preload (launch.start_zygote), since the job had changed these environment
+    # variables by its first file event: the zygote checks that importing them sets the same (run-time only)
+    zygote_preload: tuple[str, ...] = ()
+    zygote_env: tuple[tuple[str, str | None], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.command:

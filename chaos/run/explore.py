@@ -390,6 +390,10 @@ class Reference:
     preload: tuple[str, ...] = ()  # imported before each attempt's gate (launch.preload.choose)
     same_events: bool = True  # both fault-free runs traced the same kinds of file event, in the same order
     native_trace: bool = False  # faults/chaosio.c was preloaded: native writes and child processes traced
+    # only a zygote may preload these, if its imports set these variables as the job had (preload.Choice)
+    zygote_preload: tuple[str, ...] = ()
+    zygote_env: tuple[tuple[str, str | None], ...] = ()
+    spares_note: str | None = None  # why spares preload nothing then (a note unless a zygote does)
 
     def lookup(self, job: JobSpec, point: Point) -> Point:
         """A replayed point with what the fault-free run did there (any kind, asked for or not).
@@ -501,9 +505,9 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                     checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses,
                     last_steps=last_steps(traces), loss_source=loss_source)
     notes += durability_notes(job, golden)
-    preloaded, said = preload.choose(job, os.path.join(runs[0].scratch, "trace"), launch.can_prestart(job))
-    if said:
-        notes.append(said)
+    pre = preload.choose(job, os.path.join(runs[0].scratch, "trace"), launch.can_prestart(job))
+    if pre.note and not pre.zygote_only:  # else said by explore once it knows whether a zygote preloads them
+        notes.append(pre.note)
     facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
     facts.stable = pointset.stable_events(recs[1].traces)
     points = pointset.enumerate_points(job, traces, facts, kinds)
@@ -515,8 +519,9 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
         notes.append("materialize: the two fault-free runs traced different file events, so one trace cannot "
                      "stand for every run; every point runs to the point")
     return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
-                     traces, facts, job.nodes, changes, preloaded, same,
-                     job.native_trace and native is None), runs[0]
+                     traces, facts, job.nodes, changes, pre.modules, same,
+                     job.native_trace and native is None, pre.zygote_only, pre.env,
+                     pre.note if pre.zygote_only else None), runs[0]
 
 
 def _size(n: Any) -> str:
@@ -637,8 +642,14 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
     try:
         try:
             ref, _golden_run = reference(job, root, jobs, seed, netlab)
-            job = dataclasses.replace(job, preload_modules=ref.preload)  # every attempt from here on
-            if executor is None and (said := launch.start_zygote(job, root)) is not None:
+            job = dataclasses.replace(job, preload_modules=ref.preload,  # every attempt from here on
+                                      zygote_preload=ref.zygote_preload, zygote_env=ref.zygote_env)
+            said = launch.start_zygote(job, root) if executor is None else None
+            if job.zygote_preload and launch.zygote_serves(root):
+                ref.preload = job.zygote_preload  # preloaded after all, in the zygote
+            elif ref.spares_note:
+                ref.notes.append(ref.spares_note)
+            if said is not None:
                 ref.notes.append(said)
             # The run order, classes first (every family, each save's end, ...: pointset.plan); what it
             # covers, and what --max-points leaves out, is a note shown with the fault-free runs'.

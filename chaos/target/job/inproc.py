@@ -163,7 +163,9 @@ class JobInterposer(Interposer):
                                                                    pid=os.getpid()))
         fd = self._o["open"](path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            self._write_all(fd, json.dumps({"modules": mods, "env_changed": changed}, default=str).encode())
+            self._write_all(fd, json.dumps({"modules": mods, "env_changed": changed,
+                                            "env_values": {k: os.environ.get(k) for k in changed}},
+                                           default=str).encode())
         finally:
             self._o["close"](fd)
 

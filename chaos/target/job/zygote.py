@@ -19,6 +19,13 @@ attempt's environment, then the job's ``__main__``). Messages, one JSON object e
     zygote -> harness   {"pid": C} | {"error": "..."}                        the answer to it
     zygote -> harness   {"exit": C, "code": RC}                              whenever a child ended
 
+Before it says ready, a zygote started for a job that had changed environment variables by its
+first file event (``CHAOS_JOB_ZYGOTE_ENV``: name -> value) checks that its preload left each one
+so, and otherwise says why not (``"ready": false``): the job then starts fresh interpreters.
+Whatever the preload changed in the environment (``/proc/self/environ`` against ``os.environ``)
+each child changes on top of its attempt's environment, as the same imports would have in a
+fresh interpreter.
+
 ``head`` is how many words of the zygote's own command line come before its ``sys.argv[1:]``
 (the interpreter, its options, the script or ``-m module``): the harness forks only attempts
 whose command line has the same head, and ``args`` replace ``sys.argv[1:]``. ``RC`` is a
@@ -37,7 +44,7 @@ import select
 import socket
 import sys
 
-_GONE = ("CHAOS_JOB_GATE", "CHAOS_JOB_PRELOAD", "CHAOS_JOB_ZYGOTE")  # the boot path's, never the job's
+_GONE = ("CHAOS_JOB_GATE", "CHAOS_JOB_PRELOAD", "CHAOS_JOB_ZYGOTE", "CHAOS_JOB_ZYGOTE_ENV")  # the boot path's, never the job's
 
 
 def _head() -> int:
@@ -52,7 +59,23 @@ def _head() -> int:
     return len(words) - (len(sys.argv) - 1)
 
 
-def _become(req: dict, ready_w: int) -> None:
+def _preload_changes() -> dict:
+    """What importing the preloaded modules did to the environment (name -> value, None: unset),
+    against the environment this process was started with (``/proc/self/environ``); the boot
+    path's own variables aside. A fresh interpreter's imports make the same changes, so each
+    forked child makes them on top of its attempt's environment (Lightning sets
+    ``PYTORCH_NVML_BASED_CUDA_CHECK`` as it loads)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            pairs = [e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e]
+    except OSError:
+        return {}
+    start = {os.fsdecode(k): os.fsdecode(v) for k, v in pairs}
+    keys = (set(start) | set(os.environ)) - {k for k in set(start) | set(os.environ) if k.startswith("CHAOS_JOB_")}
+    return {k: os.environ.get(k) for k in keys if start.get(k) != os.environ.get(k)}
+
+
+def _become(req: dict, ready_w: int, changes: dict) -> None:
     """In the forked child: turn into the attempt ``req`` describes, then say so on ``ready_w``."""
     os.setsid()
     os.chdir(req["cwd"])
@@ -61,6 +84,11 @@ def _become(req: dict, ready_w: int) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     env = {k: v for k, v in req["env"].items() if k not in _GONE}
+    for k, v in changes.items():  # what the preloaded imports did, as they would have in a fresh interpreter
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     os.environ.clear()  # putenv/unsetenv too: C code reading getenv sees the attempt's environment
     os.environ.update(env)
     sys.argv[1:] = list(req["args"])
@@ -94,7 +122,15 @@ def serve(fd: int) -> None:
     if not hasattr(os, "pidfd_open"):  # Python < 3.9: no way to wait on children and the socket at once
         _send(sock, {"ready": False, "why": "this Python has no os.pidfd_open"})
         os._exit(0)
-    _send(sock, {"ready": True, "pid": os.getpid(), "head": _head(), "threads": threading.active_count()})
+    want = json.loads(os.environ.pop("CHAOS_JOB_ZYGOTE_ENV", None) or "{}")
+    off = [k for k, v in want.items() if os.environ.get(k) != v]
+    if off:  # the job had set these by its first file event, and the preload alone did not
+        _send(sock, {"ready": False, "why": f"importing the modules did not set {', '.join(sorted(off)[:5])} as the "
+                                             "job had by its first file event"})
+        os._exit(0)
+    changes = _preload_changes()
+    _send(sock, {"ready": True, "pid": os.getpid(), "head": _head(), "threads": threading.active_count(),
+                 "env_changes": sorted(changes)})
     children: dict[int, int] = {}  # pidfd -> pid
     while True:
         readable, _, _ = select.select([sock, *children], [], [])
@@ -122,7 +158,7 @@ def serve(fd: int) -> None:
             for pfd in children:
                 os.close(pfd)
             try:
-                _become(req, ready_w)
+                _become(req, ready_w, changes)
             except BaseException as exc:  # noqa: BLE001 - say why, and leave no half-made attempt
                 try:
                     os.write(ready_w, f"e{type(exc).__name__}: {exc}".encode()[:500])
