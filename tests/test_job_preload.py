@@ -22,8 +22,14 @@ SCRIPT = """
 import os, sys
 print("fractions" in sys.modules, "CHAOS_JOB_PRELOAD" in os.environ)
 import fractions
+import xml
 if len(sys.argv) > 2:
     os.environ["OMP_NUM_THREADS"] = "1"
+    if sys.argv[2] == "then-import":
+        import colorsys
+        import fractions as again  # already there: still imported before the change
+        import email.utils  # a package's first import, after the change
+        import xml.dom  # a submodule of a package imported before it: the package stays early
 open(os.path.join(sys.argv[1], "a.txt"), "w").write("x")
 """
 
@@ -54,7 +60,12 @@ def test_the_tracer_records_what_the_job_imported_before_its_first_file_event(tm
     assert record["modules"]["fractions"].endswith("fractions.py") and record["env_changed"] == []
     assert "json" not in record["modules"]  # imported before the job started (by the tracer): not the job's
     _boot(tmp_path / "env", "set-env")
-    assert _record(tmp_path / "env")["env_changed"] == ["OMP_NUM_THREADS"]
+    record = _record(tmp_path / "env")
+    assert record["env_changed"] == ["OMP_NUM_THREADS"] and record["env_values"] == {"OMP_NUM_THREADS": "1"}
+    assert record["imported_after_change"] == []  # fractions came before the change
+    _boot(tmp_path / "late", "then-import")
+    late = _record(tmp_path / "late")["imported_after_change"]
+    assert {"colorsys", "email"} <= set(late) and not {"fractions", "xml"} & set(late)
 
 
 def test_the_boot_path_imports_the_named_modules_before_the_job_and_hides_the_variable(tmp_path: Path) -> None:
@@ -63,9 +74,10 @@ def test_the_boot_path_imports_the_named_modules_before_the_job_and_hides_the_va
 
 
 def _write(trace: Path, modules: dict[str, str | None], changed: list[str] = (),
-           values: dict[str, str | None] | None = None) -> str:
+           values: dict[str, str | None] | None = None, late: list[str] | None = None) -> str:
     trace.mkdir(parents=True, exist_ok=True)
-    record = {"modules": modules, "env_changed": list(changed), **({"env_values": values} if values is not None else {})}
+    record = {"modules": modules, "env_changed": list(changed), **({"env_values": values} if values is not None else {}),
+              **({"imported_after_change": late} if late is not None else {})}
     (trace / "imports-r0-a0-p42.json").write_text(json.dumps(record))
     return str(trace)
 
@@ -84,6 +96,15 @@ def test_only_installed_distributions_are_preloaded_and_never_after_the_job_chan
     assert not got.zygote_only and not got.env
     assert choose(job, trace, can_prestart=False) == Choice()  # no spares: nothing to gain
     assert choose(JobSpec(command=job.command, cwd=job.cwd, preload=False), trace, True) == Choice()
+    # Changed only after every module to preload was imported: they loaded as they load here
+    got = choose(job, _write(tmp_path / "t3", mods, ["MASTER_PORT"], {"MASTER_PORT": "29500"}, late=[]),
+                 can_prestart=True)
+    assert got.modules == ("torch", "yaml") and not got.zygote_only and "MASTER_PORT" in (got.note or "")
+    got = choose(job, _write(tmp_path / "t4", mods, ["MASTER_PORT"], {"MASTER_PORT": "29500"}, late=["yaml"]),
+                 can_prestart=True)
+    assert got.modules == ("torch",) and not got.zygote_only  # yaml: the job imports it itself, after its change
+    got = choose(job, _write(tmp_path / "t5", mods, ["X"], {"X": "1"}, late=["torch", "yaml"]), can_prestart=True)
+    assert got.modules == () and got.zygote_only == ("torch", "yaml")  # changed before any: a zygote may check
     # A record without the variables' values (written before they were kept): no preload anywhere
     got = choose(job, _write(tmp_path / "t2", mods, ["OMP_NUM_THREADS"]), can_prestart=True)
     assert got.modules == () == got.zygote_only and got.note is not None and "OMP_NUM_THREADS" in got.note

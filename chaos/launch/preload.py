@@ -18,9 +18,11 @@ attempt. Only where that cannot change what the job does:
 - modules of an installed distribution (a site- or dist-packages folder, a project's own
   ``.venv`` included), never the job's own code (its script's folder, its source tree: that
   would run it early), nor the standard library's (cheap, and imported by the others anyway);
-- only when the job changed no environment variable before its first file event (a module
+- only modules the job imported before it changed any environment variable (a module
   may read one as it is imported: ``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` set by the
-  script before ``import torch``); then no spare preloads anything and the note says why,
+  script before ``import torch``; the tracer's audit hook notes which came after a change,
+  and those the job imports itself); where it changed one before any of them (or the
+  record does not say which came when), no spare preloads anything and the note says why,
   and a zygote only if importing the modules alone sets each such variable to the value the
   job had (a library that sets one as it loads, as Lightning does: :class:`Choice`);
 - only where spares are used (``job.can_prestart``: a Python COMMAND the harness launches
@@ -77,6 +79,14 @@ def choose(job: JobSpec, trace_dir: str, can_prestart: bool) -> Choice:
         return Choice(note=f"no module is preloaded: the fault-free run's record of its imports is unreadable ({exc})")
     names = [name for name, path in modules.items() if name not in _NEVER and not name.startswith("_")
              and isinstance(path, str) and _installed(path)]
+    late = record.get("imported_after_change") if isinstance(record, dict) else None
+    early = [n for n in names if n not in {str(x) for x in late}] if isinstance(late, list) else []
+    if changed and early:
+        # Imported before the job changed anything: they loaded with the environment they load with here.
+        # The others are left for the job to import itself, after its change, as in a fresh interpreter.
+        return Choice(tuple(early), (f"preloaded before each attempt's gate, as the fault-free run had imported them "
+                                     f"by its first file event, before it set {', '.join(changed[:5])}: "
+                                     f"{shown(early)} (--no-preload: off)"))
     if changed:
         refused = (f"no module is preloaded in the interpreters started ahead of an attempt: the job set "
                    f"{', '.join(changed[:5])} before its first file event, which a module imported earlier "

@@ -137,12 +137,32 @@ class JobInterposer(Interposer):
         self._deferred: tuple[str, dict[str, Any]] | None = None  # a corruption waiting for its step (at_step)
         self._requests = os.path.dirname(trace_path)
         self._imports: tuple[frozenset[str], dict[str, str]] | None = None  # (modules, environ) at install
+        self._late: set[str] = set()  # top-level modules first imported once the job had changed os.environ
+        self._early: set[str] = set()  # ... and those first imported before
+        self._changed_yet = False
 
     def note_start(self, attempt: int) -> None:
         """Remember what was imported and the environment as the job starts (``install``), so the
-        first file event can say what the job imported before it (:meth:`_write_imports`)."""
+        first file event can say what the job imported before it (:meth:`_write_imports`), and
+        which of those it imported only after changing an environment variable (an audit hook:
+        each new top-level module, until the first file event)."""
         self._attempt = attempt
         self._imports = (frozenset(sys.modules), dict(os.environ))
+        sys.addaudithook(self._on_audit)
+
+    def _on_audit(self, event: str, args: tuple) -> None:
+        if event != "import" or self._imports is None:
+            return
+        try:
+            top = str(args[0]).partition(".")[0]
+            started, env = self._imports
+            if top in started or top in self._early or top in self._late:
+                return  # (a submodule imported later belongs with its package's first import)
+            if not self._changed_yet:
+                self._changed_yet = dict(os.environ) != env
+            (self._late if self._changed_yet else self._early).add(top)
+        except Exception:  # noqa: BLE001, S110 - an audit hook must never break an import
+            pass
 
     def note_native_off(self, why: str) -> None:
         """The native tracer was preloaded but could not be bound (``native.attach``'s reason):
@@ -164,7 +184,8 @@ class JobInterposer(Interposer):
         fd = self._o["open"](path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             self._write_all(fd, json.dumps({"modules": mods, "env_changed": changed,
-                                            "env_values": {k: os.environ.get(k) for k in changed}},
+                                            "env_values": {k: os.environ.get(k) for k in changed},
+                                            "imported_after_change": sorted(self._late & set(mods))},
                                            default=str).encode())
         finally:
             self._o["close"](fd)
