@@ -372,17 +372,18 @@ def test_chaos_savers_refuses_an_empty_option_set_in_one_line(capsys):
 
 
 @real
-def test_data_ordered_with_auto_da_alloc_never_tears_the_renamed_file(tmp_path):
-    """Measured (kernel 6.18): on data=ordered the unsafe saver's renamed file is never torn --
-    auto_da_alloc starts the data's writeback at the rename and ordered mode writes it before the
-    rename's commit -- but it is lost: until the next journal commit the old content is what a
-    power cut leaves, though the save had returned. (Without auto_da_alloc some runs tear it and
-    some do not, as the kernel's timing goes: not asserted here.)"""
+def test_data_ordered_loses_the_unsafe_savers_renamed_file_and_never_the_safe_ones(tmp_path):
+    """On data=ordered the unsafe saver's renamed file is lost in some crash states: until the
+    next journal commit the old content is what a power cut leaves, though the save had
+    returned. Whether it is also torn is the kernel's timing, not asserted: auto_da_alloc only
+    *starts* the data's writeback at the rename (measured on kernel 6.18: never torn on an idle
+    machine, torn in 2 of 59 states once in CI under two pytest-xdist workers, 2026-12-07).
+    The safe saver (fsync, rename, fsync of the directory) is neither, ever."""
     from chaos.certify.blockcrash import compare_savers
 
     rows = compare_savers(str(tmp_path), options=("data=ordered",))
     unsafe = next(r for r in rows if r["saver"] == "unsafe")
-    assert unsafe["torn"] == 0 and unsafe["lost"] >= 1, rows
+    assert unsafe["lost"] >= 1, rows
     assert all(r["lost"] == r["torn"] == 0 for r in rows if r["saver"] == "safe"), rows
 
 

@@ -3,8 +3,9 @@
 Why: :mod:`faults.crashstate` asks what an abstract POSIX file system may keep after a
 power cut (the ALICE worst case). A real one keeps what its journal and ordering rules
 keep, and that depends on the file system and its mount options (ext4 ``data=ordered``
-with ``auto_da_alloc`` orders a renamed file's data before the rename's commit;
-``data=writeback`` does not promise that). This module asks the real file system: it
+with ``auto_da_alloc`` starts a renamed file's writeback at the rename, and usually
+commits its data before the rename; ``data=writeback`` does not try). This module asks
+the real file system: it
 makes one on a loop image whose block writes and flushes are logged
 (:mod:`faults.blocklog`), runs a save, replays the crash states a volatile device cache
 allows (:mod:`faults.blockstates`) onto copies of the image, mounts each (journal
