@@ -124,6 +124,17 @@ def test_a_zygote_reports_each_childs_exit_and_refuses_what_it_cannot_stand_for(
         term.send_signal(signal.SIGTERM)  # as a term point's preemption does (launch.job._send_term)
         assert term.wait(timeout=30) == -signal.SIGTERM
         term.send_signal(signal.SIGTERM)  # once its end is known: nothing (its pid may belong to another)
+        # An exit notice the harness has not read yet comes before the next fork's reply: it is filed,
+        # and the reply still awaited (it once made the fork look unanswered and the zygote dead)
+        done = zygote.spawn(root, dataclasses.replace(copy, argv=(*copy.argv, "--code", "0")))
+        assert done is not None
+        deadline = time.monotonic() + 30
+        while alive(done.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the zygote reaps it and sends the notice; nobody polls it meanwhile
+        after = zygote.spawn(root, dataclasses.replace(copy, argv=(*copy.argv, "--code", "4")))
+        assert after is not None and done.returncode == 0 and zygote.serves(root)
+        assert after.wait(timeout=30) == 4
         # Another environment (a variable a module may read as it loads) or folder: not forked
         env = dict(copy.env) | {"OMP_NUM_THREADS": "7"}
         assert zygote.spawn(root, dataclasses.replace(copy, env=tuple(sorted(env.items())))) is None

@@ -108,7 +108,7 @@ class Zygote:
         # Marked with the zygote's own CHAOS_JOB_MARK, as every child it forks is in /proc (a fork keeps
         # the environment the zygote was started with there, whatever the child's os.environ says).
         reaper.track(self.proc, env.get(C.ENV_MARK), marked=True)
-        hello = self._recv(READY_WAIT_S)
+        hello = self._recv(READY_WAIT_S, answer=True)
         if hello is None or not hello.get("ready"):
             self.why_not = (hello or {}).get("why") or "it did not come up (its log: " + log + ")"
         elif hello.get("threads", 1) != 1:
@@ -122,10 +122,13 @@ class Zygote:
             self.close()
 
     # -- the socket -------------------------------------------------------------
-    def _recv(self, timeout: float) -> dict | None:
-        """One message (None: none within ``timeout``, or end of file); exit notices are filed."""
+    def _recv(self, timeout: float, *, answer: bool) -> dict | None:
+        """The next message that is not an exit notice (None: none within ``timeout``, or end of
+        file); exit notices on the way are filed. ``answer``: wait the whole ``timeout`` for one
+        (a fork's reply, the hello); else only file what arrived, waiting for the first."""
+        deadline = time.monotonic() + timeout
         while True:
-            r, _, _ = select.select([self._sock], [], [], max(0.0, timeout))
+            r, _, _ = select.select([self._sock], [], [], max(0.0, deadline - time.monotonic()))
             if not r:
                 return None
             try:
@@ -140,7 +143,8 @@ class Zygote:
                 child = self._children.pop(int(msg["exit"]), None)
                 if child is not None:
                     child.returncode = int(msg["code"])
-                timeout = 0.0
+                if not answer:
+                    deadline = time.monotonic()  # what else is there, without waiting
                 continue
             return msg
 
@@ -155,7 +159,7 @@ class Zygote:
             if self._dead:
                 time.sleep(min(timeout, 0.05))
                 return
-            msg = self._recv(timeout)
+            msg = self._recv(timeout, answer=False)
             if msg is not None:  # an answer nobody waits for: a protocol error
                 raise HarnessError(f"unexpected message from the zygote: {msg}")
 
@@ -179,7 +183,7 @@ class Zygote:
             except OSError:
                 self._lost()
                 return None
-            answer = self._recv(30.0)
+            answer = self._recv(30.0, answer=True)
             if answer is None or "pid" not in answer:
                 if answer is None:  # no answer in time: it is not trusted with another attempt
                     self._dead = True
