@@ -176,7 +176,7 @@ def test_a_job_that_changed_its_environment_gets_a_zygote_only_if_the_imports_se
         root.mkdir()
         try:
             note = launch.start_zygote(job, str(root))
-            assert note is not None and launch.zygote_serves(str(root)) is serves, note
+            assert note is not None and zygote.serves(str(root)) is serves, note
             assert ("importing them set exactly that" in note) if serves else ("did not set SET_BY_IMPORT" in note)
             plan = launch._plan(job, str(root / "out"), str(root / "p"), 1, None, str(root), None, 0)
             assert "CHAOS_JOB_PRELOAD" not in dict(plan[0].env)  # the spares' copies: nothing preloaded

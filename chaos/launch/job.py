@@ -294,7 +294,7 @@ def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point |
         os.makedirs(d, exist_ok=True)
     argv = job.argv(out, resume=attempt > 0)
     base = job_env(job, out, trace_dir, tmp, mark, attempt, point)
-    base[S.ENV_PYCACHE] = os.path.join(os.path.dirname(os.path.abspath(scratch)), "pycache")  # one per exploration
+    base[S.ENV_PYCACHE] = os.path.join(_exploration(scratch), "pycache")  # one per exploration
     if job.preload_modules:
         base[S.ENV_PRELOAD] = ",".join(job.preload_modules)
     copies = job.ranks if job.ranks is not None else 1
@@ -342,9 +342,9 @@ def start_zygote(job: S.JobSpec, root: str) -> str | None:
             "each with its own session, folder, environment and arguments (--no-preload: off)")
 
 
-def zygote_serves(root: str) -> bool:
-    """Whether the exploration in ``root`` has a zygote forking its attempts (``start_zygote``)."""
-    return zygote.serves(root)
+def _exploration(scratch: str) -> str:
+    """The exploration's scratch root, from one run chain's folder in it (its zygote's key)."""
+    return os.path.dirname(os.path.abspath(scratch))
 
 
 def can_prestart(job: S.JobSpec, lab: NetworkLab | None = None) -> bool:
@@ -360,7 +360,7 @@ def prestart(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Poin
     Called by ``explore.py`` while another attempt runs; False (nothing started) where
     ``can_prestart`` says no or the exploration is being interrupted.
     """
-    if _cancelled.is_set() or not can_prestart(job, lab) or zygote.serves(os.path.dirname(os.path.abspath(scratch))):
+    if _cancelled.is_set() or not can_prestart(job, lab) or zygote.serves(_exploration(scratch)):
         return False  # with a zygote, a fork at the attempt's start is cheaper than a spare importing beside it
     port = free_port()
     spares.start(scratch, attempt, _plan(job, out, scratch, attempt, point, attempt_mark(mark, attempt), lab, port),
@@ -392,7 +392,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     exits = _Exits()
     warm = spares.take(scratch, attempt, plan)
     outcome.prestarted = warm is not None
-    root = os.path.dirname(os.path.abspath(scratch))
+    root = _exploration(scratch)
     started = time.monotonic()
     try:
         for i, c in enumerate(plan):

@@ -237,6 +237,7 @@ def spawn(root: str, copy: Copy) -> ForkedProcess | None:
 
 
 def serves(root: str) -> bool:
+    """Whether the exploration in ``root`` has a zygote forking its attempts (``launch.start_zygote``)."""
     with _lock:
         z = _zygotes.get(root)
     return z is not None and not z._dead

@@ -67,8 +67,9 @@ from chaos.judge import losscurve
 from chaos.judge.compare import first_difference
 from chaos.judge.job import Golden, PointVerdict, judge, last_steps, step_of
 from chaos.launch import job as launch
-from chaos.launch import preload, sbatch, spares
+from chaos.launch import preload, sbatch, spares, zygote
 from chaos.launch.output import cause, clip
+from chaos.launch.preload import Choice
 from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
 from chaos.nemesis import atrest, diskfull, family, netcut, nodes
 from chaos.nemesis.sites import event_keys
@@ -390,10 +391,8 @@ class Reference:
     preload: tuple[str, ...] = ()  # imported before each attempt's gate (launch.preload.choose)
     same_events: bool = True  # both fault-free runs traced the same kinds of file event, in the same order
     native_trace: bool = False  # faults/chaosio.c was preloaded: native writes and child processes traced
-    # only a zygote may preload these, if its imports set these variables as the job had (preload.Choice)
-    zygote_preload: tuple[str, ...] = ()
-    zygote_env: tuple[tuple[str, str | None], ...] = ()
-    spares_note: str | None = None  # why spares preload nothing then (a note unless a zygote does)
+    # preload.choose's answer: zygote_only modules with their variables, and why spares preload nothing then
+    preload_choice: Choice = field(default_factory=Choice)
 
     def lookup(self, job: JobSpec, point: Point) -> Point:
         """A replayed point with what the fault-free run did there (any kind, asked for or not).
@@ -520,8 +519,7 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                      "stand for every run; every point runs to the point")
     return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
                      traces, facts, job.nodes, changes, pre.modules, same,
-                     job.native_trace and native is None, pre.zygote_only, pre.env,
-                     pre.note if pre.zygote_only else None), runs[0]
+                     job.native_trace and native is None, pre), runs[0]
 
 
 def _size(n: Any) -> str:
@@ -642,13 +640,14 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
     try:
         try:
             ref, _golden_run = reference(job, root, jobs, seed, netlab)
+            pre = ref.preload_choice
             job = dataclasses.replace(job, preload_modules=ref.preload,  # every attempt from here on
-                                      zygote_preload=ref.zygote_preload, zygote_env=ref.zygote_env)
+                                      zygote_preload=pre.zygote_only, zygote_env=pre.env)
             said = launch.start_zygote(job, root) if executor is None else None
-            if job.zygote_preload and launch.zygote_serves(root):
-                ref.preload = job.zygote_preload  # preloaded after all, in the zygote
-            elif ref.spares_note:
-                ref.notes.append(ref.spares_note)
+            if pre.zygote_only and zygote.serves(root):
+                ref.preload = pre.zygote_only  # preloaded after all, in the zygote
+            elif pre.zygote_only and pre.note:
+                ref.notes.append(pre.note)  # why spares preload nothing (reference left it to here)
             if said is not None:
                 ref.notes.append(said)
             # The run order, classes first (every family, each save's end, ...: pointset.plan); what it

@@ -71,7 +71,7 @@ def _preload_changes() -> dict:
     except OSError:
         return {}
     start = {os.fsdecode(k): os.fsdecode(v) for k, v in pairs}
-    keys = (set(start) | set(os.environ)) - {k for k in set(start) | set(os.environ) if k.startswith("CHAOS_JOB_")}
+    keys = {k for k in set(start) | set(os.environ) if not k.startswith("CHAOS_JOB_")}
     return {k: os.environ.get(k) for k in keys if start.get(k) != os.environ.get(k)}
 
 
@@ -129,8 +129,7 @@ def serve(fd: int) -> None:
                                              "job had by its first file event"})
         os._exit(0)
     changes = _preload_changes()
-    _send(sock, {"ready": True, "pid": os.getpid(), "head": _head(), "threads": threading.active_count(),
-                 "env_changes": sorted(changes)})
+    _send(sock, {"ready": True, "pid": os.getpid(), "head": _head(), "threads": threading.active_count()})
     children: dict[int, int] = {}  # pidfd -> pid
     while True:
         readable, _, _ = select.select([sock, *children], [], [])
