@@ -7,6 +7,7 @@ torch import.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import math
@@ -188,15 +189,12 @@ class FaultTrigger:
             return
         self.fired.add(trigger["index"])
         self.log.emit("fault_point", index=trigger["index"], **where)
-        if trigger.get("quiesce") and self.interposer is not None:
-            # A power-loss point: the supervisor snapshots the tree and counts the trace
-            # while no other thread of this rank is between a syscall and its record.
-            with self.interposer.quiesced():
-                self.conn.send(("fault", trigger["index"]))
-                self.conn.recv()
-            return
-        self.conn.send(("fault", trigger["index"]))
-        self.conn.recv()  # the supervisor answers only if the rank is meant to go on
+        # A power-loss point (quiesce): the supervisor snapshots the tree and counts the trace
+        # while no other thread of this rank is between a syscall and its record.
+        quiet = trigger.get("quiesce") and self.interposer is not None
+        with self.interposer.quiesced() if quiet else contextlib.nullcontext():
+            self.conn.send(("fault", trigger["index"]))
+            self.conn.recv()  # the supervisor answers only if the rank is meant to go on
 
     def settles_before(self, step: int) -> bool:
         """Whether the fault before ``step`` wants every rank settled first (at-rest faults):
