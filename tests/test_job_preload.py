@@ -68,6 +68,50 @@ def test_the_tracer_records_what_the_job_imported_before_its_first_file_event(tm
     assert {"colorsys", "email"} <= set(late) and not {"fractions", "xml"} & set(late)
 
 
+LAZY_PACKAGE = {
+    "__init__.py": "def make():\n    from lazypkg import heavy  # only when first called, as torch.optim's optimizer does\n"
+                   "    return heavy.VALUE\n",
+    "heavy.py": "import lazypkg.inner  # inside heavy's own import: importing heavy brings it\nVALUE = 7\n",
+    "inner.py": "",
+}
+
+LAZY_SCRIPT = """
+import os, sys
+import lazypkg
+open(os.path.join(sys.argv[1], "a.txt"), "w").write("x")  # the first file event
+assert lazypkg.make() == 7
+import json  # loaded before the job started: not the job's import
+open(os.path.join(sys.argv[1], "b.txt"), "w").write("y")
+"""
+
+
+def test_the_tracer_records_what_a_library_imports_when_first_called_after_the_first_file_event(
+        tmp_path: Path) -> None:
+    """torch.optim's first optimizer imports torch._dynamo and sympy, 1.3 s of a forked attempt's
+    2.1 s: importing torch does not bring them, so the record names the outermost import of each
+    chain the job's calls started, however late, and not what that import brought with it."""
+    site = tmp_path / "venv" / "site-packages" / "lazypkg"
+    site.mkdir(parents=True)
+    for name, text in LAZY_PACKAGE.items():
+        (site / name).write_text(text)
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    out.mkdir()
+    trace.mkdir()
+    (tmp_path / "job.py").write_text(LAZY_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_")}
+    env.update({"PYTHONPATH": os.pathsep.join([BOOT_DIR, str(site.parent)]), S.ENV_OUT: str(out),
+                S.ENV_TRACE_DIR: str(trace)})
+    proc = subprocess.run([sys.executable, str(tmp_path / "job.py"), str(out)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    record = _record(tmp_path)
+    assert list(record["modules"]) == ["lazypkg"]  # by the first file event
+    assert [c[0] for c in record["calls"]] == ["lazypkg", "lazypkg.heavy"]  # not lazypkg.inner, nor json
+    assert record["calls"][1][1] == str(site / "heavy.py") and record["calls"][1][2] is False
+    got = choose(JobSpec(command=("python", "job.py", "{out}"), cwd=str(tmp_path)), str(trace), can_prestart=True)
+    assert got.modules == ("lazypkg", "lazypkg.heavy")
+
+
 def test_the_boot_path_imports_the_named_modules_before_the_job_and_hides_the_variable(tmp_path: Path) -> None:
     proc = _boot(tmp_path, preload="fractions,no_such_module_xyz")  # one that fails is the job's to import
     assert proc.stdout.split() == ["True", "False"]
@@ -111,6 +155,31 @@ def test_only_installed_distributions_are_preloaded_and_never_after_the_job_chan
     assert choose(job, str(tmp_path / "none"), True) == Choice()  # no file event: nothing to go by
 
 
+def test_a_submodule_the_job_s_calls_imported_is_preloaded_after_its_package_unless_it_came_after_a_change(
+        tmp_path: Path) -> None:
+    job = JobSpec(command=("python", "train.py", "{out}"), cwd=str(tmp_path / "proj"))
+    site = "/venv/lib/python3.11/site-packages"
+    mods = {"torch": f"{site}/torch/__init__.py"}
+    calls = [["torch", f"{site}/torch/__init__.py", False],            # already named
+             ["torch._dynamo", f"{site}/torch/_dynamo/__init__.py", False],
+             ["argparse", "/usr/lib/python3.11/argparse.py", False],       # the standard library
+             ["mymodel.layers", str(tmp_path / "proj" / "mymodel" / "layers.py"), False],  # the job's own
+             ["sympy", f"{site}/sympy/__init__.py", True],                 # after the job set a variable
+             ["torch._dynamo", f"{site}/torch/_dynamo/__init__.py", False], ["bad"], "junk"]
+
+    def record(trace: Path, changed: list[str], late: list[str] | None) -> str:
+        path = _write(trace, mods, changed, {k: "1" for k in changed}, late=late)
+        doc = json.loads((trace / "imports-r0-a0-p42.json").read_text())
+        (trace / "imports-r0-a0-p42.json").write_text(json.dumps({**doc, "calls": calls}))
+        return path
+
+    assert choose(job, record(tmp_path / "t1", [], []), True).modules == ("torch", "torch._dynamo", "sympy")
+    got = choose(job, record(tmp_path / "t2", ["X"], []), True)
+    assert got.modules == ("torch", "torch._dynamo") and not got.zygote_only  # sympy: the job's to import
+    got = choose(job, record(tmp_path / "t3", ["X"], ["torch"]), True)  # torch itself came after the change
+    assert got.modules == () and got.zygote_only == ("torch", "torch._dynamo", "sympy")
+
+
 def test_after_the_job_changed_its_environment_only_a_zygote_preloads_and_only_in_import_order(
         tmp_path: Path) -> None:
     """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK as it is imported: the job "changed" it before its
@@ -135,13 +204,14 @@ def test_no_preload_is_replayed_and_recorded() -> None:
 def test_an_exploration_preloads_what_the_fault_free_run_imported_and_still_judges_the_same(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(
         "import os, sys\n"
-        "cold = 'numpy' not in sys.modules\n"
+        "cold = 'numpy' not in sys.modules or 'numpy.random' not in sys.modules\n"
         "import numpy\n"
         "out = sys.argv[1]\n"
         "p = os.path.join(out, 'n')\n"
         "n = int(open(p).read()) if os.path.exists(p) else 0\n"
         "if n and cold:\n"
-        "    sys.exit('a restart started cold: numpy was not preloaded')\n"
+        "    sys.exit('a restart started cold: numpy or its lazily imported random was not preloaded')\n"
+        "numpy.random.default_rng(0)  # numpy imports numpy.random on first use, after the first file event\n"
         "for i in range(n, 3):\n"
         "    open(p + '.tmp', 'w').write(str(i + 1))\n"
         "    os.replace(p + '.tmp', p)\n")
@@ -152,6 +222,6 @@ def test_an_exploration_preloads_what_the_fault_free_run_imported_and_still_judg
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(results.read_text())
-    assert doc["job"]["reference"]["preloaded"] == ["numpy"]
+    assert doc["job"]["reference"]["preloaded"] == ["numpy", "numpy.random"]
     [point] = doc["scenarios"]
     assert point["verdict"] == "pass" and len(point["attempts"]) == 2  # the restart found numpy loaded

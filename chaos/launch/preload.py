@@ -8,7 +8,11 @@ with the modules the job will import loaded before their gate as well, the job's
 
 What is preloaded is read, not guessed: the job's tracer writes, at the rank's first file
 event, the top-level modules imported since the job started and the environment variables
-it changed meanwhile, with their values (``inproc.JobInterposer._write_imports``).
+it changed meanwhile, with their values (``inproc.JobInterposer._write_imports``); and, at
+each later file event, the modules the job's calls imported since, each the outermost import
+of its chain. A library's submodule imported only when first called is not brought by
+importing the library: torch.optim's first optimizer imports ``torch._dynamo`` and sympy,
+1.3 s of the 2.1 s a forked attempt of a plain torch script took before they were named.
 ``explore.reference`` calls :func:`choose` with the first fault-free run's record of rank 0;
 ``launch.job`` hands the names, in the order the job imported them, to every attempt's boot
 path (``CHAOS_JOB_PRELOAD``), which imports them before the gate (``boot/sitecustomize.py``),
@@ -18,10 +22,11 @@ attempt. Only where that cannot change what the job does:
 - modules of an installed distribution (a site- or dist-packages folder, a project's own
   ``.venv`` included), never the job's own code (its script's folder, its source tree: that
   would run it early), nor the standard library's (cheap, and imported by the others anyway);
-- only modules the job imported before it changed any environment variable (a module
-  may read one as it is imported: ``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` set by the
-  script before ``import torch``; the tracer's audit hook notes which came after a change,
-  and those the job imports itself); where it changed one before any of them (or the
+- only modules the job imported before it changed any environment variable, its calls'
+  imports included however late (a module may read one as it is imported:
+  ``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` set by the script before ``import torch``;
+  the tracer's audit hook notes which came after a change, and those the job imports
+  itself); where it changed one before any of them (or the
   record does not say which came when), no spare preloads anything and the note says why,
   and a zygote only if importing the modules alone sets each such variable to the value the
   job had (a library that sets one as it loads, as Lightning does: :class:`Choice`);
@@ -80,7 +85,12 @@ def choose(job: JobSpec, trace_dir: str, can_prestart: bool) -> Choice:
     names = [name for name, path in modules.items() if name not in _NEVER and not name.startswith("_")
              and isinstance(path, str) and _installed(path)]
     late = record.get("imported_after_change") if isinstance(record, dict) else None
-    early = [n for n in names if n not in {str(x) for x in late}] if isinstance(late, list) else []
+    late_packages = {str(x) for x in late} if isinstance(late, list) else set()
+    early = [n for n in names if n not in late_packages] if isinstance(late, list) else []
+    calls = [(n, after) for n, after in _calls(record.get("calls")) if n not in names]
+    names += [n for n, _ in calls]
+    if isinstance(late, list):
+        early += [n for n, after in calls if not after and n.partition(".")[0] not in late_packages]
     if changed and early:
         # Imported before the job changed anything: they loaded with the environment they load with here.
         # The others are left for the job to import itself, after its change, as in a fresh interpreter.
@@ -98,6 +108,23 @@ def choose(job: JobSpec, trace_dir: str, can_prestart: bool) -> Choice:
         return Choice()
     return Choice(tuple(names), (f"preloaded before each attempt's gate, as the fault-free run had imported them by "
                                  f"its first file event: {shown(names)} (--no-preload: off)"))
+
+
+def _calls(entries: object) -> list[tuple[str, bool]]:
+    """The modules the job's own calls imported (the record's ``calls``: name, file, imported after
+    an environment change), in order, of installed distributions: a library's submodule that it
+    imports only when first called is not brought by importing the library, so it is named."""
+    if not isinstance(entries, list):
+        return []  # a record from before calls were kept
+    found: list[tuple[str, bool]] = []
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], str) and _installed(entry[1])):
+            continue
+        top = entry[0].partition(".")[0]
+        if top not in _NEVER and not top.startswith("_") and entry[0] not in {n for n, _ in found}:
+            found.append((entry[0], bool(entry[2])))
+    return found
 
 
 def shown(names: tuple[str, ...] | list[str]) -> str:

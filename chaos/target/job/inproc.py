@@ -139,28 +139,41 @@ class JobInterposer(Interposer):
         self._imports: tuple[frozenset[str], dict[str, str]] | None = None  # (modules, environ) at install
         self._late: set[str] = set()  # top-level modules first imported once the job had changed os.environ
         self._early: set[str] = set()  # ... and those first imported before
+        self._calls: list[tuple[str, bool]] = []  # (module, after a change) imported by the job's own call
+        self._called: set[str] = set()  # every module the job looked for
+        self._written: tuple[dict[str, Any], int] | None = None  # the imports record so far, len(_calls) then
         self._changed_yet = False
 
     def note_start(self, attempt: int) -> None:
         """Remember what was imported and the environment as the job starts (``install``), so the
         first file event can say what the job imported before it (:meth:`_write_imports`), and
-        which of those it imported only after changing an environment variable (an audit hook:
-        each new top-level module, until the first file event)."""
+        which of those it imported only after changing an environment variable; and, for as long
+        as it runs, which modules its own calls imported (an audit hook on every import)."""
         self._attempt = attempt
         self._imports = (frozenset(sys.modules), dict(os.environ))
         sys.addaudithook(self._on_audit)
 
     def _on_audit(self, event: str, args: tuple) -> None:
+        # CPython raises "import" as it looks for a module that is not loaded yet.
         if event != "import" or self._imports is None:
             return
         try:
-            top = str(args[0]).partition(".")[0]
+            name = str(args[0])
+            top = name.partition(".")[0]
             started, env = self._imports
-            if top in started or top in self._early or top in self._late:
-                return  # (a submodule imported later belongs with its package's first import)
+            if top in started or name in self._called:
+                return
+            self._called.add(name)
             if not self._changed_yet:
                 self._changed_yet = dict(os.environ) != env
-            (self._late if self._changed_yet else self._early).add(top)
+            if self._written is None and top not in self._early and top not in self._late:
+                (self._late if self._changed_yet else self._early).add(top)
+            if not _inside_installed_import(started):
+                # The outermost import of a chain, by the job's code or a library's function: what
+                # a library imports only when first called (torch.optim's first optimizer imports
+                # torch._dynamo and sympy, about 1.3 s) is not brought by importing the library,
+                # so the preload must name it, and that may come after the first file event.
+                self._calls.append((name, self._changed_yet))
         except Exception:  # noqa: BLE001, S110 - an audit hook must never break an import
             pass
 
@@ -170,23 +183,32 @@ class JobInterposer(Interposer):
         self._emit({"event": "native_off", "why": why})
 
     def _write_imports(self) -> None:
-        """Once, at the first file event: the top-level modules the job imported since it started,
-        with their files, and which environment variables it changed meanwhile. The harness
-        preloads such modules in the interpreters it starts ahead of an attempt (``explore``),
-        but only where the job changed no variable a module could have read as it was imported."""
-        started, env = self._imports  # type: ignore[misc]
-        self._imports = None
-        mods = {name: getattr(sys.modules.get(name), "__file__", None) for name in sys.modules
-                if "." not in name and name not in started}
-        changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
+        """At the first file event: the top-level modules the job imported since it started, with
+        their files, and which environment variables it changed meanwhile; at a later event, the
+        same with the modules its calls imported since (``calls``: name, file, after a change;
+        nothing is written where none came). The harness preloads such modules in the
+        interpreters it starts ahead of an attempt (``launch.preload``), but only where the job
+        changed no variable a module could have read as it was imported."""
+        if self._written is not None and self._written[1] == len(self._calls):
+            return
+        if self._written is None:
+            started, env = self._imports  # type: ignore[misc]
+            mods = {name: getattr(sys.modules.get(name), "__file__", None) for name in sys.modules
+                    if "." not in name and name not in started}
+            changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
+            record = {"modules": mods, "env_changed": changed, "env_values": {k: os.environ.get(k) for k in changed},
+                      "imported_after_change": sorted(self._late & set(mods))}
+        else:
+            record = self._written[0]
+        calls = list(self._calls)
+        record["calls"] = [[name, getattr(sys.modules.get(name), "__file__", None), late] for name, late in calls
+                           if name in sys.modules]
+        self._written = (record, len(calls))
         path = os.path.join(self._requests, S.IMPORTS_FILE.format(rank=self.rank, attempt=self._attempt,
                                                                    pid=os.getpid()))
         fd = self._o["open"](path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            self._write_all(fd, json.dumps({"modules": mods, "env_changed": changed,
-                                            "env_values": {k: os.environ.get(k) for k in changed},
-                                            "imported_after_change": sorted(self._late & set(mods))},
-                                           default=str).encode())
+            self._write_all(fd, json.dumps(record, default=str).encode())
         finally:
             self._o["close"](fd)
 
@@ -198,7 +220,7 @@ class JobInterposer(Interposer):
                length: int | None = None) -> list[int]:
         # Called exactly once per traced op, before it is performed, under the lock.
         if self._imports is not None:
-            self._write_imports()
+            self._write_imports()  # (at once where no module was imported since the last event)
         if self.next_ord is None:
             self._cur = self._ord
             self._ord += 1
@@ -493,6 +515,23 @@ class _OutputScanner:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def _inside_installed_import(started: frozenset[str]) -> bool:
+    """Whether the import being audited runs inside another import: the body of a module the job
+    imported (not one loaded before it started, nor its ``__main__``) from an installed
+    distribution. Importing that module again brings this one too, so only the outermost import
+    of such a chain needs naming (``JobInterposer._on_audit``)."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_name == "<module>":
+            g = f.f_globals
+            name, file = g.get("__name__"), g.get("__file__")
+            if (name not in started and name != "__main__" and isinstance(file, str)
+                    and ("site-packages" in file or "dist-packages" in file)):
+                return True
+        f = f.f_back
+    return False
 
 
 def _rank_attempt(env: os._Environ[str] | dict[str, str]) -> tuple[int, int]:
