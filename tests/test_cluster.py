@@ -44,7 +44,18 @@ def test_two_uninterrupted_runs_are_identical_bit_for_bit(tmp_path):
     assert a.final_fingerprint(0)["rng/torch"] != a.final_fingerprint(1)["rng/torch"], "RNG is per rank"
 
 
-def test_kill_restarts_from_checkpoint_with_preloaded_torch_and_no_survivors(tmp_path):
+@pytest.fixture
+def cluster_forkserver():
+    """The cluster's own fork server, its preload included. A process has one fork server, started
+    with the preload set when it started: where another test file's helper started it first
+    (tests/ckpt_dist.py, in the same xdist worker), ranks fork without the workload preloaded."""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()  # the next start (cluster._context) preloads the workload again
+    cluster._ctx = None
+
+
+def test_kill_restarts_from_checkpoint_with_preloaded_torch_and_no_survivors(tmp_path, cluster_forkserver):
     plan = cluster.LaunchPlan(world_size=2, workload=SMALL, log_dir=str(tmp_path / "logs"), checkpointer="torch-save",
                               ckpt_root=str(tmp_path / "ckpt"), faults=[parse_fault("kill:rank=1,step=5")],
                               max_restarts=2)
