@@ -19,6 +19,7 @@ Single-process tests cover which tensors are deferred, the version guard and the
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -31,7 +32,7 @@ from chaos.model.statehash import fingerprint
 from chaos.reference.checkpoint import CommitError, ReferenceCheckpointer
 from chaos.reference.checkpoint.async_writer import Fence, OptimizerFence, Staging
 from chaos.reference.checkpoint.options import parse_options
-from chaos.reference.checkpoint.saver import _meta, finish_snapshot, take_snapshot
+from chaos.reference.checkpoint.saver import Snapshot, _meta, finish_snapshot, take_snapshot
 from chaos.reference.ckptformat.commit import list_steps, read_latest
 
 pytestmark = pytest.mark.timeout(120)
@@ -259,6 +260,17 @@ def test_a_deferred_tensor_changed_in_place_before_its_check_fails_the_snapshot(
     assert snap.error is not None and "model/w" in snap.error and "changed in place" in snap.error
 
 
+def _at_the_fence(fence: Fence, call) -> threading.Thread:
+    """``call`` on a thread of its own, once it waits at the (closed) ``fence``."""
+    thread = threading.Thread(target=call)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while fence._waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fence._waiting == 1, "it never reached the fence"
+    return thread
+
+
 def test_the_optimizer_pre_hook_holds_a_step_until_the_fence_is_released_and_learns_the_optimizer():
     from torch.optim.optimizer import _global_optimizer_pre_hooks
 
@@ -271,12 +283,7 @@ def test_the_optimizer_pre_hook_holds_a_step_until_the_fence_is_released_and_lea
     try:
         assert fence.wait() == 0.0  # open: returns at once
         fence.arm()
-        stepper = threading.Thread(target=opt.step)
-        stepper.start()
-        deadline = time.monotonic() + 30
-        while fence._waiting == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert fence._waiting == 1, "the step never reached the fence"
+        stepper = _at_the_fence(fence, opt.step)
         assert torch.equal(p.detach(), torch.zeros(8)), "the step ran while the fence was closed"
         fence.release()
         stepper.join(30)
@@ -327,3 +334,75 @@ def test_a_step_waiting_at_the_fence_hashes_the_pending_replicas_itself():
     waiter.join(30)
     assert snap.error is None and snap.hashed_only == {f"model/w{i}": _meta(w) for i, w in enumerate(ws)}
     assert fence.take_waited() > 0
+
+
+def _three_deferred(sizes: tuple[int, ...] = (64, 512, 256)) -> tuple[list[torch.Tensor], Snapshot]:
+    ws = [torch.randn(n) for n in sizes]
+    state = {"model": {f"w{i}": w for i, w in enumerate(ws)}}
+    snap = take_snapshot(9, state, Staging(), frozenset(f"model/w{i}" for i in range(len(ws))),
+                         managed={w.data_ptr(): w.numel() * w.element_size() for w in ws})
+    assert len(snap.deferred) == len(ws)
+    return ws, snap
+
+
+def test_a_waiter_reads_what_a_stalled_commit_thread_holds_and_opens_the_fence_itself():
+    """With two ranks' training and commit threads on two cores, the commit thread often sits
+    preempted in the middle of a replica. The waiter at the fence reads that one too (the bytes
+    cannot change while it holds optimizer steps), completes the check and goes through; the
+    commit thread then finds nothing left to read."""
+    from chaos.reference.checkpoint.saver import ReplicaCheck
+
+    ws, snap = _three_deferred()
+    fence = Fence()
+    check = ReplicaCheck(snap.deferred, on_complete=fence.open)
+    fence.arm(check.help)
+    with check._cond:
+        held = check._claim()  # the commit thread took the largest first, then stalled in it
+    assert held is not None and held[0] == "model/w1"
+    waiter = threading.Thread(target=fence.wait)
+    waiter.start()
+    waiter.join(30)
+    assert not waiter.is_alive(), "the waiter waited on the stalled commit thread"
+    assert check.complete and not fence._closed
+    finish_snapshot(snap, check)
+    assert snap.error is None and snap.hashed_only == {f"model/w{i}": _meta(w) for i, w in enumerate(ws)}
+
+
+def test_a_replica_changed_in_place_is_refused_whichever_thread_completes_the_check():
+    from chaos.reference.checkpoint.saver import ReplicaCheck
+
+    ws, snap = _three_deferred()
+    fence = Fence()
+    check = ReplicaCheck(snap.deferred, on_complete=fence.open)
+    fence.arm(check.help)
+    ws[0].add_(1)  # outside an optimizer step: the version counter moves
+    assert fence.wait() > 0  # this thread reads them all and completes the check; the fence opens
+    assert check.complete and not fence._closed and check.error is not None
+    finish_snapshot(snap, check)
+    assert snap.error is not None and "model/w0" in snap.error and "changed in place" in snap.error
+
+
+def test_the_commit_thread_s_release_returns_once_the_waiters_are_through():
+    """So a released training step gets the GIL at once, not after the commit thread's switch interval."""
+    fence = Fence()
+    fence.arm()
+    waiter = _at_the_fence(fence, fence.wait)
+    fence.release()
+    assert fence._waiting == 0
+    waiter.join(30)
+    assert not waiter.is_alive() and fence.take_waited() > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_the_commit_thread_never_preempts_the_training_thread_that_woke_it():
+    """It runs under SCHED_BATCH (a fair share, no preemption on waking); the caller's thread is untouched."""
+    from chaos.reference.checkpoint.async_writer import BackgroundCommit
+
+    policies: list[int] = []
+    commit = BackgroundCommit()
+    try:
+        commit.submit(lambda: policies.append(os.sched_getscheduler(0)))
+        commit.join()
+    finally:
+        commit.stop()
+    assert policies == [os.SCHED_BATCH] and os.sched_getscheduler(0) != os.SCHED_BATCH

@@ -162,9 +162,9 @@ class ReferenceCheckpointer:
                              trust=self.options.replicas == "trust", managed=managed)
         if self.options.async_save:
             stall = time.perf_counter() - start
-            check = ReplicaCheck(snap.deferred) if snap.deferred else None
+            check = ReplicaCheck(snap.deferred, on_complete=self._fence.open) if snap.deferred else None
             if check is not None:
-                self._fence.arm(check.help)  # released by _commit once the deferred replicas are read
+                self._fence.arm(check.help)  # released by the thread that reads the last deferred replica
             try:
                 self._background.submit(lambda: self._commit(snap, start, stall, check))
             except BaseException:
@@ -186,7 +186,8 @@ class ReferenceCheckpointer:
         return self._fence.wait()
 
     def _finish_snapshot(self, snap: Snapshot, check: ReplicaCheck | None) -> None:
-        """Commit thread: read the deferred replicas (waiters at the fence help), then let the caller's updates through."""
+        """Commit thread: read the deferred replicas with any waiter at the fence; whichever reads the
+        last one lets the caller's updates through (``ReplicaCheck``), and this does again on failure."""
         if check is None:
             return
         try:
