@@ -308,7 +308,7 @@ class MemoryFloor:
     ``async_stall_vs_dcp_async`` any save that checks every replica could reach on this
     machine at that moment. The share is what the reference's planner
     (``chaos.reference.checkpoint.planner.make_plan``) gives this rank to write. Called by
-    :func:`_measure` once per repeat, CPU state only.
+    :func:`_measure` once per repeat (right before the default async save), CPU state only.
     """
 
     EVICT_BYTES = 256 << 20
@@ -443,10 +443,17 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
     floors: list[dict[str, float]] = []
     schedule: list[list[str]] = []  # the save order of every repeat, for the report
     raws: list[float] = []  # every raw sample, in the order taken
+    # The floor is sampled right before the default async save's raw write, so the two meet the
+    # same machine state (at the end of the repeat, after torch-save's writes, the floor varied
+    # by half from repeat to repeat and the per-repeat quotient with it); without that save, at
+    # the end of the repeat.
+    floor_at = "reference-async" if "reference-async" in cks else None
     for i in range(cfg.repeats):
         schedule.append([n for group in runs for n in bench_ranks.ordered(group, i)])
         for group in runs:
             for name in bench_ranks.ordered(group, i):
+                if floor is not None and name == floor_at:
+                    floors.append(floor.sample())
                 raws.append(bench_ranks.raw_write(rank, world, base, payload, buf))
                 series[name]["raw"].append(raws[-1])
                 t = bench_ranks.timed_save_then_step(cks[name], i + 1, state, opt.step, cuda)
@@ -456,7 +463,7 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
                 series[name]["faults"].append(t.stall_faults)
         if copy is not None:
             copies.append(copy.sample())
-        if floor is not None:
+        if floor is not None and floor_at is None:
             floors.append(floor.sample())
         _prune(base, list(cks), i + 1, rank)
     ok = dict.fromkeys(cks, True)
