@@ -182,3 +182,70 @@ def test_a_job_that_changed_its_environment_gets_a_zygote_only_if_the_imports_se
             assert "CHAOS_JOB_PRELOAD" not in dict(plan[0].env)  # the spares' copies: nothing preloaded
         finally:
             zygote.close_all()
+
+
+LAZY_IO_PACKAGE = {
+    "__init__.py": "def make():\n    from lazyio import heavy  # on first call, after the job's first file event\n"
+                   "    return heavy.VALUE\n",
+    # Its import makes a file event in the traced temp dir, as torch._dynamo's makes torch's cache folder
+    "heavy.py": "import os, tempfile\nos.makedirs(os.path.join(tempfile.gettempdir(), 'lazyio-cache'), exist_ok=True)\n"
+                "VALUE = 3\n",
+}
+
+LAZY_IO_JOB = """\
+import json, os, sys, tempfile
+import lazyio
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+steps = lazyio.make()
+ck = os.path.join(out, "ckpt.json")
+start = json.load(open(ck))["step"] if os.path.exists(ck) else 0
+for step in range(start, steps):
+    fd, tmp = tempfile.mkstemp(dir=out)  # a new random name each save: its events are named by number only
+    with os.fdopen(fd, "w") as f:
+        json.dump({"step": step + 1}, f)
+    os.replace(tmp, ck)
+open(os.path.join(out, "final.json"), "w").write(json.dumps({"done": steps}))
+"""
+
+
+def test_an_attempt_with_a_preloaded_module_whose_import_made_a_file_event_keeps_the_trace_s_numbers(
+        tmp_path: Path, monkeypatch) -> None:
+    """The fault-free run makes a file event inside the import of a module it imports late; a forked
+    attempt has it preloaded and does not make that event. Its tracer skips that ordinal, so a point
+    named by number (a temp file's random name cannot anchor it) fires at the same event as in an
+    attempt started fresh, and the verdicts are the same. A point at that event itself runs fresh: only
+    a fresh interpreter makes it."""
+    site = tmp_path / "venv" / "site-packages"
+    (site / "lazyio").mkdir(parents=True)
+    for name, text in LAZY_IO_PACKAGE.items():
+        (site / "lazyio" / name).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    harness_tmp = tmp_path / "harness-tmp"
+    harness_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(harness_tmp))
+    script = tmp_path / "lazy_io_job.py"
+    script.write_text(LAZY_IO_JOB)
+    job = JobSpec(command=(sys.executable, str(script), "{out}"), cwd=str(tmp_path), result_globs=("final.json",),
+                  faults=("kill",), modes=("before", "after"), materialize=False)
+    base = tmp_path / "scratch"
+    base.mkdir()
+
+    def fired(e: explore.Exploration) -> dict[str, tuple]:
+        return {r.point.id: (r.verdict.verdict, r.verdict.outcome,
+                             [(x.get("op"), x.get("ord")) for x in r.record.fired()]) for r in e.results}
+
+    forked = explore.explore(job, max_points=12, jobs=1, seed=1, scratch_base=str(base))
+    assert "lazyio.heavy" in forked.reference.preload and forked.reference.same_events
+    # Its events (tempfile's probe of the temp dir, then the mkdir), right after the job's own mkdir of {out}
+    inside = {n for n, mods in forked.reference.preload_choice.import_events if "lazyio.heavy" in mods}
+    assert min(inside) == 1 and inside == set(range(1, max(inside) + 1))
+    ran = {r.point: r.record.attempts[0].forked for r in forked.results}
+    assert len(ran) == 12 and all(forked_ is (p.op not in inside) for p, forked_ in ran.items())
+    assert any(p.op in inside for p in ran)  # such a point ran fresh: only a fresh interpreter makes its event
+    fresh = explore.explore(dataclasses.replace(job, preload=False), max_points=12, jobs=1, seed=1,
+                            scratch_base=str(base))
+    assert not any(a.forked for r in fresh.results for a in r.record.attempts)
+    assert fired(forked) == fired(fresh)
+    assert all(ords for _, _, ords in fired(forked).values())  # every point fired
+    assert list(harness_tmp.iterdir()) == []  # the zygote's imports wrote in the scratch root, not here

@@ -218,6 +218,8 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
         env[S.ENV_LOSS_REGEX] = job.loss_regex
     if point is not None and attempt == 0 and point.in_rank:
         env[S.ENV_POINT] = json.dumps(point.env())
+    if job.import_events:  # the tracer skips those whose modules were loaded before it started
+        env[S.ENV_IMPORT_EVENTS] = json.dumps([[n, list(mods)] for n, mods in job.import_events])
     lib = native_tracer(job, os.path.dirname(os.path.dirname(os.path.abspath(trace_dir))))
     if lib is not None:
         env["LD_PRELOAD"] = " ".join(p for p in (lib, env.get("LD_PRELOAD")) if p)
@@ -317,13 +319,14 @@ def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point |
     return plan
 
 
-def start_zygote(job: S.JobSpec, root: str) -> str | None:
-    """Start the zygote that forks this exploration's attempts (``zygote.py``); a note for the
-    user: what it does, or why there is none although modules are preloaded. Called by
-    ``explore`` once the fault-free runs said what to preload (``job.preload_modules``)."""
+def begin_zygote(job: S.JobSpec, root: str) -> bool:
+    """Start the zygote that forks this exploration's attempts (``zygote.py``), without waiting for
+    its preload; whether one was started. Called by ``explore`` as soon as the first fault-free
+    run said what to preload (``job.preload_modules``), so its imports overlap the second one;
+    :func:`zygote_note` then waits for it."""
     names = job.preload_modules or job.zygote_preload
     if not names or not can_prestart(job) or job.ranks is not None or job.nodes:
-        return None  # (a --nodes job's attempts start on its simulated nodes: nodes.run_attempt)
+        return False  # (a --nodes job's attempts start on its simulated nodes: nodes.run_attempt)
     scratch = os.path.join(root, "zygote")
     os.makedirs(os.path.join(scratch, "out"), exist_ok=True)
     template = _plan(job, os.path.join(scratch, "out"), scratch, 1, None, scratch, None, free_port())[0]
@@ -331,7 +334,22 @@ def start_zygote(job: S.JobSpec, root: str) -> str | None:
         env = dict(template.env) | {S.ENV_PRELOAD: ",".join(names),
                                     S.ENV_ZYGOTE_ENV: json.dumps(dict(job.zygote_env))}
         template = spares.Copy(template.argv, tuple(sorted(env.items())), template.log, template.cwd)
-    why = zygote.start(root, template, os.path.join(scratch, "zygote.log"))
+    zygote.begin(root, template, os.path.join(scratch, "zygote.log"))
+    return True
+
+
+def start_zygote(job: S.JobSpec, root: str) -> str | None:
+    """:func:`begin_zygote`, then :func:`zygote_note`."""
+    return zygote_note(job, root) if begin_zygote(job, root) else None
+
+
+def zygote_note(job: S.JobSpec, root: str) -> str | None:
+    """Wait for the exploration's zygote (:func:`begin_zygote`); a note for the user: what it does,
+    or why there is none although modules are preloaded (None: none was started)."""
+    if not zygote.started(root):
+        return None
+    names = job.preload_modules or job.zygote_preload
+    why = zygote.ready(root)
     if why is not None:
         return f"attempts start as fresh interpreters, not forked from a zygote: {why}"
     if not job.preload_modules:
@@ -340,6 +358,13 @@ def start_zygote(job: S.JobSpec, root: str) -> str | None:
                 "importing them set exactly that (--no-preload: off)")
     return ("attempts are forked from one interpreter that imported the preloaded modules once (a zygote), "
             "each with its own session, folder, environment and arguments (--no-preload: off)")
+
+
+def _preloads(job: S.JobSpec) -> bool:
+    """Whether ``job``'s attempts take preloaded modules, and so may fork from the zygote. The
+    fault-free runs do not (their ``job`` names none): they run as a fresh interpreter would,
+    the second too while the zygote already starts beside it (``explore.reference``)."""
+    return bool(job.preload_modules or job.zygote_preload)
 
 
 def _exploration(scratch: str) -> str:
@@ -360,7 +385,7 @@ def prestart(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Poin
     Called by ``explore.py`` while another attempt runs; False (nothing started) where
     ``can_prestart`` says no or the exploration is being interrupted.
     """
-    if _cancelled.is_set() or not can_prestart(job, lab) or zygote.serves(_exploration(scratch)):
+    if _cancelled.is_set() or not can_prestart(job, lab) or (_preloads(job) and zygote.serves(_exploration(scratch))):
         return False  # with a zygote, a fork at the attempt's start is cheaper than a spare importing beside it
     port = free_port()
     spares.start(scratch, attempt, _plan(job, out, scratch, attempt, point, attempt_mark(mark, attempt), lab, port),
@@ -398,7 +423,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         for i, c in enumerate(plan):
             if warm is not None:
                 proc = warm[i]
-            elif (forked := None if in_lab else zygote.spawn(root, c)) is not None:
+            elif (forked := None if in_lab or not _preloads(job) else zygote.spawn(root, c)) is not None:
                 proc = forked  # type: ignore[assignment]
                 outcome.forked = True
             else:

@@ -30,12 +30,20 @@ attempt. Only where that cannot change what the job does:
   record does not say which came when), no spare preloads anything and the note says why,
   and a zygote only if importing the modules alone sets each such variable to the value the
   job had (a library that sets one as it loads, as Lightning does: :class:`Choice`);
+- a module whose import made a traced file event (torch._dynamo's makes torch's cache
+  folder in the temp dir) is preloaded too, but an attempt that has it loaded does not make
+  that event: the record says which events were made inside which imports (``io_at_import``),
+  and the attempt's tracer skips their ordinals (``JobSpec.import_events``), so its later
+  events keep the fault-free trace's numbers, which name the points (a point at such an
+  event runs in a fresh interpreter: ``explore.run_chain``). Only for a one-process job:
+  with several copies, modules whose import made an event are not preloaded;
 - only where spares are used (``job.can_prestart``: a Python COMMAND the harness launches
   itself), and never with ``--no-preload``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -64,18 +72,49 @@ class Choice:
     note: str | None = None
     zygote_only: tuple[str, ...] = ()
     env: tuple[tuple[str, str | None], ...] = ()
+    import_events: tuple[tuple[int, tuple[str, ...]], ...] = ()  # JobSpec.import_events
 
 
 def choose(job: JobSpec, trace_dir: str, can_prestart: bool) -> Choice:
-    """What to preload, from rank 0's record in ``trace_dir`` (modules in the order the job imported them)."""
-    if not job.preload or not can_prestart:
-        return Choice()
+    """What to preload, from rank 0's record in ``trace_dir`` (modules in the order the job imported them),
+    with the record's file events made inside imports (``Choice.import_events``)."""
+    found = _choose(job, trace_dir, can_prestart)
+    if not (found.modules or found.zygote_only):
+        return found
+    events = _import_events(trace_dir)
+    if job.ranks is None and not job.torchrun and not job.nodes:
+        return dataclasses.replace(found, import_events=events)
+    # Several copies: rank 0's numbers would not be the others'. Nothing whose import made an event.
+    busy = {m for _, mods in events for m in mods}
+    return dataclasses.replace(found, modules=tuple(m for m in found.modules if m not in busy),
+                               zygote_only=tuple(m for m in found.zygote_only if m not in busy))
+
+
+def _import_events(trace_dir: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """The record's ``io_at_import``: (ordinal, modules being imported, outermost first) per event."""
+    try:
+        record = _read(trace_dir)
+        events = record.get("io_at_import") if isinstance(record, dict) else None
+        return tuple((int(n), tuple(str(m) for m in mods)) for n, mods in (events or []))
+    except (OSError, ValueError, TypeError, KeyError):
+        return ()
+
+
+def _read(trace_dir: str) -> dict | None:
     found = sorted(glob.glob(os.path.join(glob.escape(trace_dir), C.IMPORTS_FILE.format(rank=0, attempt=0, pid="*"))))
     if not found:
-        return Choice()  # no file event: nothing to go by
+        return None
+    with open(found[0], encoding="utf-8") as f:
+        return json.loads(f.read(1 << 22))
+
+
+def _choose(job: JobSpec, trace_dir: str, can_prestart: bool) -> Choice:
+    if not job.preload or not can_prestart:
+        return Choice()
     try:
-        with open(found[0], encoding="utf-8") as f:
-            record = json.loads(f.read(1 << 20))
+        record = _read(trace_dir)
+        if record is None:
+            return Choice()  # no file event: nothing to go by
         modules, changed = dict(record["modules"]), [str(k) for k in record["env_changed"]]
         values = record.get("env_values")
         env = None if not isinstance(values, dict) else tuple(

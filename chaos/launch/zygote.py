@@ -108,18 +108,33 @@ class Zygote:
         # Marked with the zygote's own CHAOS_JOB_MARK, as every child it forks is in /proc (a fork keeps
         # the environment the zygote was started with there, whatever the child's os.environ says).
         reaper.track(self.proc, env.get(C.ENV_MARK), marked=True)
-        hello = self._recv(READY_WAIT_S, answer=True)
-        if hello is None or not hello.get("ready"):
-            self.why_not = (hello or {}).get("why") or "it did not come up (its log: " + log + ")"
-        elif hello.get("threads", 1) != 1:
-            self.why_not = (f"the preloaded modules started {hello['threads'] - 1} thread(s), which a fork "
-                            "would not copy")
-        elif int(hello.get("head", -1)) < 1:
-            self.why_not = "it could not read its own command line"
-        else:
-            self.head = int(hello["head"])
-        if self.why_not is not None:
-            self.close()
+        self._log = log
+        self._hello = False  # its hello read (ready)
+
+    def ready(self) -> str | None:
+        """Wait for the zygote's hello (its preload done), once; None when it serves, else why not.
+
+        The constructor only starts it, so its imports overlap whatever the harness does
+        meanwhile (``explore`` starts it before the second fault-free run); everything that
+        forks from it or asks whether it serves calls this first.
+        """
+        with self._lock:
+            if self._hello:
+                return self.why_not
+            self._hello = True
+            hello = self._recv(READY_WAIT_S, answer=True)
+            if hello is None or not hello.get("ready"):
+                self.why_not = (hello or {}).get("why") or "it did not come up (its log: " + self._log + ")"
+            elif hello.get("threads", 1) != 1:
+                self.why_not = (f"the preloaded modules started {hello['threads'] - 1} thread(s), which a fork "
+                                "would not copy")
+            elif int(hello.get("head", -1)) < 1:
+                self.why_not = "it could not read its own command line"
+            else:
+                self.head = int(hello["head"])
+            if self.why_not is not None:
+                self.close()
+            return self.why_not
 
     # -- the socket -------------------------------------------------------------
     def _recv(self, timeout: float, *, answer: bool) -> dict | None:
@@ -166,7 +181,7 @@ class Zygote:
     # -- forking ----------------------------------------------------------------
     def fits(self, copy: Copy) -> bool:
         """Whether a child of this zygote runs ``copy`` exactly as a fresh interpreter would."""
-        if self._dead or self.why_not is not None or copy.cwd != self.template.cwd:
+        if self.ready() is not None or self._dead or copy.cwd != self.template.cwd:
             return False
         if copy.argv[:self.head] != self.template.argv[:self.head]:
             return False
@@ -216,17 +231,40 @@ _zygotes: dict[str, Zygote] = {}  # exploration root -> its zygote
 _lock = threading.Lock()
 
 
-def start(root: str, template: Copy, log: str) -> str | None:
-    """Start the zygote of the exploration in ``root``; None once it serves, else why not."""
+def begin(root: str, template: Copy, log: str) -> None:
+    """Start the zygote of the exploration in ``root`` without waiting for its preload (:func:`ready`)."""
     z = Zygote(template, log)
-    if z.why_not is not None:
-        return z.why_not
     with _lock:
         old = _zygotes.pop(root, None)
         _zygotes[root] = z
     if old is not None:
         old.close()
-    return None
+
+
+def started(root: str) -> bool:
+    """Whether :func:`begin` started a zygote for ``root`` (ready or not yet)."""
+    with _lock:
+        return root in _zygotes
+
+
+def ready(root: str) -> str | None:
+    """Wait until ``root``'s zygote has preloaded; None when it serves, else why not (and it is gone)."""
+    with _lock:
+        z = _zygotes.get(root)
+    if z is None:
+        return "none was started"
+    why = z.ready()
+    if why is not None:
+        with _lock:
+            if _zygotes.get(root) is z:
+                del _zygotes[root]
+    return why
+
+
+def start(root: str, template: Copy, log: str) -> str | None:
+    """Start the zygote of the exploration in ``root`` and wait for it; None once it serves, else why not."""
+    begin(root, template, log)
+    return ready(root)
 
 
 def spawn(root: str, copy: Copy) -> ForkedProcess | None:
@@ -240,7 +278,7 @@ def serves(root: str) -> bool:
     """Whether the exploration in ``root`` has a zygote forking its attempts (``launch.start_zygote``)."""
     with _lock:
         z = _zygotes.get(root)
-    return z is not None and not z._dead
+    return z is not None and z.ready() is None and not z._dead
 
 
 def close_all() -> None:
@@ -251,4 +289,4 @@ def close_all() -> None:
         z.close()
 
 
-__all__ = ["ForkedProcess", "Zygote", "close_all", "serves", "spawn", "start"]
+__all__ = ["ForkedProcess", "Zygote", "begin", "close_all", "ready", "serves", "spawn", "start", "started"]

@@ -60,6 +60,7 @@ ENV_TMP = "CHAOS_JOB_TMP"                # the point's temp dir: each rank's TMP
 ENV_PYCACHE = "CHAOS_JOB_PYCACHE"        # where the boot path compiles the tracer's modules (scratch root)
 ENV_GATE = "CHAOS_JOB_GATE"              # "GO_FD,READY_FD": a spare interpreter waits there (spares.py)
 ENV_PRELOAD = "CHAOS_JOB_PRELOAD"        # modules the boot path imports before the gate (explore.preload)
+ENV_IMPORT_EVENTS = "CHAOS_JOB_IMPORT_EVENTS"  # the fault-free run's file events made inside imports (launch.preload)
 ENV_ZYGOTE = "CHAOS_JOB_ZYGOTE"          # fd of the socket a zygote forks attempts on (launch/zygote.py)
 ENV_ZYGOTE_ENV = "CHAOS_JOB_ZYGOTE_ENV"  # JSON {name: value|null} the zygote's preload must leave set so
 IMPORTS_FILE = "imports-r{rank}-a{attempt}-p{pid}.json"  # what a rank had imported at its first file event

@@ -41,6 +41,7 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     ENV_ATTEMPT,
     ENV_BOOTED,
     ENV_CHILDREN,
+    ENV_IMPORT_EVENTS,
     ENV_LOSS_REGEX,
     ENV_MARK,
     ENV_OUT,
@@ -143,6 +144,10 @@ class JobSpec:
     # variables by its first file event: the zygote checks that importing them sets the same (run-time only)
     zygote_preload: tuple[str, ...] = ()
     zygote_env: tuple[tuple[str, str | None], ...] = ()
+    # the fault-free run's file events made while modules were being imported: (ordinal, those modules,
+    # outermost first). An attempt that has one of them loaded before its tracer starts does not make
+    # that event and skips its ordinal (inproc.JobInterposer), so its events keep the trace's numbers
+    import_events: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.command:

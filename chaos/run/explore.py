@@ -269,6 +269,9 @@ def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab
     returns); a net point without one is skipped with the reason. A ``--nodes`` job always
     runs in one: a namespace per node (``nodes.run_chain``).
     """
+    if point is not None and point.op is not None and point.op in {n for n, _ in job.import_events}:
+        # An event made inside the import of a module the attempts preload: only a fresh interpreter makes it
+        job = dataclasses.replace(job, preload_modules=(), zygote_preload=(), import_events=())
     if job.nodes is not None:
         return _node_chain(job, run, point, seed)
     if point is not None and point.family == "net" and not netlab:
@@ -428,20 +431,35 @@ def enumerate_points(job: JobSpec, traces: dict[tuple[int, int], list[dict[str, 
     return pointset.enumerate_points(job, traces, facts, kinds)
 
 
-def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | None = None) -> tuple[Reference, Run]:
+def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | None = None,
+              on_first: Callable[[preload.Choice], None] | None = None) -> tuple[Reference, Run]:
     """Two fault-free runs (concurrently when ``jobs`` > 1); JobError if either fails or nothing is traced.
 
     ``netlab``: run them (and, through ``Reference.netlab``, every point) in network
-    namespaces; None: where network cuts are explored and can be made here.
+    namespaces; None: where network cuts are explored and can be made here. ``on_first``
+    gets what to preload as soon as it is known: with ``jobs`` 1, once the first run ended
+    well and before the second starts (``explore`` starts its zygote there, so the
+    zygote's imports overlap the second run).
     """
     started = time.monotonic()
     kinds, left_out = pointset.kinds_to_explore(job)
     if netlab is None:
         netlab = "net" in kinds and netcut.usable(job)[0]
     runs = [new_run(root, "golden-0"), new_run(root, "golden-1")]
+    pre: preload.Choice | None = None
+
+    def chain(run: Run) -> PointRecord:
+        nonlocal pre
+        rec = run_chain(job, run, None, netlab=bool(netlab))
+        if run is runs[0] and jobs <= 1 and run.attempts and run.attempts[0].ok:
+            pre = preload.choose(job, os.path.join(run.scratch, "trace"), launch.can_prestart(job))
+            if on_first is not None:
+                on_first(pre)
+        return rec
+
     with cf.ThreadPoolExecutor(max_workers=min(2, max(1, jobs))) as pool:
         try:
-            recs = list(pool.map(lambda r: run_chain(job, r, None, netlab=bool(netlab)), runs))
+            recs = list(pool.map(chain, runs))
         except BaseException:
             launch.cancel()  # an interrupt: the running fault-free attempt ends now, not when the job does
             raise
@@ -504,7 +522,8 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                     checkpoints=checkpoint_state(runs[0].out, job.checkpoint_glob) or {}, acks=acks, losses=losses,
                     last_steps=last_steps(traces), loss_source=loss_source)
     notes += durability_notes(job, golden)
-    pre = preload.choose(job, os.path.join(runs[0].scratch, "trace"), launch.can_prestart(job))
+    if pre is None:
+        pre = preload.choose(job, os.path.join(runs[0].scratch, "trace"), launch.can_prestart(job))
     if pre.note and not pre.zygote_only:  # else said by explore once it knows whether a zygote preloads them
         notes.append(pre.note)
     facts = pointset.gather(job, runs[0].out, runs[0].scratch, kinds, seed)
@@ -639,11 +658,23 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
     results: list[PointResult] = []
     try:
         try:
-            ref, _golden_run = reference(job, root, jobs, seed, netlab)
+            def preloading(choice: preload.Choice) -> JobSpec:
+                return dataclasses.replace(job, preload_modules=choice.modules, zygote_preload=choice.zygote_only,
+                                           zygote_env=choice.env, import_events=choice.import_events)
+
+            begun = False
+
+            def on_first(choice: preload.Choice) -> None:
+                nonlocal begun
+                if executor is None:
+                    begun = launch.begin_zygote(preloading(choice), root)
+
+            ref, _golden_run = reference(job, root, jobs, seed, netlab, on_first)
             pre = ref.preload_choice
-            job = dataclasses.replace(job, preload_modules=ref.preload,  # every attempt from here on
-                                      zygote_preload=pre.zygote_only, zygote_env=pre.env)
-            said = launch.start_zygote(job, root) if executor is None else None
+            job = preloading(pre)  # every attempt from here on
+            if executor is None and not begun:
+                launch.begin_zygote(job, root)
+            said = launch.zygote_note(job, root) if executor is None else None
             if pre.zygote_only and zygote.serves(root):
                 ref.preload = pre.zygote_only  # preloaded after all, in the zygote
             elif pre.zygote_only and pre.note:

@@ -141,7 +141,9 @@ class JobInterposer(Interposer):
         self._early: set[str] = set()  # ... and those first imported before
         self._calls: list[tuple[str, bool]] = []  # (module, after a change) imported by the job's own call
         self._called: set[str] = set()  # every module the job looked for
-        self._written: tuple[dict[str, Any], int] | None = None  # the imports record so far, len(_calls) then
+        self._written: tuple[dict[str, Any], int, int] | None = None  # the imports record, len(_calls), len(_io)
+        self._io: list[list[Any]] = []  # [ordinal, [modules whose import is under way, outermost first]]
+        self._skip: frozenset[int] = frozenset()  # ordinals not made here: their modules were preloaded
         self._changed_yet = False
 
     def note_start(self, attempt: int) -> None:
@@ -151,6 +153,7 @@ class JobInterposer(Interposer):
         as it runs, which modules its own calls imported (an audit hook on every import)."""
         self._attempt = attempt
         self._imports = (frozenset(sys.modules), dict(os.environ))
+        self._skip = _preloaded_events(self._imports[0])
         sys.addaudithook(self._on_audit)
 
     def _on_audit(self, event: str, args: tuple) -> None:
@@ -182,14 +185,31 @@ class JobInterposer(Interposer):
         one record in the trace, so the results say so instead of ``native_trace: true``."""
         self._emit({"event": "native_off", "why": why})
 
+    def _note_io_at_import(self, started: frozenset[str]) -> None:
+        """At traced file event ``self._cur``: the modules whose import is under way here (a
+        ``<module>`` frame on the stack), outermost first. An attempt that has one of them
+        preloaded does not make this event: its tracer skips the ordinal (``_preloaded_events``),
+        so every later event keeps the fault-free trace's number, which names the points."""
+        mods: list[str] = []
+        f = sys._getframe(1)
+        while f is not None:
+            if f.f_code.co_name == "<module>":
+                name = f.f_globals.get("__name__")
+                if isinstance(name, str) and name != "__main__" and name not in started:
+                    mods.append(name)
+            f = f.f_back
+        if mods:
+            self._io.append([self._cur, mods[::-1]])
+
     def _write_imports(self) -> None:
         """At the first file event: the top-level modules the job imported since it started, with
         their files, and which environment variables it changed meanwhile; at a later event, the
-        same with the modules its calls imported since (``calls``: name, file, after a change;
-        nothing is written where none came). The harness preloads such modules in the
-        interpreters it starts ahead of an attempt (``launch.preload``), but only where the job
-        changed no variable a module could have read as it was imported."""
-        if self._written is not None and self._written[1] == len(self._calls):
+        same with the modules its calls imported since (``calls``: name, file, after a change)
+        and those whose import made a file event (``io_at_import``); nothing is written where
+        neither grew. The harness preloads such modules in the interpreters it starts ahead of
+        an attempt (``launch.preload``), but only where the job changed no variable a module
+        could have read as it was imported, and none whose import made a file event."""
+        if self._written is not None and self._written[1:] == (len(self._calls), len(self._io)):
             return
         if self._written is None:
             started, env = self._imports  # type: ignore[misc]
@@ -203,7 +223,8 @@ class JobInterposer(Interposer):
         calls = list(self._calls)
         record["calls"] = [[name, getattr(sys.modules.get(name), "__file__", None), late] for name, late in calls
                            if name in sys.modules]
-        self._written = (record, len(calls))
+        record["io_at_import"] = list(self._io)
+        self._written = (record, len(calls), len(self._io))
         path = os.path.join(self._requests, S.IMPORTS_FILE.format(rank=self.rank, attempt=self._attempt,
                                                                    pid=os.getpid()))
         fd = self._o["open"](path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -219,13 +240,17 @@ class JobInterposer(Interposer):
     def _match(self, kind: str, paths: tuple[str, ...], offset: int | None = None,
                length: int | None = None) -> list[int]:
         # Called exactly once per traced op, before it is performed, under the lock.
+        while True:
+            if self.next_ord is None:
+                self._cur = self._ord
+                self._ord += 1
+            else:  # the native tracer's counter, shared with the processes this rank starts (native.py)
+                self._cur = self.next_ord()
+            if self._cur not in self._skip:
+                break
         if self._imports is not None:
-            self._write_imports()  # (at once where no module was imported since the last event)
-        if self.next_ord is None:
-            self._cur = self._ord
-            self._ord += 1
-        else:  # the native tracer's counter, shared with the processes this rank starts (native.py)
-            self._cur = self.next_ord()
+            self._note_io_at_import(self._imports[0])
+            self._write_imports()  # (at once where nothing new was imported since the last event)
         if self._anchor is not None:
             self._count(kind, paths)
         if self._target("torn"):
@@ -517,6 +542,17 @@ class _OutputScanner:
         return getattr(self._stream, name)
 
 
+def _preloaded_events(loaded: frozenset[str]) -> frozenset[int]:
+    """The fault-free run's file events this process will not make (``ENV_IMPORT_EVENTS``: each
+    made inside the import of modules, of which one is loaded already as the tracer starts: a
+    zygote or a spare preloaded it); a fresh interpreter skips none."""
+    try:
+        events = json.loads(os.environ.get(S.ENV_IMPORT_EVENTS) or "[]")
+        return frozenset(int(n) for n, mods in events if any(m in loaded for m in mods))
+    except (ValueError, TypeError):
+        return frozenset()
+
+
 def _inside_installed_import(started: frozenset[str]) -> bool:
     """Whether the import being audited runs inside another import: the body of a module the job
     imported (not one loaded before it started, nor its ``__main__``) from an installed
@@ -569,11 +605,16 @@ def _own_temp_dir(env: os._Environ[str] | dict[str, str], rank: int) -> None:
     base = env.get(S.ENV_TMP)
     if not base:
         return
-    own = os.path.join(base, f"rank{rank}")
+    own = os.path.abspath(os.path.join(base, f"rank{rank}"))
     os.makedirs(own, exist_ok=True)
     env["TMPDIR"] = own
-    if "tempfile" in sys.modules:
-        sys.modules["tempfile"].tempdir = None  # re-read TMPDIR on next use
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        # Where a module preloaded before the tracer (a spare's, a zygote's) has asked already, the
+        # folder is set without the probe tempfile makes on first use (a file written and removed
+        # there): the fault-free run made that probe inside the module's import, an event this
+        # process skips (JobSpec.import_events). Else TMPDIR is read again on first use, as it was.
+        tempfile.tempdir = own if tempfile.tempdir is not None else None
 
 
 def install() -> JobInterposer | None:

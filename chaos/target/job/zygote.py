@@ -32,7 +32,7 @@ whose command line has the same head, and ``args`` replace ``sys.argv[1:]``. ``R
 ``subprocess`` return code (negative: the signal). The child, before it goes on: its own
 session (as ``start_new_session``), the attempt's working directory, stdout and stderr on the
 attempt's log, ``os.environ`` exactly the attempt's (the C environment too), ``sys.argv``,
-``tempfile``'s cached temp dir forgotten (the attempt's ``TMPDIR`` differs), numpy's global
+``tempfile``'s cached temp dir the attempt's ``TMPDIR``, numpy's global
 generator seeded afresh as a new interpreter's would be (``random`` reseeds itself at fork).
 End of file on the socket (the harness closed it or died) ends the zygote; its children
 are the harness's to kill (each is a session leader, tracked by its pid).
@@ -93,8 +93,12 @@ def _become(req: dict, ready_w: int, changes: dict) -> None:
     os.environ.update(env)
     sys.argv[1:] = list(req["args"])
     tempfile = sys.modules.get("tempfile")
-    if tempfile is not None:
-        tempfile.tempdir = None  # read TMPDIR again on first use
+    if tempfile is not None and tempfile.tempdir is not None:
+        # The preload asked already, and the fault-free run's probe of the temp dir (a file written
+        # and removed there) is among the events this attempt skips: take the attempt's TMPDIR as
+        # it is (the boot path moves it to the rank's own folder), or find it afresh without one.
+        given = os.environ.get("TMPDIR")
+        tempfile.tempdir = os.path.abspath(given) if given else None
     npr = sys.modules.get("numpy.random")  # numpy imports it lazily: only if a preloaded module did
     if npr is not None:
         try:
