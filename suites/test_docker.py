@@ -132,6 +132,9 @@ def test_engine_stop_leaves_nothing():
         c.reload()
         pids = [engine.pid(), c.attrs["State"]["Pid"]]
         assert all(pids) and all(alive(p) for p in pids)
+        for pid in engine._processes():  # their temp files (containerd's stacks dump) go with the root
+            env = dict(e.split(b"=", 1) for e in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in e)
+            assert env.get(b"TMPDIR", b"").startswith(os.fsencode(str(engine.root)) + b"/"), (pid, env.get(b"TMPDIR"))
     finally:
         done = engine.stop()
     assert done["removed"]["containers"] and done["removed"]["networks"] == ["chaos-stoptest"]

@@ -144,9 +144,14 @@ class PrivateEngine:
         cmd = ["dockerd", "--iptables=false", "--ip-masq=false", "--bridge=none", "--storage-driver=vfs",
                "--host", self.url, "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
                "--pidfile", str(self.pidfile), "--config-file", str(config), "--log-level", "warn"]
+        # The daemons' temp files stay in the root, removed with it: containerd writes
+        # containerd.<pid>.stacks.log into its temp dir when it is told to dump its stacks,
+        # which left one in the harness's /tmp after a test run (2026-12-07).
+        tmp = self.root / "tmp"
+        tmp.mkdir(mode=0o700, exist_ok=True)
         with open(self.logfile, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                          start_new_session=True)
+                                          start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
