@@ -48,6 +48,7 @@ import glob
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from chaos.model import contract as C
 from chaos.model.jobspec import JobSpec
@@ -78,10 +79,18 @@ class Choice:
 def choose(job: JobSpec, trace_dir: str, can_prestart: bool) -> Choice:
     """What to preload, from rank 0's record in ``trace_dir`` (modules in the order the job imported them),
     with the record's file events made inside imports (``Choice.import_events``)."""
-    found = _choose(job, trace_dir, can_prestart)
+    if not job.preload or not can_prestart:
+        return Choice()
+    try:
+        record = _read(trace_dir)
+    except (OSError, ValueError) as exc:
+        return Choice(note=f"no module is preloaded: the fault-free run's record of its imports is unreadable ({exc})")
+    if record is None:
+        return Choice()  # no file event: nothing to go by
+    found = _choose(record)
     if not (found.modules or found.zygote_only):
         return found
-    events = _import_events(trace_dir)
+    events = _import_events(record)
     if job.ranks is None and not job.torchrun and not job.nodes:
         return dataclasses.replace(found, import_events=events)
     # Several copies: rank 0's numbers would not be the others'. Nothing whose import made an event.
@@ -90,17 +99,17 @@ def choose(job: JobSpec, trace_dir: str, can_prestart: bool) -> Choice:
                                zygote_only=tuple(m for m in found.zygote_only if m not in busy))
 
 
-def _import_events(trace_dir: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
+def _import_events(record: Any) -> tuple[tuple[int, tuple[str, ...]], ...]:
     """The record's ``io_at_import``: (ordinal, modules being imported, outermost first) per event."""
     try:
-        record = _read(trace_dir)
         events = record.get("io_at_import") if isinstance(record, dict) else None
         return tuple((int(n), tuple(str(m) for m in mods)) for n, mods in (events or []))
-    except (OSError, ValueError, TypeError, KeyError):
+    except (ValueError, TypeError):
         return ()
 
 
-def _read(trace_dir: str) -> dict | None:
+def _read(trace_dir: str) -> Any:
+    """Rank 0's imports record in ``trace_dir`` as parsed (None: there is none)."""
     found = sorted(glob.glob(os.path.join(glob.escape(trace_dir), C.IMPORTS_FILE.format(rank=0, attempt=0, pid="*"))))
     if not found:
         return None
@@ -108,18 +117,14 @@ def _read(trace_dir: str) -> dict | None:
         return json.loads(f.read(1 << 22))
 
 
-def _choose(job: JobSpec, trace_dir: str, can_prestart: bool) -> Choice:
-    if not job.preload or not can_prestart:
-        return Choice()
+def _choose(record: Any) -> Choice:
+    """What to preload by the record's modules, calls and environment changes (``choose``)."""
     try:
-        record = _read(trace_dir)
-        if record is None:
-            return Choice()  # no file event: nothing to go by
         modules, changed = dict(record["modules"]), [str(k) for k in record["env_changed"]]
         values = record.get("env_values")
         env = None if not isinstance(values, dict) else tuple(
             (str(k), None if values.get(k) is None else str(values[k])) for k in changed)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         return Choice(note=f"no module is preloaded: the fault-free run's record of its imports is unreadable ({exc})")
     names = [name for name, path in modules.items() if name not in _NEVER and not name.startswith("_")
              and isinstance(path, str) and _installed(path)]

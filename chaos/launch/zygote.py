@@ -2,7 +2,7 @@
 
 Why: on a torch or framework job, most of an attempt's cost is its interpreter importing
 torch and the framework (``chaos.target.job.zygote`` says more). ``explore`` calls
-``launch.start_zygote`` once the fault-free runs have said what to preload; from then on
+``launch.begin_zygote`` once the first fault-free run has said what to preload; from then on
 ``launch.run_attempt`` asks :func:`spawn` for each copy an attempt starts, and only where
 it gets None (no zygote, a copy it cannot stand for, a zygote that died) starts the copy
 as before, from a spare or a fresh interpreter. ``launch.kill_all`` ends every zygote.
@@ -13,7 +13,7 @@ A zygote stands for a copy only where forking cannot change what the job does:
   script or ``-m module``: the zygote reports how many words that is), the same working
   directory, and the same environment but for the harness's per-attempt variables
   (``CHAOS_JOB_*``) and ``TMPDIR``, which the forked child takes on before the job runs;
-- it was started by ``launch.start_zygote`` only for a one-process Python job the harness
+- it was started by ``launch.begin_zygote`` only for a one-process Python job the harness
   launches itself with modules to preload (``--no-preload`` turns both off), and it had
   no thread but its main one once those were imported (a fork copies only the calling
   thread). Where the job had changed environment variables by its first file event (spares
@@ -275,7 +275,7 @@ def spawn(root: str, copy: Copy) -> ForkedProcess | None:
 
 
 def serves(root: str) -> bool:
-    """Whether the exploration in ``root`` has a zygote forking its attempts (``launch.start_zygote``)."""
+    """Whether the exploration in ``root`` has a zygote forking its attempts (``launch.begin_zygote``), once it is ready."""
     with _lock:
         z = _zygotes.get(root)
     return z is not None and z.ready() is None and not z._dead

@@ -140,7 +140,7 @@ class JobSpec:
     # what explore found the fault-free run imported before its first file event (run-time only: never
     # recorded, never replayed); the boot path imports them before the gate (ENV_PRELOAD)
     preload_modules: tuple[str, ...] = ()
-    # modules only a zygote may preload (launch.start_zygote), since the job had changed these environment
+    # modules only a zygote may preload (launch.begin_zygote), since the job had changed these environment
     # variables by its first file event: the zygote checks that importing them sets the same (run-time only)
     zygote_preload: tuple[str, ...] = ()
     zygote_env: tuple[tuple[str, str | None], ...] = ()

@@ -432,7 +432,7 @@ def enumerate_points(job: JobSpec, traces: dict[tuple[int, int], list[dict[str, 
 
 
 def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | None = None,
-              on_first: Callable[[preload.Choice], None] | None = None) -> tuple[Reference, Run]:
+              on_first: Callable[[Choice], None] | None = None) -> tuple[Reference, Run]:
     """Two fault-free runs (concurrently when ``jobs`` > 1); JobError if either fails or nothing is traced.
 
     ``netlab``: run them (and, through ``Reference.netlab``, every point) in network
@@ -446,7 +446,7 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
     if netlab is None:
         netlab = "net" in kinds and netcut.usable(job)[0]
     runs = [new_run(root, "golden-0"), new_run(root, "golden-1")]
-    pre: preload.Choice | None = None
+    pre: Choice | None = None
 
     def chain(run: Run) -> PointRecord:
         nonlocal pre
@@ -658,21 +658,17 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
     results: list[PointResult] = []
     try:
         try:
-            def preloading(choice: preload.Choice) -> JobSpec:
+            def preloading(choice: Choice) -> JobSpec:
                 return dataclasses.replace(job, preload_modules=choice.modules, zygote_preload=choice.zygote_only,
                                            zygote_env=choice.env, import_events=choice.import_events)
 
-            begun = False
+            def on_first(choice: Choice) -> None:
+                launch.begin_zygote(preloading(choice), root)
 
-            def on_first(choice: preload.Choice) -> None:
-                nonlocal begun
-                if executor is None:
-                    begun = launch.begin_zygote(preloading(choice), root)
-
-            ref, _golden_run = reference(job, root, jobs, seed, netlab, on_first)
+            ref, _golden_run = reference(job, root, jobs, seed, netlab, on_first if executor is None else None)
             pre = ref.preload_choice
             job = preloading(pre)  # every attempt from here on
-            if executor is None and not begun:
+            if executor is None and not zygote.started(root):  # (--jobs 2: both fault-free runs at once)
                 launch.begin_zygote(job, root)
             said = launch.zygote_note(job, root) if executor is None else None
             if pre.zygote_only and zygote.serves(root):

@@ -190,14 +190,7 @@ class JobInterposer(Interposer):
         ``<module>`` frame on the stack), outermost first. An attempt that has one of them
         preloaded does not make this event: its tracer skips the ordinal (``_preloaded_events``),
         so every later event keeps the fault-free trace's number, which names the points."""
-        mods: list[str] = []
-        f = sys._getframe(1)
-        while f is not None:
-            if f.f_code.co_name == "<module>":
-                name = f.f_globals.get("__name__")
-                if isinstance(name, str) and name != "__main__" and name not in started:
-                    mods.append(name)
-            f = f.f_back
+        mods = [name for name, _ in _importing(started)]
         if mods:
             self._io.append([self._cur, mods[::-1]])
 
@@ -553,21 +546,27 @@ def _preloaded_events(loaded: frozenset[str]) -> frozenset[int]:
         return frozenset()
 
 
-def _inside_installed_import(started: frozenset[str]) -> bool:
-    """Whether the import being audited runs inside another import: the body of a module the job
-    imported (not one loaded before it started, nor its ``__main__``) from an installed
-    distribution. Importing that module again brings this one too, so only the outermost import
-    of such a chain needs naming (``JobInterposer._on_audit``)."""
-    f = sys._getframe(2)
+def _importing(started: frozenset[str]) -> list[tuple[str, object]]:
+    """(name, file) of each module whose import is under way on this thread (its ``<module>``
+    frame on the stack), innermost first: modules the job imported, not one loaded before it
+    started, nor its ``__main__``."""
+    found = []
+    f: Any = sys._getframe(1)
     while f is not None:
         if f.f_code.co_name == "<module>":
-            g = f.f_globals
-            name, file = g.get("__name__"), g.get("__file__")
-            if (name not in started and name != "__main__" and isinstance(file, str)
-                    and ("site-packages" in file or "dist-packages" in file)):
-                return True
+            name = f.f_globals.get("__name__")
+            if isinstance(name, str) and name != "__main__" and name not in started:
+                found.append((name, f.f_globals.get("__file__")))
         f = f.f_back
-    return False
+    return found
+
+
+def _inside_installed_import(started: frozenset[str]) -> bool:
+    """Whether the import being audited runs inside the import of a module the job imported from an
+    installed distribution. Importing that module again brings this one too, so only the outermost
+    import of such a chain needs naming (``JobInterposer._on_audit``)."""
+    return any(isinstance(file, str) and ("site-packages" in file or "dist-packages" in file)
+               for _, file in _importing(started))
 
 
 def _rank_attempt(env: os._Environ[str] | dict[str, str]) -> tuple[int, int]:
