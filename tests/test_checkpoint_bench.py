@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 
 import pytest
@@ -119,6 +120,8 @@ def test_tiny_end_to_end_run(tmp_path, capsys):
         assert x["save_mb_s"] == pytest.approx(r["payload_bytes"] / x["save_s"] / 1e6)
         assert len(x["extra"]["save_all_s"]) == len(x["extra"]["raw_all_s"]) == 2
         assert [type(c) for c in x["extra"]["stall_faults_all"]] == [int, int]
+        # one save before the repeats, reported apart and in none of the per-repeat series
+        assert x["extra"]["first_stall_s"] > 0 and isinstance(x["extra"]["first_stall_faults"], int)
         s = x["spread"]["save_s"]
         assert s["min"] <= s["median"] <= s["max"] and s["median"] == pytest.approx(x["save_s"])
     ref, dcp = by["reference"]["extra"], by["dcp"]["extra"]
@@ -134,6 +137,7 @@ def test_tiny_end_to_end_run(tmp_path, capsys):
     assert floor["bytes_share"] + floor["bytes_rest"] == floor["bytes_all"] > 0
     assert len(floor["copy_share_s"]["per_repeat"]) == len(floor["copy_all_fresh_s"]["per_repeat"]) == 2
     assert "Memory floor per rank" in md.read_text()
+    assert re.search(r"First save of the run.*reference [0-9.]+ \(\d+\); dcp [0-9.]+ \(\d+\)", md.read_text())
     printed = capsys.readouterr().out
     assert "chaos bench:" in printed and "| reference_vs_dcp_save |" in printed  # off a terminal: Markdown
     assert md.read_text().startswith("# chaos bench")

@@ -20,7 +20,9 @@ real Adam (:func:`owning_optimizer`), and every save is followed at once by its
 ``save()`` until that step returned — for async checkpointers, the time before training
 could go on, including any wait the save imposes on the step (the reference's replica
 check fence) — and ``stall_at_return_all_s`` keeps the time to ``save()``'s return; save
-is until ``wait()`` returned on every rank. Timings are bracketed by barriers.
+is until ``wait()`` returned on every rank. Timings are bracketed by barriers. Before the
+first repeat every checkpointer saves once (step 0), in no figure: a run's first save
+allocates what the later ones reuse, and its stall is reported apart (``first_stall_s``).
 
 ``device="cuda"`` (``chaos bench --device cuda``) puts the model and optimizer tensors
 on one GPU per rank (``CUDA_VISIBLE_DEVICES`` per rank, as ``chaos run --device cuda``
@@ -31,7 +33,7 @@ messages. A device-to-pinned-host copy of each rank's state is timed once per re
 the floor an async stall cannot go below. Missing CUDA or too few GPUs is a ConfigError
 before any rank starts (:func:`validate`).
 
-With the state on the CPU, a :class:`MemoryFloor` is sampled once per repeat: the
+With the state on the CPU, a :class:`MemoryFloor` is sampled in every repeat: the
 least memory work any async save must finish before the next step with this state —
 the reference's default copying its share and reading the rest, DCP's stager copying
 everything into fresh memory — so each async stall is also read against its own
@@ -346,7 +348,10 @@ class MemoryFloor:
         return bench_ranks.max_all(time.perf_counter() - t0)
 
     def sample(self) -> dict[str, float]:
-        """``{"copy_share": s, "read_rest": s, "copy_all_fresh": s}``, each the slowest rank's seconds."""
+        """``{"copy_share": s, "read_rest": s, "copy_all_fresh": s}``, each the slowest rank's seconds.
+
+        Collective: both ranks must call it together (every timing is bracketed by a barrier).
+        """
         import torch
 
         from chaos.reference.ckptformat.hashing import digest, tensor_bytes
@@ -359,8 +364,11 @@ class MemoryFloor:
             fresh = [torch.empty_like(t).copy_(t) for t in self.tensors]
             del fresh
 
-        return {"copy_share": self._timed(lambda: self.staging.copy(self.share)),
-                "read_rest": self._timed(read_rest),
+        # The reference's two parts are each the median of three samples taken back to back:
+        # one sample varied by a third from repeat to repeat (9.5-14.2 ms at 100 MB), as much as
+        # the stall it is set against. DCP's fresh copy (hundreds of ms at 1 GB) is sampled once.
+        return {"copy_share": statistics.median(self._timed(lambda: self.staging.copy(self.share)) for _ in range(3)),
+                "read_rest": statistics.median(self._timed(read_rest) for _ in range(3)),
                 "copy_all_fresh": self._timed(copy_all_fresh)}
 
 
@@ -448,6 +456,14 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
     # by half from repeat to repeat and the per-repeat quotient with it); without that save, at
     # the end of the repeat.
     floor_at = "reference-async" if "reference-async" in cks else None
+    # One save with every checkpointer before the repeats (step 0, not in any figure): the
+    # first save of a run allocates what later ones reuse (the reference's staging buffers,
+    # 24,439 page faults a rank at 100 MB, five times its steady stall), and with it in
+    # repeat 1 every median was the fourth of six steady repeats. Its stall is reported apart.
+    for group in runs:
+        for name in group:
+            t = bench_ranks.timed_save_then_step(cks[name], 0, state, opt.step, cuda)
+            series[name]["first"] = [t.stall, t.stall_faults]
     for i in range(cfg.repeats):
         schedule.append([n for group in runs for n in bench_ranks.ordered(group, i)])
         for group in runs:
@@ -505,6 +521,7 @@ def _measure(rank: int, world: int, cfg: BenchConfig, base: str) -> dict[str, An
             save_mb_s=payload / save_s / 1e6, correct=ok[name],
             extra={"save_all_s": s["save"], "stall_all_s": s["stall"], "stall_at_return_all_s": s["at_return"],
                    "stall_faults_all": s["faults"], "load_all_s": s["load"],
+                   "first_stall_s": s["first"][0], "first_stall_faults": s["first"][1],
                    "raw_all_s": s["raw"], "loaded_on": loaded_on.get(name, [])})))
         series.pop(name)
     measured: dict[str, Any] = {"payload_bytes": payload, "raw_s": statistics.median(raws) if raws else 0.0,
@@ -768,6 +785,16 @@ def _floor_line(report: dict[str, Any]) -> str | None:
     return line
 
 
+def _first_line(report: dict[str, Any]) -> str | None:
+    firsts = [(r["name"], r["extra"]["first_stall_s"], r["extra"].get("first_stall_faults"))
+              for r in report.get("results", []) if (r.get("extra") or {}).get("first_stall_s") is not None]
+    if not firsts:
+        return None
+    return ("First save of the run, before the repeats and in no figure above (what a run's first save "
+            "allocates, later ones reuse): stall ms (page faults) " + "; ".join(
+                f"{name} {s * 1e3:.1f} ({faults if faults is not None else '?'})" for name, s, faults in firsts) + ".")
+
+
 def _faults_line(report: dict[str, Any]) -> str | None:
     f = report.get("staging_faults")
     if not f:
@@ -790,7 +817,7 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines = [f"# chaos bench: {headline(report)}", "",
              f"| {' | '.join(COLUMNS)} |", "|---|---:|---:|---:|---:|---:|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in result_rows(report)]
-    for extra in (_copy_line(report), _floor_line(report), _faults_line(report)):
+    for extra in (_copy_line(report), _floor_line(report), _faults_line(report), _first_line(report)):
         if extra:
             lines += ["", extra]
     lines += ["", f"Ratios ({report.get('order', 'per repeat pair')}):", "",
@@ -811,7 +838,7 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     for row in result_rows(report):
         t.add_row(*row)
     console.print(t)
-    for extra in (_copy_line(report), _floor_line(report), _faults_line(report)):
+    for extra in (_copy_line(report), _floor_line(report), _faults_line(report), _first_line(report)):
         if extra:
             console.print(extra, markup=False, highlight=False)
     rt = Table(title="ratios, per repeat pair (median judged against the target)")
