@@ -112,6 +112,56 @@ def test_the_tracer_records_what_a_library_imports_when_first_called_after_the_f
     assert got.modules == ("lazypkg", "lazypkg.heavy")
 
 
+ENV_PACKAGE = {
+    "__init__.py": "def clean():\n    from envpkg import quiet\n\n\ndef reads():\n    from envpkg import loud\n\n\n"
+                   "def native():\n    from envpkg import natively\n",
+    "quiet.py": "import os\nHOME = os.environ.get('HOME')  # a variable the job left alone\nimport envpkg.deep\n",
+    "deep.py": "import os\nTHREADS = os.getenv('OMP_NUM_THREADS')\n",
+    "loud.py": "import os\nPORT = os.environ.get('ENVPKG_PORT')  # the job set it: a fresh import reads another value\n",
+    "natively.py": "import ctypes\nctypes.CDLL('libc.so.6')  # native code may call getenv(3), unseen\n",
+}
+
+ENV_SCRIPT = """
+import os, sys
+import envpkg
+open(os.path.join(sys.argv[1], "a.txt"), "w").write("x")  # the first file event
+os.environ["ENVPKG_PORT"] = "29511"  # as fsdp2_dcp.py sets MASTER_PORT for its own rendezvous
+envpkg.clean()
+envpkg.reads()
+envpkg.native()
+open(os.path.join(sys.argv[1], "b.txt"), "w").write("y")
+"""
+
+
+def test_a_module_the_job_s_calls_import_after_it_changed_its_environment_is_preloaded_if_its_import_read_none(
+        tmp_path: Path) -> None:
+    """fsdp2_dcp.py sets MASTER_* itself before its optimizer imports torch._dynamo (1.3 s). The
+    fault-free run's tracer sees every read of os.environ while a module is imported: one that
+    read none of the changed variables, and loaded no native code (whose reads it cannot see),
+    loads alike before the change and is preloaded; the others stay the job's to import."""
+    site = tmp_path / "venv" / "site-packages" / "envpkg"
+    site.mkdir(parents=True)
+    for name, text in ENV_PACKAGE.items():
+        (site / name).write_text(text)
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    out.mkdir()
+    trace.mkdir()
+    (tmp_path / "job.py").write_text(ENV_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_") and k != "ENVPKG_PORT"}
+    env.update({"PYTHONPATH": os.pathsep.join([BOOT_DIR, str(site.parent)]), S.ENV_OUT: str(out),
+                S.ENV_TRACE_DIR: str(trace)})
+    proc = subprocess.run([sys.executable, str(tmp_path / "job.py"), str(out)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    calls = {c[0]: c[2:] for c in _record(tmp_path)["calls"]}
+    assert calls["envpkg.quiet"] == [True, [], False]  # after the change; read HOME and OMP_NUM_THREADS only
+    assert calls["envpkg.loud"] == [True, ["ENVPKG_PORT"], False]
+    assert calls["envpkg.natively"][0] is True and calls["envpkg.natively"][2] is True
+    assert "envpkg.deep" not in calls  # brought by quiet's own import
+    got = choose(JobSpec(command=("python", "job.py", "{out}"), cwd=str(tmp_path)), str(trace), can_prestart=True)
+    assert got.modules == ("envpkg", "envpkg.quiet")
+
+
 def test_the_boot_path_imports_the_named_modules_before_the_job_and_hides_the_variable(tmp_path: Path) -> None:
     proc = _boot(tmp_path, preload="fractions,no_such_module_xyz")  # one that fails is the job's to import
     assert proc.stdout.split() == ["True", "False"]
@@ -165,7 +215,11 @@ def test_a_submodule_the_job_s_calls_imported_is_preloaded_after_its_package_unl
              ["argparse", "/usr/lib/python3.11/argparse.py", False],       # the standard library
              ["mymodel.layers", str(tmp_path / "proj" / "mymodel" / "layers.py"), False],  # the job's own
              ["sympy", f"{site}/sympy/__init__.py", True],                 # after the job set a variable
-             ["torch._dynamo", f"{site}/torch/_dynamo/__init__.py", False], ["bad"], "junk"]
+             ["torch._dynamo", f"{site}/torch/_dynamo/__init__.py", False], ["bad"], "junk",
+             ["mpmath", f"{site}/mpmath/__init__.py", True, [], False],    # after, but read none: clean
+             ["numba", f"{site}/numba/__init__.py", True, ["X"], False],   # read a changed variable
+             ["cffi", f"{site}/cffi/__init__.py", True, [], True],         # loaded native code
+             ["odd", f"{site}/odd/__init__.py", True, [], "no"]]           # malformed: not clean
 
     def record(trace: Path, changed: list[str], late: list[str] | None) -> str:
         path = _write(trace, mods, changed, {k: "1" for k in changed}, late=late)
@@ -173,11 +227,15 @@ def test_a_submodule_the_job_s_calls_imported_is_preloaded_after_its_package_unl
         (trace / "imports-r0-a0-p42.json").write_text(json.dumps({**doc, "calls": calls}))
         return path
 
-    assert choose(job, record(tmp_path / "t1", [], []), True).modules == ("torch", "torch._dynamo", "sympy")
+    # sympy, numba, cffi and odd came after a change (made after the first file event in t1) and may
+    # have read it: the job's own to import, wherever that change was made
+    assert choose(job, record(tmp_path / "t1", [], []), True).modules == ("torch", "torch._dynamo", "mpmath")
     got = choose(job, record(tmp_path / "t2", ["X"], []), True)
-    assert got.modules == ("torch", "torch._dynamo") and not got.zygote_only  # sympy: the job's to import
+    assert got.modules == ("torch", "torch._dynamo", "mpmath") and not got.zygote_only
     got = choose(job, record(tmp_path / "t3", ["X"], ["torch"]), True)  # torch itself came after the change
-    assert got.modules == () and got.zygote_only == ("torch", "torch._dynamo", "sympy")
+    assert got.modules == () and got.zygote_only == ("torch", "torch._dynamo", "mpmath")
+    got = choose(job, record(tmp_path / "t4", ["X"], ["mpmath"]), True)  # its package came after the change
+    assert got.modules == ("torch", "torch._dynamo")
 
 
 def test_after_the_job_changed_its_environment_only_a_zygote_preloads_and_only_in_import_order(

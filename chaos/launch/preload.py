@@ -26,7 +26,10 @@ attempt. Only where that cannot change what the job does:
   imports included however late (a module may read one as it is imported:
   ``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` set by the script before ``import torch``;
   the tracer's audit hook notes which came after a change, and those the job imports
-  itself); where it changed one before any of them (or the
+  itself), but for a call's import after a change that read none of the changed variables
+  (the fault-free run's tracer sees every read of ``os.environ``) and loaded no native code,
+  whose reads it cannot see (``fsdp2_dcp.py``'s optimizer imports ``torch._dynamo`` after
+  the script set ``MASTER_*`` for its own rendezvous); where it changed one before any of them (or the
   record does not say which came when), no spare preloads anything and the note says why,
   and a zygote only if importing the modules alone sets each such variable to the value the
   job had (a library that sets one as it loads, as Lightning does: :class:`Choice`);
@@ -131,10 +134,12 @@ def _choose(record: Any) -> Choice:
     late = record.get("imported_after_change") if isinstance(record, dict) else None
     late_packages = {str(x) for x in late} if isinstance(late, list) else set()
     early = [n for n in names if n not in late_packages] if isinstance(late, list) else []
-    calls = [(n, after) for n, after in _calls(record.get("calls")) if n not in names]
-    names += [n for n, _ in calls]
-    if isinstance(late, list):
-        early += [n for n, after in calls if not after and n.partition(".")[0] not in late_packages]
+    # A call's import after the job changed a variable (at its first file event or later) that may
+    # have read it is the job's own to import; one that read none loads alike before the change.
+    calls = [n for n, after, clean in _calls(record.get("calls")) if n not in names and (clean or not after)]
+    names += calls
+    if early:  # a call whose package the job imported before its change; else a zygote may check (below)
+        early += [n for n in calls if n.partition(".")[0] not in late_packages]
     if changed and early:
         # Imported before the job changed anything: they loaded with the environment they load with here.
         # The others are left for the job to import itself, after its change, as in a fresh interpreter.
@@ -154,20 +159,25 @@ def _choose(record: Any) -> Choice:
                                  f"its first file event: {shown(names)} (--no-preload: off)"))
 
 
-def _calls(entries: object) -> list[tuple[str, bool]]:
-    """The modules the job's own calls imported (the record's ``calls``: name, file, imported after
-    an environment change), in order, of installed distributions: a library's submodule that it
-    imports only when first called is not brought by importing the library, so it is named."""
+def _calls(entries: object) -> list[tuple[str, bool, bool]]:
+    """The modules the job's own calls imported (the record's ``calls``), in order, of installed
+    distributions: a library's submodule that it imports only when first called is not brought
+    by importing the library, so it is named. Each as (name, imported after an environment
+    change, clean): clean where the entry says its import read none of the variables the job had
+    changed by then and loaded no native code (``inproc.JobInterposer._call_entry``: name, file,
+    after, variables read, native), so it loads alike before the job's change; an entry of three
+    (a record from before those were kept) is not clean."""
     if not isinstance(entries, list):
         return []  # a record from before calls were kept
-    found: list[tuple[str, bool]] = []
+    found: list[tuple[str, bool, bool]] = []
     for entry in entries:
-        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+        if not (isinstance(entry, list) and len(entry) in (3, 5) and isinstance(entry[0], str)
                 and isinstance(entry[1], str) and _installed(entry[1])):
             continue
         top = entry[0].partition(".")[0]
-        if top not in _NEVER and not top.startswith("_") and entry[0] not in {n for n, _ in found}:
-            found.append((entry[0], bool(entry[2])))
+        if top not in _NEVER and not top.startswith("_") and entry[0] not in {n for n, _, _ in found}:
+            clean = len(entry) == 5 and entry[3] == [] and entry[4] is False
+            found.append((entry[0], bool(entry[2]), clean))
     return found
 
 

@@ -69,6 +69,7 @@ from faults.interposer import Interposer, IORule
 
 TYPE_CHECKING = False  # imported as every rank starts: no ``typing`` at run time
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 _installed: JobInterposer | None = None
@@ -145,6 +146,9 @@ class JobInterposer(Interposer):
         self._io: list[list[Any]] = []  # [ordinal, [modules whose import is under way, outermost first]]
         self._skip: frozenset[int] = frozenset()  # ordinals not made here: their modules were preloaded
         self._changed_yet = False
+        self._within: dict[str, set[str]] = {}  # module -> modules first imported while its import was under way
+        self._env_read: dict[str, set[str]] = {}  # module -> variables read during its import, then changed
+        self._dlopened: set[str] = set()  # modules during whose import a shared library was loaded by ctypes
 
     def note_start(self, attempt: int) -> None:
         """Remember what was imported and the environment as the job starts (``install``), so the
@@ -155,15 +159,20 @@ class JobInterposer(Interposer):
         self._imports = (frozenset(sys.modules), dict(os.environ))
         self._skip = _preloaded_events(self._imports[0])
         sys.addaudithook(self._on_audit)
+        if self.point is None:  # a fault-free run: its record says what may be preloaded
+            _watch_environ(self._on_env_read)
 
     def _on_audit(self, event: str, args: tuple) -> None:
         # CPython raises "import" as it looks for a module that is not loaded yet.
-        if event != "import" or self._imports is None:
+        if self._imports is None or event not in ("import", "ctypes.dlopen"):
             return
         try:
+            started, env = self._imports
+            if event == "ctypes.dlopen":  # native code that may read the environment as it loads
+                self._dlopened.update(name for name, _ in _importing(started))
+                return
             name = str(args[0])
             top = name.partition(".")[0]
-            started, env = self._imports
             if top in started or name in self._called:
                 return
             self._called.add(name)
@@ -171,7 +180,10 @@ class JobInterposer(Interposer):
                 self._changed_yet = dict(os.environ) != env
             if self._written is None and top not in self._early and top not in self._late:
                 (self._late if self._changed_yet else self._early).add(top)
-            if not _inside_installed_import(started):
+            under = _importing(started)
+            for outer, _ in under:
+                self._within.setdefault(outer, set()).add(name)
+            if not any(isinstance(file, str) and _installed_file(file) for _, file in under):
                 # The outermost import of a chain, by the job's code or a library's function: what
                 # a library imports only when first called (torch.optim's first optimizer imports
                 # torch._dynamo and sympy, about 1.3 s) is not brought by importing the library,
@@ -179,6 +191,26 @@ class JobInterposer(Interposer):
                 self._calls.append((name, self._changed_yet))
         except Exception:  # noqa: BLE001, S110 - an audit hook must never break an import
             pass
+
+    def _on_env_read(self, key: Any, value: str | None) -> None:
+        """A read of ``os.environ[key]`` (``_watch_environ``): where the job has changed that variable
+        since it started, every module whose import is under way read a value that an interpreter
+        preloading it would not see, so it stays the job's to import (``launch.preload``)."""
+        if self._imports is None or not isinstance(key, str) or value == self._imports[1].get(key):
+            return
+        if _reader_module().startswith(("chaos.", "faults.")):
+            return  # the tracer's own reads (dict(os.environ) while it checks for a change)
+        for name, _ in _importing(self._imports[0]):
+            self._env_read.setdefault(name, set()).add(key)
+
+    def _call_entry(self, name: str, late: bool) -> list[Any]:
+        """The record's ``calls`` entry of a module the job's calls imported: name, file, imported after
+        an environment change, the changed variables its import read, whether it loaded native code
+        (an extension module or a ctypes library: what it read from the environment is not seen)."""
+        inside = self._within.get(name, set()) | {name}
+        native = bool(inside & self._dlopened) or any(_is_extension(sys.modules.get(m)) for m in inside)
+        read = sorted(set().union(*(self._env_read.get(m, set()) for m in inside)))
+        return [name, getattr(sys.modules.get(name), "__file__", None), late, read, native]
 
     def note_native_off(self, why: str) -> None:
         """The native tracer was preloaded but could not be bound (``native.attach``'s reason):
@@ -214,8 +246,7 @@ class JobInterposer(Interposer):
         else:
             record = self._written[0]
         calls = list(self._calls)
-        record["calls"] = [[name, getattr(sys.modules.get(name), "__file__", None), late] for name, late in calls
-                           if name in sys.modules]
+        record["calls"] = [self._call_entry(name, late) for name, late in calls if name in sys.modules]
         record["io_at_import"] = list(self._io)
         self._written = (record, len(calls), len(self._io))
         path = os.path.join(self._requests, S.IMPORTS_FILE.format(rank=self.rank, attempt=self._attempt,
@@ -561,12 +592,65 @@ def _importing(started: frozenset[str]) -> list[tuple[str, object]]:
     return found
 
 
-def _inside_installed_import(started: frozenset[str]) -> bool:
-    """Whether the import being audited runs inside the import of a module the job imported from an
-    installed distribution. Importing that module again brings this one too, so only the outermost
-    import of such a chain needs naming (``JobInterposer._on_audit``)."""
-    return any(isinstance(file, str) and ("site-packages" in file or "dist-packages" in file)
-               for _, file in _importing(started))
+def _installed_file(file: str) -> bool:
+    """A module file of an installed distribution. An import audited inside the import of such a
+    module is brought by importing that module again, so only the outermost import of such a chain
+    needs naming (``JobInterposer._on_audit``)."""
+    return "site-packages" in file or "dist-packages" in file
+
+
+def _is_extension(module: Any) -> bool:
+    """Whether ``module`` was loaded from a shared library (a C extension)."""
+    import importlib.machinery  # at the record's writing only: not on every rank's start
+
+    file = getattr(module, "__file__", None)
+    return isinstance(file, str) and file.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def _reader_module() -> str:
+    """The module whose code read ``os.environ`` (the first frame outside ``os`` and the mapping
+    machinery, above the watch), for :meth:`JobInterposer._on_env_read`, its only caller."""
+    f: Any = sys._getframe(3)  # above this, _on_env_read and the watch's __getitem__
+    while f is not None:
+        name = f.f_globals.get("__name__", "")
+        if name not in ("os", "_collections_abc", "collections.abc"):  # the last is _collections_abc's own name
+            return str(name)
+        f = f.f_back
+    return ""
+
+
+_environ_hook: list[Callable[[Any, str | None], None]] = []
+
+
+def _watch_environ(on_read: Callable[[Any, str | None], None]) -> None:
+    """Call ``on_read(key, value or None)`` at every read of ``os.environ[key]`` in this process.
+
+    ``os.getenv``, ``os.environ.get``, ``in`` and ``copy()`` all read through
+    ``os._Environ.__getitem__``, so the class's method is wrapped, once per process (a later call
+    replaces the callback). Reads from native code (``getenv(3)``) are not seen: the tracer marks
+    modules that load any (``_is_extension``, ``ctypes.dlopen``) instead. Called by
+    :meth:`JobInterposer.note_start` in a fault-free run only.
+    """
+    _environ_hook[:] = [on_read]
+    cls: Any = os._Environ
+    if getattr(cls.__getitem__, "_chaos_watch", False):
+        return
+    original = cls.__getitem__
+
+    def __getitem__(self: Any, key: Any) -> Any:
+        value = None
+        try:
+            value = original(self, key)
+        finally:
+            if self is os.environ and _environ_hook:
+                try:
+                    _environ_hook[0](key, value)
+                except Exception:  # noqa: BLE001, S110 - a read must never fail for the tracer
+                    pass
+        return value
+
+    __getitem__._chaos_watch = True  # type: ignore[attr-defined]
+    cls.__getitem__ = __getitem__
 
 
 def _rank_attempt(env: os._Environ[str] | dict[str, str]) -> tuple[int, int]:
