@@ -85,25 +85,32 @@ open(os.path.join(sys.argv[1], "b.txt"), "w").write("y")
 """
 
 
+def _traced_with_package(tmp: Path, package: str, files: dict[str, str], script: str) -> tuple[Path, Path]:
+    """Run ``script`` traced (a fault-free run's tracer) with ``package`` installed in a site-packages
+    folder of its own; (the package's folder, the trace folder holding the imports record)."""
+    site = tmp / "venv" / "site-packages" / package
+    site.mkdir(parents=True)
+    for name, text in files.items():
+        (site / name).write_text(text)
+    out, trace = tmp / "out", tmp / "trace"
+    out.mkdir()
+    trace.mkdir()
+    (tmp / "job.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_") and k != "ENVPKG_PORT"}
+    env.update({"PYTHONPATH": os.pathsep.join([BOOT_DIR, str(site.parent)]), S.ENV_OUT: str(out),
+                S.ENV_TRACE_DIR: str(trace)})
+    proc = subprocess.run([sys.executable, str(tmp / "job.py"), str(out)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return site, trace
+
+
 def test_the_tracer_records_what_a_library_imports_when_first_called_after_the_first_file_event(
         tmp_path: Path) -> None:
     """torch.optim's first optimizer imports torch._dynamo and sympy, 1.3 s of a forked attempt's
     2.1 s: importing torch does not bring them, so the record names the outermost import of each
     chain the job's calls started, however late, and not what that import brought with it."""
-    site = tmp_path / "venv" / "site-packages" / "lazypkg"
-    site.mkdir(parents=True)
-    for name, text in LAZY_PACKAGE.items():
-        (site / name).write_text(text)
-    out, trace = tmp_path / "out", tmp_path / "trace"
-    out.mkdir()
-    trace.mkdir()
-    (tmp_path / "job.py").write_text(LAZY_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_")}
-    env.update({"PYTHONPATH": os.pathsep.join([BOOT_DIR, str(site.parent)]), S.ENV_OUT: str(out),
-                S.ENV_TRACE_DIR: str(trace)})
-    proc = subprocess.run([sys.executable, str(tmp_path / "job.py"), str(out)], env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    site, trace = _traced_with_package(tmp_path, "lazypkg", LAZY_PACKAGE, LAZY_SCRIPT)
     record = _record(tmp_path)
     assert list(record["modules"]) == ["lazypkg"]  # by the first file event
     assert [c[0] for c in record["calls"]] == ["lazypkg", "lazypkg.heavy"]  # not lazypkg.inner, nor json
@@ -139,20 +146,7 @@ def test_a_module_the_job_s_calls_import_after_it_changed_its_environment_is_pre
     fault-free run's tracer sees every read of os.environ while a module is imported: one that
     read none of the changed variables, and loaded no native code (whose reads it cannot see),
     loads alike before the change and is preloaded; the others stay the job's to import."""
-    site = tmp_path / "venv" / "site-packages" / "envpkg"
-    site.mkdir(parents=True)
-    for name, text in ENV_PACKAGE.items():
-        (site / name).write_text(text)
-    out, trace = tmp_path / "out", tmp_path / "trace"
-    out.mkdir()
-    trace.mkdir()
-    (tmp_path / "job.py").write_text(ENV_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_") and k != "ENVPKG_PORT"}
-    env.update({"PYTHONPATH": os.pathsep.join([BOOT_DIR, str(site.parent)]), S.ENV_OUT: str(out),
-                S.ENV_TRACE_DIR: str(trace)})
-    proc = subprocess.run([sys.executable, str(tmp_path / "job.py"), str(out)], env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    _, trace = _traced_with_package(tmp_path, "envpkg", ENV_PACKAGE, ENV_SCRIPT)
     calls = {c[0]: c[2:] for c in _record(tmp_path)["calls"]}
     assert calls["envpkg.quiet"] == [True, [], False]  # after the change; read HOME and OMP_NUM_THREADS only
     assert calls["envpkg.loud"] == [True, ["ENVPKG_PORT"], False]
