@@ -156,6 +156,43 @@ def test_a_module_the_job_s_calls_import_after_it_changed_its_environment_is_pre
     assert got.modules == ("envpkg", "envpkg.quiet")
 
 
+CHILD_SCRIPT = """
+import os, subprocess, sys
+import fractions
+out = sys.argv[1]
+open(os.path.join(out, "a.txt"), "w").write("x")  # the rank's first file event
+subprocess.run([sys.executable, "-c", "import colorsys, os, sys; open(os.path.join(sys.argv[1], 'c.txt'), 'w')",
+                out], check=True)
+pid = os.fork()
+if pid == 0:
+    import email.utils
+    open(os.path.join(out, "f.txt"), "w").write("z")
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.getpid())
+"""
+
+
+def test_only_the_rank_s_own_interpreter_writes_the_record_preloading_is_chosen_from(tmp_path: Path) -> None:
+    """With CHAOS_JOB_CHILDREN=1 a rank's children are traced too (a forked one keeps the rank's
+    tracer, a started one installs its own); their imports are not the rank's, and preloading
+    reads the first record by name, so a child's record could stand for the rank's."""
+    out, trace = tmp_path / "out", tmp_path / "trace"
+    out.mkdir()
+    trace.mkdir()
+    (tmp_path / "job.py").write_text(CHILD_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_")}
+    env.update({"PYTHONPATH": BOOT_DIR, S.ENV_OUT: str(out), S.ENV_TRACE_DIR: str(trace), S.ENV_CHILDREN: "1"})
+    proc = subprocess.run([sys.executable, str(tmp_path / "job.py"), str(out)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "c.txt", "f.txt"]
+    # the started child traced on its own; the forked one into the rank's trace, with its own pid
+    assert len(list(trace.glob("trace-r0-a0-p*.jsonl"))) == 2
+    records = [p.name for p in trace.glob("imports-r0-a0-p*.json")]
+    assert records == [f"imports-r0-a0-p{proc.stdout.strip()}.json"]
+
+
 def test_the_boot_path_imports_the_named_modules_before_the_job_and_hides_the_variable(tmp_path: Path) -> None:
     proc = _boot(tmp_path, preload="fractions,no_such_module_xyz")  # one that fails is the job's to import
     assert proc.stdout.split() == ["True", "False"]

@@ -146,6 +146,8 @@ class JobInterposer(Interposer):
         self._io: list[list[Any]] = []  # [ordinal, [modules whose import is under way, outermost first]]
         self._skip: frozenset[int] = frozenset()  # ordinals not made here: their modules were preloaded
         self._changed_yet = False
+        self.child = False  # a traced child of a rank (install): it writes no imports record
+        self._owner = os.getpid()  # the process whose imports the record says (note_start)
         self._within: dict[str, set[str]] = {}  # module -> modules first imported while its import was under way
         self._env_read: dict[str, set[str]] = {}  # module -> variables read during its import, then changed
         self._dlopened: set[str] = set()  # modules during whose import a shared library was loaded by ctypes
@@ -156,6 +158,7 @@ class JobInterposer(Interposer):
         which of those it imported only after changing an environment variable; and, for as long
         as it runs, which modules its own calls imported (an audit hook on every import)."""
         self._attempt = attempt
+        self._owner = os.getpid()
         self._imports = (frozenset(sys.modules), dict(os.environ))
         self._skip = _preloaded_events(self._imports[0])
         sys.addaudithook(self._on_audit)
@@ -234,6 +237,8 @@ class JobInterposer(Interposer):
         neither grew. The harness preloads such modules in the interpreters it starts ahead of
         an attempt (``launch.preload``), but only where the job changed no variable a module
         could have read as it was imported, and none whose import made a file event."""
+        if self.child or os.getpid() != self._owner:
+            return  # a traced child's imports are not the rank's (CHAOS_JOB_CHILDREN=1)
         if self._written is not None and self._written[1:] == (len(self._calls), len(self._io)):
             return
         if self._written is None:
@@ -717,6 +722,7 @@ def install() -> JobInterposer | None:
     pid = os.getpid()
     trace = os.path.join(tdir, f"trace-r{rank}-a{attempt}-p{pid}.jsonl")
     ix = JobInterposer(env[S.ENV_OUT], rank, trace, point).install()
+    ix.child = bool(env.get(S.ENV_BOOTED))  # started by a traced rank (CHAOS_JOB_CHILDREN=1)
     _installed = ix
     env[S.ENV_BOOTED] = str(pid)
     env[S.PROBE_FILE_ENV] = os.path.join(tdir, f"probe-r{rank}-a{attempt}-p{pid}.jsonl")
