@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -287,3 +288,27 @@ def test_a_root_the_library_cannot_name_is_said_and_never_claimed_as_traced(tmp_
     assert reference["native_trace"] is False
     said = [n for n in reference["notes"] if n.startswith("writes from native code and from processes")]
     assert said and "cannot name the path" in said[0] and "runs:1" in said[0], reference["notes"]
+
+
+def test_an_op_s_time_is_when_its_call_began_not_when_it_returned(tmp_path: Path) -> None:
+    """Ranks' traces are merged by ``ts``; a thread descheduled between its syscall and its record
+    would sort its op after another rank's later one (which once dropped a shard from every crash
+    state). So ``ts`` is taken before the call: an open of a FIFO, which returns only once a reader
+    opened the other end, is stamped before the reader was there."""
+    out, trace, env = _standalone(tmp_path)
+    fifo = out / "pipe"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["dd", f"of={fifo}", "status=none"], stdin=subprocess.PIPE, env=env)
+    try:
+        time.sleep(0.5)  # dd is blocked in its open until the read end exists
+        reader_at = time.monotonic()  # CLOCK_MONOTONIC, the native tracer's clock
+        with open(fifo, "rb") as fh:
+            writer.communicate(b"z" * 8, timeout=30)
+            assert fh.read() == b"z" * 8
+    finally:
+        writer.kill()
+        writer.wait()
+    recs = [json.loads(line) for f in trace.glob("trace-r0-a0-p*.jsonl") for line in f.read_text().splitlines()]
+    (opened,) = [r for r in recs if r["op"] == "open" and r["path"] == str(fifo)]
+    (wrote,) = [r for r in recs if r["op"] == "write" and r["path"] == str(fifo)]
+    assert opened["ts"] < reader_at < wrote["ts"]
