@@ -408,7 +408,7 @@ def test_a_job_that_acknowledges_a_save_on_sigterm_it_never_made_is_lost_work(tm
     proc, doc = run_json(tmp_path, "--result-file", "final.json", "--point", "rank0:step5:term", "--", *acks)
     assert proc.returncode == 1
     s = only(doc)
-    assert s["outcome"] == "lost_work"
+    assert s["outcome"] == "lost_work", s["summary"]  # a CI run once judged it hard_failure, summary unknown
     assert s["summary"] == ("SIGTERM at rank 0's step 5: exited 0 within the 5 s grace; then rank 0 resumed from "
                             "step 3, but its checkpoint of step 5 was complete (chaos.probe.saved): 2 step(s) of "
                             "work lost")
