@@ -101,7 +101,8 @@ def test_a_zygote_reports_each_childs_exit_and_refuses_what_it_cannot_stand_for(
                                           "os.environ['SET_BY_IMPORT'] = '1'\n")  # as Lightning sets a variable
     job = dataclasses.replace(_job(tmp_path), preload_modules=("numpy", "numpy.random", "warm_tmp"))
     root = str(tmp_path)
-    assert zygote.start(root, _template(tmp_path, "zygote", job), str(tmp_path / "zygote.log")) is None
+    zygote.begin(root, _template(tmp_path, "zygote", job), str(tmp_path / "zygote.log"))
+    assert zygote.ready(root) is None
     z = zygote._zygotes[root]
     try:
         for i in range(3):
@@ -158,9 +159,10 @@ def test_a_zygote_reports_each_childs_exit_and_refuses_what_it_cannot_stand_for(
 
 def test_no_zygote_without_modules_to_preload_or_for_several_ranks(tmp_path: Path) -> None:
     job = _job(tmp_path)
-    assert launch.start_zygote(job, str(tmp_path)) is None  # nothing preloaded: spares as before
+    assert launch.begin_zygote(job, str(tmp_path)) is False  # nothing preloaded: spares as before
+    assert launch.zygote_note(job, str(tmp_path)) is None
     ranks = dataclasses.replace(job, preload_modules=("numpy",), ranks=2)
-    assert launch.start_zygote(ranks, str(tmp_path)) is None and not zygote._zygotes
+    assert launch.begin_zygote(ranks, str(tmp_path)) is False and not zygote._zygotes
 
 
 def test_a_job_that_changed_its_environment_gets_a_zygote_only_if_the_imports_set_it_so(tmp_path: Path,
@@ -175,7 +177,8 @@ def test_a_job_that_changed_its_environment_gets_a_zygote_only_if_the_imports_se
         root = tmp_path / f"root-{value}"
         root.mkdir()
         try:
-            note = launch.start_zygote(job, str(root))
+            assert launch.begin_zygote(job, str(root))
+            note = launch.zygote_note(job, str(root))
             assert note is not None and zygote.serves(str(root)) is serves, note
             assert ("importing them set exactly that" in note) if serves else ("did not set SET_BY_IMPORT" in note)
             plan = launch._plan(job, str(root / "out"), str(root / "p"), 1, None, str(root), None, 0)

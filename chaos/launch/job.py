@@ -338,11 +338,6 @@ def begin_zygote(job: S.JobSpec, root: str) -> bool:
     return True
 
 
-def start_zygote(job: S.JobSpec, root: str) -> str | None:
-    """:func:`begin_zygote`, then :func:`zygote_note`."""
-    return zygote_note(job, root) if begin_zygote(job, root) else None
-
-
 def zygote_note(job: S.JobSpec, root: str) -> str | None:
     """Wait for the exploration's zygote (:func:`begin_zygote`); a note for the user: what it does,
     or why there is none although modules are preloaded (None: none was started)."""

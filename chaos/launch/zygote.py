@@ -261,12 +261,6 @@ def ready(root: str) -> str | None:
     return why
 
 
-def start(root: str, template: Copy, log: str) -> str | None:
-    """Start the zygote of the exploration in ``root`` and wait for it; None once it serves, else why not."""
-    begin(root, template, log)
-    return ready(root)
-
-
 def spawn(root: str, copy: Copy) -> ForkedProcess | None:
     """A child of ``root``'s zygote running ``copy``, or None (start it another way)."""
     with _lock:
@@ -289,4 +283,4 @@ def close_all() -> None:
         z.close()
 
 
-__all__ = ["ForkedProcess", "Zygote", "begin", "close_all", "ready", "serves", "spawn", "start", "started"]
+__all__ = ["ForkedProcess", "Zygote", "begin", "close_all", "ready", "serves", "spawn", "started"]

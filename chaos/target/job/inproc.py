@@ -147,7 +147,7 @@ class JobInterposer(Interposer):
         self._skip: frozenset[int] = frozenset()  # ordinals not made here: their modules were preloaded
         self._changed_yet = False
         self.child = False  # a traced child of a rank (install): it writes no imports record
-        self._owner = os.getpid()  # the process whose imports the record says (note_start)
+        self._owner = os.getpid()  # the process whose imports the record says: a forked child's are not
         self._within: dict[str, set[str]] = {}  # module -> modules first imported while its import was under way
         self._env_read: dict[str, set[str]] = {}  # module -> variables read during its import, then changed
         self._dlopened: set[str] = set()  # modules during whose import a shared library was loaded by ctypes
@@ -158,7 +158,6 @@ class JobInterposer(Interposer):
         which of those it imported only after changing an environment variable; and, for as long
         as it runs, which modules its own calls imported (an audit hook on every import)."""
         self._attempt = attempt
-        self._owner = os.getpid()
         self._imports = (frozenset(sys.modules), dict(os.environ))
         self._skip = _preloaded_events(self._imports[0])
         sys.addaudithook(self._on_audit)
