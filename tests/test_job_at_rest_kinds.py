@@ -165,6 +165,40 @@ with open(os.path.join(args.out, f"final-r{rank}.txt"), "w") as f:
     f.write(f"{w:.12f}\\n")
 """
 
+# RANK_JOB without the barrier, and with ranks that change pace: in the two fault-free runs (the first two
+# launches of each rank, counted in --launches) rank 0 takes its time before each save, so rank 1's file of a
+# save is always complete first; in every later run rank 1 is the slow one.
+LAG_JOB = """
+import argparse, json, os, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--out", required=True)
+ap.add_argument("--launches", required=True)
+args = ap.parse_args()
+rank = int(os.environ["RANK"])
+mine = os.path.join(args.out, f"ckpt-r{rank}.json")
+earlier = sum(name.startswith(f"r{rank}-") for name in os.listdir(args.launches))
+open(os.path.join(args.launches, f"r{rank}-{os.getpid()}"), "w").close()
+slow = rank == 0 if earlier < 2 else rank == 1
+step, w = 0, 1.0 + rank
+if os.path.exists(mine):
+    with open(mine) as f:
+        state = json.load(f)
+    step, w = state["step"], state["w"]
+while step < 9:
+    step += 1
+    w = w * 0.9 + step * (rank + 1)
+    print(f"step {step} loss {w:.6f}", flush=True)
+    if step % 3 == 0:
+        if slow:
+            time.sleep(0.4)
+        with open(mine + ".tmp", "w") as f:
+            json.dump({"step": step, "w": w}, f)
+        os.replace(mine + ".tmp", mine)
+with open(os.path.join(args.out, f"final-r{rank}.txt"), "w") as f:
+    f.write(f"{w:.12f}\\n")
+"""
+
 # torch.save a dict every 3 steps over ckpt.pt (temp file, rename); resume with torch.load, weights_only
 # as --weights-only says.
 TORCH_JOB = """
@@ -289,6 +323,24 @@ def test_two_ranks_files_swapped_load_as_each_others(tmp_path: Path) -> None:
         assert (applied["file"], applied["other"], applied["other_rank"]) == (
             f"ckpt-r{rank}.json", f"ckpt-r{1 - rank}.json", 1 - rank)
     assert "another rank's ckpt-r*.json loads as this rank's" in proc.stdout
+
+
+def test_a_swap_waits_for_the_other_ranks_file_when_that_rank_lags_this_time(tmp_path: Path) -> None:
+    """The plan offers a swap at rank 0's save because rank 1's file of it was complete by then in the
+    fault-free run. Ranks that do not wait for each other race: here rank 1 lags in every point's run.
+    The launcher lets it run on until its file is there (the halt records the wait), and the swap
+    lands; it is never skipped for want of a partner."""
+    launches = tmp_path / "launches"
+    launches.mkdir()
+    cmd = job(tmp_path, "lag_job.py", LAG_JOB, "--launches", str(launches))
+    proc, doc = run(tmp_path, "--faults", "swap", "--ranks", "2", "--result-file", "final-r*.txt", "--", *cmd)
+    points = [p for p in of_kind(doc, "swap") if p["id"].startswith("rank0:")]
+    assert points, [p["id"] for p in of_kind(doc, "swap")]
+    for p in points:
+        assert p["verdict"] != "skipped", p["summary"]
+        assert p["fault_applied"]["other"] == "ckpt-r1.json", p["fault_applied"]
+        halted = p["attempts"][0]["halted"]
+        assert halted["settled_s"] > 0.1 and "settled" not in halted, halted
 
 
 def test_the_careful_example_refuses_another_ranks_file_and_its_fallback_is_no_lost_work(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,7 +50,7 @@ from chaos.launch import preload, reaper, spares, zygote
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
-from chaos.nemesis import netcut
+from chaos.nemesis import family, netcut
 from chaos.scratch import cache_root
 from faults import shim
 from faults.errors import Unsupported
@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 BOOT_DIR = str(Path(__file__).resolve().parents[1] / "target" / "job" / "boot")  # the job target's boot path
 _cancelled = threading.Event()  # set by cancel(): no attempt starts, running ones end (an interrupt)
 _shielded = threading.Event()  # set by shield(): a clean-up runs that a signal must not cut short
+HALT_SETTLE_S = 5.0  # a halted point whose family waits (a swap's other rank's file): how long, at most
+HALT_READY_POLL_S = 0.025  # while it waits, how often it asks whether the file is there
 NET_SETTLE_S = 1.0  # in a network cut, after one copy failed, how long the others get to fail by themselves
 ARMED_POLL_S = 0.002  # an armed point's rank leaves a request file and waits: look often (10 ms after 1 s)
 IDLE_POLL_S = 0.05    # otherwise the loop wakes when a copy exits; this bounds the deadline / cancel checks
@@ -432,15 +434,24 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         armed = point is not None and attempt == 0 and (point.mode in S.HALT_MODES or point.mode in ("term", "net"))
         grace_end: float | None = None
         hold_end: float | None = None
+        halted_at = next_ready = 0.0
+        ready: Callable[[S.Point, str, str], bool] | None = None
         settle_end: float | None = None
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
             if armed and point is not None:
-                if point.mode in S.HALT_MODES and (halt := requests(trace_dir, S.HALT_REQUEST)):
-                    outcome.halted = halt[0]
-                    break  # every copy is killed below, at once
+                if point.mode in S.HALT_MODES and (outcome.halted is not None
+                                                   or (halt := requests(trace_dir, S.HALT_REQUEST))):
+                    if outcome.halted is None:
+                        outcome.halted = halt[0]
+                        halted_at = time.monotonic()
+                        ready = family.families()[point.family].halt_ready  # type: ignore[attr-defined]
+                    if time.monotonic() >= next_ready:
+                        if _halt_settled(outcome.halted, ready, point, out, scratch, halted_at, codes):
+                            break  # every copy is killed below, at once
+                        next_ready = time.monotonic() + HALT_READY_POLL_S  # reading traces takes CPU the others need
                 if point.mode == "term" and outcome.term is None and (req := requests(trace_dir, S.TERM_REQUEST)):
                     outcome.term = _send_term(procs, trace_dir, req[0], job.grace_s)
                     grace_end = time.monotonic() + job.grace_s
@@ -499,6 +510,26 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                   if rc is not None and rc > 0 and i not in outcome.stopped}
         netcut.finish(outcome.net, outcome.returncodes, outcome.stopped, causes, held_out, outcome.timed_out)
     return outcome
+
+
+def _halt_settled(halted: dict[str, Any], ready: Callable[[S.Point, str, str], bool] | None, point: S.Point,
+                  out: str, scratch: str, since: float, codes: list[int | None]) -> bool:
+    """Whether every copy may be stopped now that the point's rank halted: at once, unless the point's
+    family waits for what it strikes (``AtRestFamily.halt_ready``: a swap, for the other rank's file).
+    Then the other copies run on until it is there, every one of them has exited, or HALT_SETTLE_S
+    has passed; ``halted`` records the wait (``settled_s``, and ``settled: false`` where it gave up)."""
+    if ready is None:
+        return True
+    waited = time.monotonic() - since
+    done = ready(point, out, scratch)
+    # one process (torchrun's agent) holds every rank: only the deadline ends the wait
+    others = sum(c is None for c in codes) > 1 if len(codes) > 1 else codes[0] is None
+    if not done and waited < HALT_SETTLE_S and others:
+        return False
+    halted["settled_s"] = round(waited, 3)
+    if not done:
+        halted["settled"] = False
+    return True
 
 
 class Cancelled(ChaosError):

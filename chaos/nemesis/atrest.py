@@ -255,9 +255,11 @@ def _trace_files(scratch: str, attempt: int) -> list[str]:
     return sorted(glob.glob(os.path.join(scratch, "trace", f"trace-r*-a{attempt}-p*.jsonl")))
 
 
-def merged_records(scratch: str, attempt: int = 0, cut_ts: float | None = None) -> list[dict[str, Any]]:
-    """Every rank's records of one attempt, with write data, in one order (up to ``cut_ts``)."""
-    traces = [read_trace(p, with_data=True) for p in _trace_files(scratch, attempt)]
+def merged_records(scratch: str, attempt: int = 0, cut_ts: float | None = None,
+                   with_data: bool = True) -> list[dict[str, Any]]:
+    """Every rank's records of one attempt, with write data (unless not ``with_data``), in one order
+    (up to ``cut_ts``)."""
+    traces = [read_trace(p, with_data=with_data) for p in _trace_files(scratch, attempt)]
     merged = merge_traces(traces)
     if cut_ts is not None:
         merged = [r for r in merged if r.get("ts", 0.0) <= cut_ts]

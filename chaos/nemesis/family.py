@@ -110,6 +110,11 @@ class AtRestFamily(Family):
     watch: Callable[[Applied, int], None] | None = None           # (applied, attempt) after each restart
     settle: Callable[[Applied, Traces], None] | None = None       # (applied, every attempt's traces)
     quiet: Callable[[JobSpec], bool] | None = None                # no note for this job (swap: one process)
+    # (point, out, scratch) once the point's rank halted: False while what the point strikes is not yet on
+    # disk (swap: another rank's file of the checkpoint, complete in the fault-free run by then). The
+    # launcher (launch.job.run_attempt) lets the other copies run on until it is True, for at most
+    # launch.job.HALT_SETTLE_S; the halt record says how long it waited.
+    halt_ready: Callable[[Point, str, str], bool] | None = None
     needs_facts: bool = True
     restarts_torchrun: bool = True
 

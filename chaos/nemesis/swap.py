@@ -72,22 +72,44 @@ def swap_partners(rel: str, rank: int, completers: dict[str, int], files: Iterab
     return best or [f for _ok, f in found]
 
 
+def _partners(point: Point, rel: str, out: str, records: list[dict[str, Any]]) -> tuple[dict[str, int], list[str]]:
+    """Which rank last completed each file under {out} by the end of ``records``, and the files on disk
+    now that ``rel`` can be swapped with (:func:`swap_partners`)."""
+    versions = atrest.file_versions(records, atrest.trace_root(records) or os.path.realpath(out))
+    completers = {f: vs[-1].rank for f, vs in versions.items()}
+    completers.setdefault(rel, point.rank)
+    on_disk = [os.path.relpath(p, out) for p in atrest.files_under(out) if os.path.isfile(p) and not os.path.islink(p)]
+    return completers, swap_partners(rel, completers[rel], completers, on_disk)
+
+
+def ready(point: Point, out: str, scratch: str) -> bool:
+    """Once the point's rank has halted: whether another rank's file of the same checkpoint is complete
+    under {out} yet. The plan offered the point because one was by then in the fault-free run, but
+    ranks that do not wait for each other race: the other rank may lag this time. The launcher lets
+    the other copies run on until it is (``AtRestFamily.halt_ready``). True where there is nothing to
+    wait for (the halt completed no file under {out}): :func:`apply` says why it is skipped."""
+    records = atrest.merged_records(scratch, 0, with_data=False)
+    halt = next((r for r in records if r.get("event") == "fired" and r.get("action") == "halt"
+                 and r.get("rank") == point.rank), None)
+    rel = atrest.target_file(point, halt, out) if halt is not None else None
+    if rel is None or not os.path.isfile(os.path.join(out, rel)):
+        return True
+    return bool(_partners(point, rel, out, records)[1])
+
+
 def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int, _prepared: Any = None) -> Applied:
     """Swap the file the point's event completed with another rank's file of the same checkpoint
     (:func:`swap_partners`: ``rank0.pt`` <-> ``rank1.pt``), chosen with the point's seed among the
-    files under {out} at the halt. Skipped where there is none (one rank, or ranks that share one
-    file) or the two are byte for byte the same."""
+    files under {out} once every copy was stopped. Which rank completed each is read from every
+    record of attempt 0: the other copies may have run on after the halt (:func:`ready`). Skipped
+    where there is none (one rank, ranks that share one file, or the other rank's file was still not
+    complete when the launcher stopped waiting) or the two are byte for byte the same."""
     site = atrest.site_file(point, halt, out, seed, "swap")
     if isinstance(site, Applied):
         return site
     rel, base = site
     s = base["seed"]
-    records = atrest.merged_records(scratch, 0, halt.get("ts"))
-    versions = atrest.file_versions(records, atrest.trace_root(records) or os.path.realpath(out))
-    completers = {f: vs[-1].rank for f, vs in versions.items()}
-    completers.setdefault(rel, point.rank)
-    on_disk = [os.path.relpath(p, out) for p in atrest.files_under(out) if os.path.isfile(p) and not os.path.islink(p)]
-    partners = swap_partners(rel, completers[rel], completers, on_disk)
+    completers, partners = _partners(point, rel, out, atrest.merged_records(scratch, 0))
     if not partners:
         return Applied(f"swap of {rel}", base, excluded=[rel],
                        skipped=f"no other rank's file of the same checkpoint as {rel} is under {{out}} to swap it "
@@ -108,6 +130,6 @@ def _one_process(job: JobSpec) -> bool:
     return not job.torchrun and (job.ranks or 1) < 2 and job.nodes is None
 
 
-FAMILY = AtRestFamily(name="swap", points=points, apply=apply, quiet=_one_process,
+FAMILY = AtRestFamily(name="swap", points=points, apply=apply, quiet=_one_process, halt_ready=ready,
                       not_offered="no two ranks each completed their own file of one checkpoint (rank0.pt / "
                                   "rank1.pt)")
