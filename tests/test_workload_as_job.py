@@ -58,3 +58,20 @@ def test_a_model_only_checkpointer_diverges_as_a_job_naming_the_leaf_it_lost(tmp
     [point] = bad["scenarios"]
     assert (point["verdict"], point["outcome"]) == ("fail", "silent_divergence"), point["summary"]
     assert "fingerprint.data/position" in point["summary"]  # the first leaf the resume lost, named
+
+
+def test_the_reference_checkpointers_own_root_survives_a_power_loss(tmp_path: Path) -> None:
+    """The reference made its root (OUT/ckpt) with ``os.makedirs`` and never fsynced the parent:
+    every commit inside it was durable, the root's own entry was not, and a power loss after an
+    acknowledged save took the whole tree (the job resumed from scratch: lost work). The built-in
+    pipeline's power-loss exploration cuts only inside a save, so only the job pipeline, cutting at
+    every file event of the whole run, found it. The cut: right after the checkpointer's metrics
+    file is replaced for the third time (at its start, after each save), so during the save of
+    step 4, with step 2's acknowledged (step 3 ran after it)."""
+    doc = explore(tmp_path / "power", point="rank0:op1:power@rename:ckpt/metrics.prom:3")
+    [point] = doc["scenarios"]
+    assert point["fault_applied"]["cut"]["op"] == "rename", point["fault_applied"]
+    assert (point["verdict"], point["outcome"]) == ("pass", "pass"), point["summary"]
+    lost = [(x["what"], x.get("op"), x["path"]) for x in point["fault_applied"]["lost"]]
+    assert ("dir_entry", "mkdir", "ckpt") not in lost, lost
+    assert "newest complete: " in point["oracles"]["durability"]["summary"], point["oracles"]["durability"]

@@ -79,6 +79,7 @@ from chaos.reference.checkpoint.saver import (
     run_save,
     take_snapshot,
 )
+from chaos.reference.ckptformat import commit
 from chaos.reference.ckptformat.errors import CheckpointError, CommitError, NoValidCheckpointError
 
 log = logging.getLogger("chaos.reference.checkpoint")
@@ -116,7 +117,7 @@ class ReferenceCheckpointer:
         self.rank = rank
         self.world_size = world_size
         try:
-            os.makedirs(self.root, exist_ok=True)
+            commit.make_root(self.root)  # its entry durable too: a power loss must not take the whole tree
             self.store = wrap_storage(open_storage(url, local_dir=self.root), self.options.storage_wrapper)
             self._replica = open_storage(self.options.replicate_to, local_dir=self.root) if self.options.replicate_to and rank == 0 else None
             self.comm = Comm(rank, world_size, self.options.timeout_s)

@@ -55,6 +55,32 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def make_root(path: str) -> None:
+    """Create the directory ``path`` and any missing parents, each entry made durable.
+
+    A new directory's entry reaches the disk only with an fsync of its parent: a root made
+    by ``os.makedirs`` alone can vanish in a power loss, with every checkpoint committed
+    under it, however carefully each commit fsynced inside it. Called by the engine
+    (``ReferenceCheckpointer.__init__``) on every rank; ranks that race to create it each
+    fsync the parent, whoever made the entry.
+    """
+    missing: list[str] = []
+    here = os.path.abspath(path)
+    while not os.path.isdir(here):
+        missing.append(here)
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
+        fsync_dir(os.path.dirname(d))
+
+
 def write_durably(path: str, data: bytes) -> None:
     """Write ``data`` to a new file and fsync it (not its directory)."""
     with open(path, "wb") as f:
