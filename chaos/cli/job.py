@@ -184,6 +184,18 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
     return args, job
 
 
+def output_options(args: argparse.Namespace) -> list[str]:
+    """Where a built-in ``run`` or ``replay`` asked its results and reports to go (``--json``, ``--html``,
+    ``--junit``, ``--summary``, ``--scratch``, ``--keep``), as the job mode's options: the same flags,
+    the same meaning. Called by ``chaos.cli.main`` (a job's replay) and ``chaos.cli.asjob``."""
+    out: list[str] = []
+    for flag in ("--json", "--html", "--junit", "--summary", "--scratch"):
+        value = getattr(args, flag[2:], None)
+        if value:
+            out += [flag, value]
+    return [*out, "--keep"] if args.keep else out
+
+
 def _say(text: str) -> None:
     """A line on stdout. Every caller's text may hold the job's own output (a summary quotes its
     traceback) or names it chose (its files, a replayed results file's ids), so control

@@ -159,6 +159,11 @@ def make_parser() -> argparse.ArgumentParser:
                      help="loss_continuity: relative band around the golden loss (default 0.005); "
                           "with --workload nondeterminism=X>0 or --device cuda, bit_exact is not judged "
                           "(tolerance mode)")
+    run.add_argument("--as-job", action="store_true",
+                     help="run the built-in workload as a job through the job pipeline (python -m "
+                          "chaos.target.workload): every job fault family at every file event of the run; the job "
+                          "mode's own options (--max-points N, default 12; --faults K,...; --jobs J) pass through, "
+                          "--fault is its --point, --budget its --budget")
     _add_run_options(run)
 
     replay = sub.add_parser("replay", help="rerun scenarios (or a job's points) exactly as recorded in a results JSON")
@@ -237,16 +242,10 @@ def _replay_job(args: argparse.Namespace, doc: dict[str, Any]) -> int:
     import shlex
 
     from chaos.cli.job import main as job_main
-    from chaos.cli.job import replay_argv
+    from chaos.cli.job import output_options, replay_argv
 
     argv, cwd = replay_argv(doc, args.scenario, args.results)
-    extra: list[str] = []
-    for flag, value in (("--json", args.json), ("--junit", args.junit), ("--summary", args.summary),
-                        ("--html", args.html), ("--scratch", args.scratch)):
-        if value:
-            extra += [flag, value]
-    if args.keep:
-        extra.append("--keep")
+    extra = output_options(args)
     where = f"in {cwd}" if cwd else "here"
     if not _confirm(args, doc, [f"{where}: {shlex.join(['chaos', 'run', *extra, *argv])}"]):
         return 0
@@ -420,13 +419,19 @@ def main(argv: list[str] | None = None) -> int:
 
         return job_main(argv[1:])
     parser = make_parser()
-    args = parser.parse_args(argv)
+    as_job = argv[:1] == ["run"] and "--as-job" in argv
+    args, rest = parser.parse_known_args(argv) if as_job else (parser.parse_args(argv), [])
 
     def _terminate(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
+        if as_job:  # the built-in workload as one job among others (#28)
+            from chaos.cli.asjob import job_argv
+            from chaos.cli.job import main as job_main
+
+            return job_main(job_argv(args, rest))
         if args.command == "run":
             return _run(args, build_scenarios(args))
         if args.command == "replay":
