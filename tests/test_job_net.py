@@ -205,6 +205,7 @@ SOCKETS = textwrap.dedent('''
 
     out, steps, tmo = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     rank, addr, port = int(os.environ["RANK"]), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    print("iface", os.environ.get("GLOO_SOCKET_IFNAME"), flush=True)  # a network lab's veth, or None
     if rank == 0:
         conn, _ = socket.create_server((addr, port)).accept()
     else:
@@ -286,6 +287,39 @@ def test_a_cut_outlasting_the_attempts_timeout_a_cut_that_did_nothing_and_one_ne
     assert (never.verdict.verdict, never.verdict.outcome) == ("skipped", "not_reached")
     assert never.verdict.summary == "the point was not reached: rank 1 announced no step 9 in the armed attempt"
     assert never.record.attempts[0].net is None
+
+
+@needs_netns
+def test_only_network_cut_points_and_the_second_fault_free_run_get_network_namespaces(tmp_path: Path) -> None:
+    """Where network cuts are explored, a net point's chain runs in a lab of its own, and so does the
+    second fault-free run (which shows the job runs the same way there); the first, and every other
+    point, run outside one, where their copies may be forked or started ahead."""
+    import dataclasses
+
+    from chaos.run.explore import explore
+
+    before = set(network.leftovers())
+    job = dataclasses.replace(sockets_job(tmp_path, steps=4, sock_timeout_s=2.0, net_hold_s=3.0),
+                              faults=("kill", "net"))
+    exp = explore(job, only=[parse_point("rank0:step2:kill"), parse_point("rank1:step2:net")], keep=True,
+                  scratch_base=str(tmp_path))
+    assert _ours(before) == []
+    assert exp.reference.netlab
+    kill, net = exp.results
+    assert net.record.attempts[0].net is not None and kill.record.attempts[0].net is None
+    [root] = tmp_path.glob("chaos-job-*")
+
+    def ifaces(run: str) -> set[str]:
+        logs = sorted((root / run / "logs").glob("attempt*-copy*.log"))
+        assert logs, run
+        return {line.split()[1] for p in logs for line in p.read_text().splitlines() if line.startswith("iface ")}
+
+    assert ifaces("golden-0") == {"None"}
+    assert ifaces("point-00000") == {"None"}  # the kill point, both attempts
+    for run in ("golden-1", "point-00001"):  # the second fault-free run; the net point, both attempts
+        lab = ifaces(run)
+        assert lab and "None" not in lab, (run, lab)
+    assert (kill.verdict.verdict, net.verdict.verdict) == ("pass", "pass"), (kill.verdict.summary, net.verdict.summary)
 
 
 # ---------------------------------------------------------------------- a real 2-rank gloo job

@@ -4,8 +4,9 @@ The built-in workload's network drop, made for a job the harness launches itself
 (``--ranks N``, N >= 2). It reuses :class:`faults.network.NetworkLab` (one network
 namespace per rank on a private veth bridge) and adds only what a job needs:
 
-- ``explore.py`` makes one lab per run chain with :func:`lab_for` (the fault-free runs
-  too, so the job runs the same way in both) when the exploration uses labs at all
+- ``explore.py`` makes one lab per net point's run chain with :func:`lab_for` (and one for
+  the second fault-free run, which shows the job runs the same way there as outside: the
+  first runs outside, as every other point does) when the exploration uses labs at all
   (:func:`usable`: the job's own shape, then root and iproute2). Every lab is
   registered until it is torn down, so :func:`teardown_all` (``explore``'s ``finally``)
   removes whatever an interrupt or an exception left: namespaces, veths, bridge;

@@ -34,10 +34,12 @@ is recorded with outcome *interrupted* (verdict ``skipped``), never judged, and
 left. A ``--result-file`` that matched nothing in the fault-free run is a usage error
 (``check_result_globs``) before any point runs.
 
-Where network cuts are explored (``netcut.usable``), every run chain — the fault-free
-runs included, so the job runs the same way in all of them — gets its own
-``NetworkLab``: each copy in its rank's network namespace, torn down with the chain
-(and once more, with anything an interrupt left, in ``explore``'s ``finally``).
+Where network cuts are explored (``netcut.usable``), the chain of every network-cut
+point, and the second fault-free run (which shows that the job runs the same way there:
+its results and its events are compared with the first's), gets its own ``NetworkLab``:
+each copy in its rank's network namespace, torn down with the chain (and once more, with
+anything an interrupt left, in ``explore``'s ``finally``). Every other chain runs outside
+one, where its copies may be forked from the zygotes or started ahead as spares.
 A ``--nodes N`` job runs every chain on N simulated nodes of its own lab (``nodes.py``:
 one torchrun agent per namespace); a node point that left every agent failed is
 relaunched like a torchrun job stopped by the harness (``_restarts``).
@@ -265,9 +267,11 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
 def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab: bool = False) -> PointRecord:
     """Attempt 0 (the point armed), the at-rest fault if any, then the restarts (``_restarts``).
 
-    ``netlab``: the whole chain runs in a ``NetworkLab`` of its own (torn down before this
-    returns); a net point without one is skipped with the reason. A ``--nodes`` job always
-    runs in one: a namespace per node (``nodes.run_chain``).
+    ``netlab``: this exploration makes network labs; then a net point's whole chain, or a
+    fault-free one (no ``point``: the second fault-free run), runs in a ``NetworkLab`` of its own
+    (torn down before this returns); any other point's runs outside one. A net point without one
+    is skipped with the reason. A ``--nodes`` job always runs in one: a namespace per node
+    (``nodes.run_chain``).
     """
     if point is not None and point.op is not None and point.op in {n for n, _ in job.import_events}:
         # An event made inside the import of a module the attempts preload: only a fresh interpreter makes it
@@ -281,7 +285,7 @@ def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab
                                  "a network cut between ranks needs every run in network namespaces, and this "
                                  "exploration's fault-free runs were not")
         return PointRecord(point, run.out, run.attempts, {}, None, applied)
-    if not netlab:
+    if not netlab or (point is not None and point.family != "net"):
         return _chain(job, run, point, seed)
     assert job.ranks is not None
     try:
@@ -386,7 +390,7 @@ class Reference:
     untraced: list[str]
     events: dict[int, int]  # rank -> traced file events in the first fault-free run
     kinds: tuple[str, ...] = ()  # the --faults kinds explored
-    netlab: bool = False  # every run in network namespaces of its own (network cuts explored)
+    netlab: bool = False  # network cuts explored: each net point's chain, and golden-1, in network namespaces
     traces: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     facts: Facts = field(default_factory=Facts, repr=False)
     nodes: int | None = None  # --nodes: every run on that many simulated nodes, one agent each
@@ -435,8 +439,8 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
               on_first: Callable[[Choice], None] | None = None) -> tuple[Reference, Run]:
     """Two fault-free runs (concurrently when ``jobs`` > 1); JobError if either fails or nothing is traced.
 
-    ``netlab``: run them (and, through ``Reference.netlab``, every point) in network
-    namespaces; None: where network cuts are explored and can be made here. ``on_first``
+    ``netlab``: run the second one (and, through ``Reference.netlab``, every network-cut point) in
+    network namespaces; None: where network cuts are explored and can be made here. ``on_first``
     gets what to preload as soon as it is known: with ``jobs`` 1, once the first run ended
     well and before the second starts (``explore`` starts its zygote there, so the
     zygote's imports overlap the second run).
@@ -450,7 +454,7 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
 
     def chain(run: Run) -> PointRecord:
         nonlocal pre
-        rec = run_chain(job, run, None, netlab=bool(netlab))
+        rec = run_chain(job, run, None, netlab=bool(netlab) and run is runs[1])  # the second one in a lab
         if run is runs[0] and jobs <= 1 and run.attempts and run.attempts[0].ok:
             pre = preload.choose(job, os.path.join(run.scratch, "trace"), launch.can_prestart(job))
             if on_first is not None:
@@ -763,8 +767,11 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
         return sum(durations) / len(durations) if durations else ref.seconds
 
     # Points one at a time leave a core idle: the next attempt's interpreter starts there
-    # (launch.prestart, spares.py) while this one runs. Not where every run has a lab of its own.
-    warm = jobs < (os.cpu_count() or 1) and not ref.netlab and launch.can_prestart(job)
+    # (launch.prestart, spares.py) while this one runs; not for a net point (its copies start in its lab).
+    warm = jobs < (os.cpu_count() or 1) and launch.can_prestart(job)
+
+    def outside(point: Point) -> bool:
+        return not (ref.netlab and point.family == "net")
 
     def one(i: int, point: Point) -> PointResult | None:
         if budget_s is not None and time.monotonic() - started + estimate() > budget_s:
@@ -773,9 +780,9 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
             return None
         t0 = time.monotonic()
         run = new_run(root, f"point-{i:05d}")
-        run.prestart = warm
+        run.prestart = warm and outside(point)
         run.replay_from = replay_from(point)
-        if warm and jobs == 1 and i + 1 < len(chosen):
+        if warm and jobs == 1 and i + 1 < len(chosen) and outside(chosen[i + 1]):
             nxt = new_run(root, f"point-{i + 1:05d}")
             if replay_from(chosen[i + 1]) is None:
                 launch.prestart(job, nxt.out, nxt.scratch, 0, chosen[i + 1], nxt.mark)
