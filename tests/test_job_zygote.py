@@ -101,9 +101,9 @@ def test_a_zygote_reports_each_childs_exit_and_refuses_what_it_cannot_stand_for(
                                           "os.environ['SET_BY_IMPORT'] = '1'\n")  # as Lightning sets a variable
     job = dataclasses.replace(_job(tmp_path), preload_modules=("numpy", "numpy.random", "warm_tmp"))
     root = str(tmp_path)
-    zygote.begin(root, _template(tmp_path, "zygote", job), str(tmp_path / "zygote.log"))
+    zygote.begin(root, [_template(tmp_path, "zygote", job)], [str(tmp_path / "zygote.log")])
     assert zygote.ready(root) is None
-    z = zygote._zygotes[root]
+    [z] = zygote._zygotes[root]
     try:
         for i in range(3):
             child = zygote.spawn(root, _template(tmp_path, f"run{i}", job))
@@ -157,12 +157,80 @@ def test_a_zygote_reports_each_childs_exit_and_refuses_what_it_cannot_stand_for(
     assert not alive(z.proc.pid)
 
 
-def test_no_zygote_without_modules_to_preload_or_for_several_ranks(tmp_path: Path) -> None:
+def test_no_zygote_without_modules_to_preload(tmp_path: Path) -> None:
     job = _job(tmp_path)
     assert launch.begin_zygote(job, str(tmp_path)) is False  # nothing preloaded: spares as before
-    assert launch.zygote_note(job, str(tmp_path)) is None
-    ranks = dataclasses.replace(job, preload_modules=("numpy",), ranks=2)
-    assert launch.begin_zygote(ranks, str(tmp_path)) is False and not zygote._zygotes
+    assert launch.zygote_note(job, str(tmp_path)) is None and not zygote._zygotes
+
+
+# Two ranks (--ranks 2), each with its own numpy checkpoint; a module of an installed distribution that
+# reads the rank as it is imported, as Lightning's rank_zero_only does. What each copy saw is written
+# to SEEN_DIR.
+RANKS_JOB = """\
+import json, os, sys
+import numpy as np
+import rank_at_import
+rank = int(os.environ["RANK"])
+out = sys.argv[sys.argv.index("--out") + 1]
+ck = os.path.join(out, f"ckpt-r{rank}.npy")
+start = int(np.load(ck)[0]) if os.path.exists(ck) else 0
+for step in range(start, 4):
+    with open(ck + ".tmp", "wb") as f:
+        np.save(f, np.array([step + 1]))
+    os.replace(ck + ".tmp", ck)
+seen = {"rank": rank, "imported_rank": rank_at_import.RANK, "local": os.environ["LOCAL_RANK"],
+        "port": os.environ["MASTER_PORT"], "restarts": os.environ["TORCHELASTIC_RESTART_COUNT"],
+        "out": out, "noise": float(np.random.rand())}
+with open(os.path.join(os.environ["SEEN_DIR"], f"seen-{os.getpid()}.json"), "w") as f:
+    json.dump(seen, f)
+with open(os.path.join(out, f"final-r{rank}.txt"), "w") as f:
+    f.write("4")
+"""
+
+
+def test_a_job_of_several_ranks_forks_each_rank_from_a_zygote_of_its_own(tmp_path: Path, monkeypatch) -> None:
+    """--ranks 2: one zygote per rank, started with that rank's environment, so a module that read
+    its rank as it was imported holds the copy's own; each child takes on its attempt's rendezvous
+    port and restart count. Verdicts are those of fresh interpreters."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "rank_at_import.py").write_text("import os\nRANK = os.environ.get('RANK')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    seen_dir = tmp_path / "seen"
+    seen_dir.mkdir()
+    monkeypatch.setenv("SEEN_DIR", str(seen_dir))
+    script = tmp_path / "ranks_job.py"
+    script.write_text(RANKS_JOB)
+    job = JobSpec(command=(sys.executable, str(script), "--out", "{out}"), cwd=str(tmp_path),
+                  result_globs=("final-r*.txt",), ranks=2)
+    base = tmp_path / "scratch"
+    base.mkdir()
+    forked = explore.explore(job, max_points=4, jobs=1, seed=3, scratch_base=str(base))
+    assert {"numpy", "rank_at_import"} <= set(forked.reference.preload), forked.reference.preload
+    assert any("forked from one interpreter per rank" in n for n in forked.reference.notes), "\n".join(forked.reference.notes)
+    # a network-cut point's copies start inside its network namespaces; every other point's are forked
+    ran = [a for r in forked.results if r.point.family != "net" for a in r.record.attempts if not a.materialized]
+    assert len(ran) >= 4 and all(a.forked and not a.prestarted for a in ran)
+    seen = [json.loads(p.read_text()) for p in seen_dir.glob("seen-*.json")]
+    late = [s for s in seen if "/point-" in s["out"]]  # the fault-free runs' copies are fresh interpreters
+    assert len(late) >= 4
+    for s in late:
+        assert s["imported_rank"] == s["local"] == str(s["rank"]), s
+    by_attempt: dict[tuple[str, str], set[str]] = {}
+    for s in late:
+        by_attempt.setdefault((s["out"], s["restarts"]), set()).add(s["port"])
+    assert all(len(ports) == 1 for ports in by_attempt.values())  # the two ranks of one attempt meet on one port
+    assert len({p for ports in by_attempt.values() for p in ports}) == len(by_attempt)  # each attempt its own
+    assert {r for _, r in by_attempt} == {"0", "1"}  # the restart count is the attempt's, not the zygote's
+    assert len({s["noise"] for s in late}) == len(late)
+    for p in seen_dir.iterdir():
+        p.unlink()
+    cold = explore.explore(dataclasses.replace(job, preload=False), max_points=4, jobs=1, seed=3,
+                           scratch_base=str(base))
+    assert not any(a.forked for r in cold.results for a in r.record.attempts)
+    verdicts = [{r.point.id: r.verdict.outcome for r in e.results} for e in (forked, cold)]
+    assert len(verdicts[0]) == 4 and verdicts[0] == verdicts[1]
+    assert not zygote._zygotes and not os.listdir(base)
 
 
 def test_a_job_that_changed_its_environment_gets_a_zygote_only_if_the_imports_set_it_so(tmp_path: Path,
@@ -223,7 +291,7 @@ def test_an_attempt_with_a_preloaded_module_whose_import_made_a_file_event_keeps
     (site / "lazyio").mkdir(parents=True)
     for name, text in LAZY_IO_PACKAGE.items():
         (site / "lazyio" / name).write_text(text)
-    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     harness_tmp = tmp_path / "harness-tmp"
     harness_tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(harness_tmp))

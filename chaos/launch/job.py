@@ -322,21 +322,24 @@ def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point |
 
 
 def begin_zygote(job: S.JobSpec, root: str) -> bool:
-    """Start the zygote that forks this exploration's attempts (``zygote.py``), without waiting for
-    its preload; whether one was started. Called by ``explore`` as soon as the first fault-free
-    run said what to preload (``job.preload_modules``), so its imports overlap the second one;
-    :func:`zygote_note` then waits for it."""
+    """Start the zygote that forks this exploration's attempts (``zygote.py``; one per rank for
+    ``--ranks N``), without waiting for its preload; whether one was started. Called by ``explore``
+    as soon as the first fault-free run said what to preload (``job.preload_modules``), so its
+    imports overlap the second one, but never for an exploration whose runs each have a network
+    lab (their copies start inside it); :func:`zygote_note` then waits for it."""
     names = job.preload_modules or job.zygote_preload
-    if not names or not can_prestart(job) or job.ranks is not None or job.nodes:
+    if not names or not can_prestart(job) or job.nodes:
         return False  # (a --nodes job's attempts start on its simulated nodes: nodes.run_attempt)
     scratch = os.path.join(root, "zygote")
     os.makedirs(os.path.join(scratch, "out"), exist_ok=True)
-    template = _plan(job, os.path.join(scratch, "out"), scratch, 1, None, scratch, None, free_port())[0]
+    templates = _plan(job, os.path.join(scratch, "out"), scratch, 1, None, scratch, None, free_port())
     if not job.preload_modules:  # zygote only: it checks that its imports set what the job had set
-        env = dict(template.env) | {S.ENV_PRELOAD: ",".join(names),
-                                    S.ENV_ZYGOTE_ENV: json.dumps(dict(job.zygote_env))}
-        template = spares.Copy(template.argv, tuple(sorted(env.items())), template.log, template.cwd)
-    zygote.begin(root, template, os.path.join(scratch, "zygote.log"))
+        extra = {S.ENV_PRELOAD: ",".join(names), S.ENV_ZYGOTE_ENV: json.dumps(dict(job.zygote_env))}
+        templates = [spares.Copy(t.argv, tuple(sorted((dict(t.env) | extra).items())), t.log, t.cwd)
+                     for t in templates]
+    logs = [os.path.join(scratch, "zygote.log" if len(templates) == 1 else f"zygote-copy{i}.log")
+            for i in range(len(templates))]
+    zygote.begin(root, templates, logs)
     return True
 
 
@@ -353,7 +356,8 @@ def zygote_note(job: S.JobSpec, root: str) -> str | None:
         return (f"attempts are forked from one interpreter that imported {preload.shown(names)} once (a zygote): "
                 f"the job had set {', '.join(k for k, _ in job.zygote_env[:5])} by its first file event, and "
                 "importing them set exactly that (--no-preload: off)")
-    return ("attempts are forked from one interpreter that imported the preloaded modules once (a zygote), "
+    who = "one interpreter per rank" if job.ranks is not None else "one interpreter"
+    return (f"attempts are forked from {who} that imported the preloaded modules once (a zygote), "
             "each with its own session, folder, environment and arguments (--no-preload: off)")
 
 

@@ -12,9 +12,14 @@ A zygote stands for a copy only where forking cannot change what the job does:
 - the same command line up to the job's own arguments (interpreter, its options, the
   script or ``-m module``: the zygote reports how many words that is), the same working
   directory, and the same environment but for the harness's per-attempt variables
-  (``CHAOS_JOB_*``) and ``TMPDIR``, which the forked child takes on before the job runs;
-- it was started by ``launch.begin_zygote`` only for a one-process Python job the harness
-  launches itself with modules to preload (``--no-preload`` turns both off), and it had
+  (``CHAOS_JOB_*``), ``TMPDIR``, and a ``--ranks N`` job's ``MASTER_PORT`` and
+  ``TORCHELASTIC_RESTART_COUNT``, which the forked child takes on before the job runs;
+  a ``--ranks N`` job has one zygote per rank, started with that rank's ``RANK``,
+  ``LOCAL_RANK``, ``WORLD_SIZE`` ..., so a module that reads its rank as it is imported
+  (Lightning's ``rank_zero_only``) reads the copy's own;
+- it was started by ``launch.begin_zygote`` only for a Python job the harness launches
+  itself (one process, or ``--ranks N`` outside a network lab) with modules to preload
+  (``--no-preload`` turns both off), and it had
   no thread but its main one once those were imported (a fork copies only the calling
   thread). Where the job had changed environment variables by its first file event (spares
   then preload nothing: ``preload.choose``), only if its own imports set each one the same
@@ -44,7 +49,9 @@ from chaos.model import contract as C
 from faults.process import alive
 
 READY_WAIT_S = 120.0  # importing torch and a framework on a loaded machine
-_PER_ATTEMPT = ("TMPDIR",)
+# Variables a forked child takes on from its attempt: its temp dir, and a --ranks N job's rendezvous
+# port and restart count (launch.job._plan: each attempt's own). Every other one must be the zygote's.
+_PER_ATTEMPT = ("TMPDIR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
 
 
 class ForkedProcess:
@@ -227,57 +234,65 @@ def _steady(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("CHAOS_JOB_") and k not in _PER_ATTEMPT}
 
 
-_zygotes: dict[str, Zygote] = {}  # exploration root -> its zygote
+_zygotes: dict[str, list[Zygote]] = {}  # exploration root -> its zygotes, one per copy of an attempt
 _lock = threading.Lock()
 
 
-def begin(root: str, template: Copy, log: str) -> None:
-    """Start the zygote of the exploration in ``root`` without waiting for its preload (:func:`ready`)."""
-    z = Zygote(template, log)
+def begin(root: str, templates: list[Copy], logs: list[str]) -> None:
+    """Start the zygotes of the exploration in ``root``, one per copy of an attempt (``--ranks N``:
+    one per rank, each started with that rank's environment), without waiting for their preload
+    (:func:`ready`)."""
+    found = [Zygote(template, log) for template, log in zip(templates, logs, strict=True)]
     with _lock:
-        old = _zygotes.pop(root, None)
-        _zygotes[root] = z
-    if old is not None:
-        old.close()
+        old = _zygotes.pop(root, [])
+        _zygotes[root] = found
+    for z in old:
+        z.close()
 
 
 def started(root: str) -> bool:
-    """Whether :func:`begin` started a zygote for ``root`` (ready or not yet)."""
+    """Whether :func:`begin` started zygotes for ``root`` (ready or not yet)."""
     with _lock:
         return root in _zygotes
 
 
 def ready(root: str) -> str | None:
-    """Wait until ``root``'s zygote has preloaded; None when it serves, else why not (and it is gone)."""
+    """Wait until every zygote of ``root`` has preloaded; None when they serve, else why not (and every
+    one of them is gone: an attempt is forked whole or not at all)."""
     with _lock:
-        z = _zygotes.get(root)
-    if z is None:
+        found = _zygotes.get(root)
+    if found is None:
         return "none was started"
-    why = z.ready()
+    whys = [z.ready() for z in found]
+    why = next((f"copy {i}'s: {w}" if len(found) > 1 else w for i, w in enumerate(whys) if w is not None), None)
     if why is not None:
         with _lock:
-            if _zygotes.get(root) is z:
+            if _zygotes.get(root) is found:
                 del _zygotes[root]
+        for z in found:
+            z.close()
     return why
 
 
 def spawn(root: str, copy: Copy) -> ForkedProcess | None:
-    """A child of ``root``'s zygote running ``copy``, or None (start it another way)."""
+    """A child of the zygote of ``root`` started for ``copy``'s rank (the one whose environment it has
+    but for the per-attempt variables), or None (start it another way)."""
     with _lock:
-        z = _zygotes.get(root)
+        found = list(_zygotes.get(root, []))
+    z = next((z for z in found if z.fits(copy)), None)
     return z.spawn(copy) if z is not None else None
 
 
 def serves(root: str) -> bool:
-    """Whether the exploration in ``root`` has a zygote forking its attempts (``launch.begin_zygote``), once it is ready."""
+    """Whether the exploration in ``root`` has zygotes forking its attempts (``launch.begin_zygote``), once ready."""
     with _lock:
-        z = _zygotes.get(root)
-    return z is not None and z.ready() is None and not z._dead
+        found = _zygotes.get(root)
+    return bool(found) and all(z.ready() is None and not z._dead for z in found)  # type: ignore[union-attr]
 
 
 def close_all() -> None:
     with _lock:
-        found = list(_zygotes.values())
+        found = [z for zs in _zygotes.values() for z in zs]
         _zygotes.clear()
     for z in found:
         z.close()
