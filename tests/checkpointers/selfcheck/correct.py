@@ -68,7 +68,7 @@ class CorrectCheckpointer:
                  settle_s: float = 0.15) -> None:
         self.root, self.rank, self.world_size = os.path.abspath(root), rank, world_size
         self.keep_last, self.async_save, self.settle_s = max(2, int(keep_last)), bool(async_save), float(settle_s)
-        os.makedirs(self.root, exist_ok=True)
+        self._make_root()
         # Our own group: a background commit must not share a channel with DDP's allreduces.
         self.group = dist.new_group(backend="gloo") if world_size > 1 and dist.is_initialized() else None
         self._thread: threading.Thread | None = None
@@ -84,6 +84,18 @@ class CorrectCheckpointer:
             self._fsync(fd)
         finally:
             os.close(fd)
+
+    def _make_root(self) -> None:
+        """The root and any missing parent, each new entry made durable by an fsync of its parent:
+        without it a power loss can take the whole tree, every committed checkpoint with it."""
+        missing: list[str] = []
+        here = self.root
+        while not os.path.isdir(here) and os.path.dirname(here) != here:
+            missing.append(here)
+            here = os.path.dirname(here)
+        for d in reversed(missing):
+            os.makedirs(d, exist_ok=True)
+            self._fsync_dir(os.path.dirname(d))
 
     def _barrier(self) -> None:
         if self.group is not None:
