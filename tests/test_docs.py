@@ -227,6 +227,11 @@ def test_every_chaos_command_in_the_docs_parses(capsys: pytest.CaptureFixture[st
                 cut = argv.index("--")
                 job.make_parser().parse_args(argv[1:cut])
                 assert argv[cut + 1:], "no COMMAND after --"
+            elif argv[:1] == ["run"] and "--as-job" in argv:  # its job options too, as the job mode reads them
+                from chaos.cli.asjob import job_argv
+
+                translated = job_argv(*make_parser().parse_known_args(argv))
+                job.make_parser().parse_args(translated[:translated.index("--")])
             else:
                 make_parser().parse_args(argv)
         except SystemExit as exc:  # argparse: 0 after --help, 2 on a bad command line
