@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cli.asjob import DEFAULT_POINTS, RESULT_FILES, job_argv
+from chaos.cli.asjob import DEFAULT_POINTS, job_argv
 from chaos.cli.main import make_parser
 from chaos.errors import ConfigError
+from chaos.target.workload.job import RESULT_FILES
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_ONLY = "tests/checkpointers/model_only.py:ModelOnlyCheckpointer"

@@ -19,16 +19,14 @@ option the job pipeline cannot honour is refused in one line, never ignored.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from chaos.cli.job import output_options
 from chaos.errors import ConfigError
 from chaos.model.keyvalue import key_values
 from chaos.target.protocol import validate_spec
+from chaos.target.workload import job as workload
 from chaos.target.workload.config import WorkloadConfig
 
-WORKLOAD_MODULE = "chaos.target.workload"
-RESULT_FILES = "final-rank*.json"  # what chaos.target.workload.job writes per rank
 DEFAULT_POINTS = 12  # without --max-points, --budget or --point: about a minute and a half on 2 CPU ranks
 HANG_TIMEOUT_S = 60.0  # the built-in --hang-timeout's default: anything else is refused
 
@@ -53,8 +51,8 @@ def workload_command(args: argparse.Namespace) -> list[str]:
         WorkloadConfig(**{**overrides, "seed": args.seed, "steps": args.steps, "save_every": args.save_every})
     except TypeError as exc:
         raise ConfigError(f"--workload: {exc}") from None
-    command = [sys.executable, "-m", WORKLOAD_MODULE, "{out}", "--checkpointer", validate_spec(args.checkpointer),
-               "--steps", str(args.steps), "--save-every", str(args.save_every), "--seed", str(args.seed)]
+    command = workload.command(validate_spec(args.checkpointer), "--steps", str(args.steps), "--save-every",
+                               str(args.save_every), "--seed", str(args.seed))
     for kv in args.workload:
         command += ["--workload", kv]
     key_values(args.ckpt_opt, "--ckpt-opt")  # malformed: refused here, not in every rank
@@ -67,7 +65,7 @@ def job_argv(args: argparse.Namespace, rest: list[str]) -> list[str]:
     """``chaos run`` job-mode arguments for the built-in ``args``; ``rest``, the arguments ``run`` did not
     know, go before the COMMAND, where the job mode's parser reads (or refuses) them."""
     _refuse(args)
-    out = ["--ranks", str(args.world_size), "--result-file", RESULT_FILES, "--max-restarts", str(args.max_restarts),
+    out = ["--ranks", str(args.world_size), "--result-file", workload.RESULT_FILES, "--max-restarts", str(args.max_restarts),
            "--seed", str(args.seed)]
     out += output_options(args)
     if args.loss_band is not None:
@@ -83,4 +81,4 @@ def job_argv(args: argparse.Namespace, rest: list[str]) -> list[str]:
     return [*out, *rest, "--", *workload_command(args)]
 
 
-__all__ = ["DEFAULT_POINTS", "RESULT_FILES", "job_argv", "workload_command"]
+__all__ = ["DEFAULT_POINTS", "job_argv", "workload_command"]

@@ -39,6 +39,16 @@ from chaos.target.workload.config import WorkloadConfig
 from chaos.target.workload.spec import EXIT_FAILED, RankSpec
 
 EXIT_USAGE = 2
+MODULE = "chaos.target.workload"  # what ``python -m`` runs
+RESULT_FILES = "final-rank*.json"  # what each rank writes at the end, for ``--result-file``
+
+
+def command(checkpointer: str, *options: str) -> list[str]:
+    """The workload as a job's COMMAND (``{out}`` its output directory) attacking ``checkpointer``
+    (a validated spec: a file's path absolute); ``options`` are this entry's own (``--steps 8``).
+    Called by ``chaos run --as-job`` (``chaos.cli.asjob``) and the self-check's job half
+    (``chaos.run.jobselfcheck``), so both run the one program the same way."""
+    return [sys.executable, "-m", MODULE, "{out}", "--checkpointer", checkpointer, *options]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,4 +130,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main"]
+__all__ = ["MODULE", "RESULT_FILES", "command", "main"]
