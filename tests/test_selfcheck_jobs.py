@@ -22,11 +22,12 @@ from chaos.judge import losscurve
 from chaos.run.jobselfcheck import (
     JobSelfCheckOptions,
     declaration,
+    discover_as_job,
     discover_jobs,
     job_oracles,
     run_job_selfcheck,
 )
-from chaos.run.selfcheck import CAUGHT, PASSES
+from chaos.run.selfcheck import CAUGHT, PASSES, checkpointer_class
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).resolve().parent / "checkpointers" / "selfcheck" / "jobs"
@@ -80,6 +81,11 @@ def test_chaos_selfcheck_runs_the_job_corpus_and_scores_it(tmp_path: Path) -> No
     ("CHAOS_JOB = {}\nEXPECTED_CATCH = {'kill': ('atomic_commit',)}\n", "unknown oracle"),
     ("CHAOS_JOB = {}\nEXPECTED_CATCH = {'bitflip-newest-s0': ('durability',)}\n", "unknown probe"),
     ("CHAOS_JOB = {}\n", "must declare"),
+    # a checkpointer of the corpus run inside the built-in workload as a job
+    ("CHAOS_AS_JOB = {'faults': ('kill',), 'bogus': 1}\nclass XCheckpointer: ...\n", "unknown key"),
+    ("CHAOS_AS_JOB = {'steps': 0}\nclass XCheckpointer: ...\n", r"\['steps'\] must be a positive integer"),
+    ("CHAOS_AS_JOB = {}\nEXPECTED_JOB_CATCH = {'kill': ('durability',)}\n", "defines no \\*Checkpointer class"),
+    ("CHAOS_AS_JOB = {}\nclass XCheckpointer: ...\n", "must declare .*EXPECTED_JOB_CATCH"),
 ])
 def test_a_malformed_declaration_is_an_error_naming_the_file(tmp_path: Path, body: str, match: str) -> None:
     path = tmp_path / "defect.py"
@@ -105,3 +111,51 @@ def test_a_loss_said_by_the_probe_and_printed_is_read_from_one_source() -> None:
     assert losscurve.curves(halted, kind=kind) == {}
     assert losscurve.continuity({0: {4: exact}}, 1, halted, 0.0, kind).passed
     assert not losscurve.continuity({0: {4: exact}}, 1, halted, 0.0, None).passed  # what it did before
+
+
+# ---------------------------------------------------------------------- the checkpointer corpus, as jobs
+CHECKPOINTERS = CORPUS.parent
+# every checkpointer that declares CHAOS_AS_JOB: the job family and oracle meant to catch it inside the workload
+AS_JOB = {"as-job:no_optimizer": ("kill", "result_files"), "as-job:tensors_only": ("kill", "result_files"),
+          "as-job:async_no_snapshot": ("kill", "result_files"), "as-job:in_place": ("errno", "durability"),
+          "as-job:no_checksum": ("payload", "no_code_execution"), "as-job:no_fsync": ("power", "durability"),
+          "as-job:no_dir_fsync": ("power", "durability")}
+
+
+def test_a_checkpointer_of_the_corpus_runs_inside_the_built_in_workload_as_a_job() -> None:
+    found = discover_as_job(CHECKPOINTERS)
+    assert set(found) == {*AS_JOB, "as-job:correct"}
+    for name, (family, oracle) in AS_JOB.items():
+        decl = declaration(found[name], correct=False)
+        assert decl.expected == {family: (oracle,)}, name
+        assert decl.spec.faults == (family,) and decl.spec.ranks == 2 and decl.spec.result_globs == ("final-rank*.json",)
+        cmd = decl.spec.command
+        assert cmd[1:5] == ("-m", "chaos.target.workload", "{out}", "--checkpointer"), cmd
+        assert cmd[5] == f"{found[name].resolve()}:{checkpointer_class(found[name])}"
+        assert cmd[6:] == ("--steps", "8", "--save-every", "2")
+    assert declaration(found["as-job:correct"], correct=True).expected == {}
+
+
+@pytest.mark.slow  # the whole corpus as jobs: about four minutes on 2 cores
+def test_every_planted_checkpointer_defect_is_caught_inside_the_workload_as_a_job(tmp_path: Path) -> None:
+    report = run_job_selfcheck(discover_as_job(CHECKPOINTERS), JobSelfCheckOptions(jobs=1,
+                                                                                   scratch_base=str(tmp_path)))
+    results = {c.name: c for c in report.checkpointers}
+    for name, (_family, oracle) in AS_JOB.items():
+        c = results[name]
+        assert c.result == CAUGHT, f"{name}: {c.explain()}"
+        assert any(oracle in c.intended(o) for o in c.caught_by), name
+    correct = results["as-job:correct"]
+    assert correct.result == PASSES, correct.explain()
+    assert {o.probe for o in correct.outcomes} >= {"kill", "power"}
+    assert report.passed
+
+
+def test_chaos_selfcheck_as_job_scores_a_checkpointer_inside_the_workload(tmp_path: Path) -> None:
+    out = tmp_path / "sc.json"
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "selfcheck", "--as-job", "--only",
+                           "as-job:no_optimizer", "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert (doc["planted"], doc["caught"], doc["false_positives"]) == (1, 1, [])

@@ -20,8 +20,16 @@ one :class:`~chaos.run.selfcheck.SelfCheckReport` scores both: a defect is caugh
 when one of its oracles failed at a point of one of its families; a correct job failing
 any point is a false positive.
 
-Called by ``chaos selfcheck`` (:mod:`chaos.cli.commands.selfcheck`, ``--job-corpus``) and
-``tests/test_selfcheck_jobs.py``.
+The checkpointer corpus can be judged this way too: a checkpointer module that declares
+``CHAOS_AS_JOB`` (the same keys, with ``steps`` and ``save_every`` for the workload) runs
+inside the built-in workload as a job, exactly as ``chaos run --as-job --checkpointer
+FILE:Class`` runs it (``python -m chaos.target.workload {out} --checkpointer ...`` on two
+ranks unless it says otherwise), and, a defect, declares the job families and oracles meant
+to catch it there in ``EXPECTED_JOB_CATCH``. One planted defect, two pipelines, each with
+its own expected catch: its rows are named ``as-job:<file>`` (:func:`discover_as_job`).
+
+Called by ``chaos selfcheck`` (:mod:`chaos.cli.commands.selfcheck`, ``--job-corpus``,
+``--as-job``) and ``tests/test_selfcheck_jobs.py``.
 """
 
 from __future__ import annotations
@@ -39,16 +47,24 @@ from chaos.judge.registry import of_job
 from chaos.model.jobspec import FAULT_KINDS, JobSpec
 from chaos.run.explore import PointResult, explore
 from chaos.run.selfcheck import (
+    EXPECTED_NAME,
     CheckpointerReport,
     ProbeOutcome,
     SelfCheckReport,
+    checkpointer_class,
+    discover,
     module_literal,
     read_expected,
 )
+from chaos.target.workload import job as workload
 
 DECLARATION = "CHAOS_JOB"  # a job module's run options: JobSpec fields, and max_points
 EXPLORE_KEYS = ("max_points",)  # CHAOS_JOB keys that are the exploration's, not the JobSpec's
 PREFIX = "job:"  # a job's name in the report beside the checkpointers' (job:correct, job:no_fallback)
+AS_JOB = "CHAOS_AS_JOB"  # a checkpointer module's run options inside the built-in workload as a job
+AS_JOB_EXPECTED = "EXPECTED_JOB_CATCH"  # and the job families and oracles meant to catch its defect there
+AS_JOB_PREFIX = "as-job:"
+WORKLOAD_KEYS = {"steps": 8, "save_every": 2}  # CHAOS_AS_JOB keys that are the workload's, with their defaults
 
 
 def job_oracles() -> list[str]:
@@ -66,6 +82,18 @@ def discover_jobs(directory: str | Path) -> dict[str, Path]:
     return out
 
 
+def discover_as_job(directory: str | Path) -> dict[str, Path]:
+    """``{"as-job:<stem>": path}`` for every checkpointer of a checkpointer corpus (``selfcheck.discover``)
+    whose module declares ``CHAOS_AS_JOB``."""
+    return {AS_JOB_PREFIX + Path(spec.rpartition(":")[0]).stem: Path(spec.rpartition(":")[0])
+            for spec in discover(directory).values() if module_literal(Path(spec.rpartition(":")[0]), AS_JOB)[0]}
+
+
+def short_name(name: str) -> str:
+    """A corpus entry's name without its ``job:`` or ``as-job:`` prefix (``correct*`` names a correct one)."""
+    return name.removeprefix(AS_JOB_PREFIX).removeprefix(PREFIX)
+
+
 @dataclass(frozen=True)
 class JobDeclaration:
     """What a corpus module declares: how to run it, and (a defect) what must catch it."""
@@ -77,29 +105,48 @@ class JobDeclaration:
 
 
 def declaration(path: Path, correct: bool) -> JobDeclaration:
-    """The module's ``CHAOS_JOB`` as a JobSpec for ``python PATH --out {out}`` and, for a
-    defect, its ``EXPECTED_CATCH`` over the job's fault families and oracles. ConfigError,
-    naming the file, where either is missing or malformed."""
-    declared, raw = module_literal(path, DECLARATION)
-    if not declared or not isinstance(raw, dict):
+    """The module's ``CHAOS_JOB`` as a JobSpec for ``python PATH --out {out}`` (or, a checkpointer
+    module's ``CHAOS_AS_JOB``, for the built-in workload attacking it) and, for a defect, its
+    ``EXPECTED_CATCH`` (``EXPECTED_JOB_CATCH``) over the job's fault families and oracles.
+    ConfigError, naming the file, where either is missing or malformed."""
+    as_job, raw = module_literal(path, AS_JOB)
+    name = AS_JOB if as_job else DECLARATION
+    if not as_job:
+        declared, raw = module_literal(path, DECLARATION)
+        if not declared:
+            raw = None
+    if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a job of the self-check corpus declares {DECLARATION} = {{JobSpec field: "
-                          "literal, ...}, e.g. {'faults': ('kill',), 'result_globs': ('final.json',)}")
+                          "literal, ...}, e.g. {'faults': ('kill',), 'result_globs': ('final.json',)} (a "
+                          f"checkpointer run inside the built-in workload: {AS_JOB})")
     fields = {f.name for f in dataclasses.fields(JobSpec)} - {"command", "resume_command", "cwd"}
-    unknown = sorted(set(raw) - fields - set(EXPLORE_KEYS))
+    own = set(EXPLORE_KEYS) | (set(WORKLOAD_KEYS) if as_job else set())
+    unknown = sorted(set(raw) - fields - own)
     if unknown:
-        raise ConfigError(f"{path}: {DECLARATION}: unknown key(s) {', '.join(map(str, unknown))}; "
-                          f"known: {', '.join(sorted(fields | set(EXPLORE_KEYS)))}")
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k not in EXPLORE_KEYS}
-    max_points = raw.get("max_points")
-    if max_points is not None and (not isinstance(max_points, int) or max_points < 1):
-        raise ConfigError(f"{path}: {DECLARATION}['max_points'] must be a positive integer, got {max_points!r}")
+        raise ConfigError(f"{path}: {name}: unknown key(s) {', '.join(map(str, unknown))}; "
+                          f"known: {', '.join(sorted(fields | own))}")
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k not in own}
+    for key in ("max_points", *(WORKLOAD_KEYS if as_job else ())):
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"{path}: {name}[{key!r}] must be a positive integer, got {value!r}")
+    if as_job:
+        cls = checkpointer_class(path)
+        if cls is None:
+            raise ConfigError(f"{path}: {AS_JOB} is declared, but the module defines no *Checkpointer class")
+        workload_args = [a for k, default in WORKLOAD_KEYS.items()
+                         for a in (f"--{k.replace('_', '-')}", str(raw.get(k, default)))]
+        command = tuple(workload.command(f"{path.resolve()}:{cls}", *workload_args))
+        kwargs = {"ranks": 2, "result_globs": (workload.RESULT_FILES,), **kwargs}
+    else:
+        command = (sys.executable, str(path), "--out", "{out}")
     try:
-        spec = JobSpec(command=(sys.executable, str(path), "--out", "{out}"), cwd=str(path.parent), **kwargs)
+        spec = JobSpec(command=command, cwd=str(path.parent), **kwargs)
     except (TypeError, ConfigError) as exc:  # a field of the wrong kind, or a value JobSpec refuses
-        raise ConfigError(f"{path}: {DECLARATION}: {exc}") from None
-    expected = {} if correct else read_expected(path, FAULT_KINDS, job_oracles(),
-                                                example={"kill": ("durability",)})
-    return JobDeclaration(path, spec, max_points, expected)
+        raise ConfigError(f"{path}: {name}: {exc}") from None
+    expected = {} if correct else read_expected(path, FAULT_KINDS, job_oracles(), example={"kill": ("durability",)},
+                                                name=AS_JOB_EXPECTED if as_job else EXPECTED_NAME)
+    return JobDeclaration(path, spec, raw.get("max_points"), expected)
 
 
 @dataclass
@@ -161,7 +208,7 @@ def run_job_selfcheck(corpus: dict[str, Path], options: JobSelfCheckOptions | No
     expected to pass (default: those whose file name starts with ``correct``). Every
     declaration is read, and checked, before anything runs."""
     options = options or JobSelfCheckOptions()
-    good = correct if correct is not None else {n for n in corpus if n.removeprefix(PREFIX).startswith("correct")}
+    good = correct if correct is not None else {n for n in corpus if short_name(n).startswith("correct")}
     decls = {name: declaration(path, name in good) for name, path in corpus.items()}
     started = time.time()
     reports = [run_job(name, decl, name in good, options) for name, decl in decls.items()]
@@ -173,6 +220,7 @@ def default_corpus(checkpointer_corpus: str | os.PathLike[str]) -> Path:
     return Path(checkpointer_corpus) / "jobs"
 
 
-__all__ = ["DECLARATION", "PREFIX", "JobDeclaration", "JobSelfCheckOptions", "declaration", "default_corpus",
-           "discover_jobs", "job_oracles", "run_job", "run_job_selfcheck"]
+__all__ = ["AS_JOB", "AS_JOB_EXPECTED", "AS_JOB_PREFIX", "DECLARATION", "PREFIX", "JobDeclaration",
+           "JobSelfCheckOptions", "declaration", "default_corpus", "discover_as_job", "discover_jobs", "job_oracles",
+           "run_job", "run_job_selfcheck", "short_name"]
 

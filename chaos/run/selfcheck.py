@@ -300,11 +300,18 @@ def discover(directory: str | Path) -> dict[str, str]:
     for path in sorted(Path(directory).glob("*.py")):
         if path.name.startswith("_"):
             continue
-        tree = ast.parse(path.read_text(), filename=str(path))
-        classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("Checkpointer")]
-        if classes:
-            out[path.stem] = f"{path.resolve()}:{classes[-1]}"
+        cls = checkpointer_class(path)
+        if cls is not None:
+            out[path.stem] = f"{path.resolve()}:{cls}"
     return out
+
+
+def checkpointer_class(path: Path) -> str | None:
+    """The last ``*Checkpointer`` class a corpus module defines (read with :mod:`ast`), or None.
+    Called by :func:`discover` and ``jobselfcheck`` (a checkpointer run as the workload's job)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("Checkpointer")]
+    return classes[-1] if classes else None
 
 
 def _module_file(spec: str) -> Path:
@@ -354,13 +361,13 @@ def module_literal(path: Path, name: str) -> tuple[bool, Any]:
 
 
 def read_expected(path: Path, probes: Collection[str], oracles: Collection[str],
-                  example: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-    """A planted defect's ``EXPECTED_CATCH = {probe: (oracle, ...)}`` in the source at ``path``,
-    checked against ``probes`` (the battery's, or a job's fault families) and ``oracles``.
-    Called by :func:`expected_catch` and ``jobselfcheck``."""
-    where = f"{path}: {EXPECTED_NAME}"
-    form = f"expected {EXPECTED_NAME} = {{probe: (oracle, ...)}}, e.g. {example!r}"
-    declared, raw = module_literal(path, EXPECTED_NAME)
+                  example: dict[str, tuple[str, ...]], name: str = EXPECTED_NAME) -> dict[str, tuple[str, ...]]:
+    """A planted defect's ``EXPECTED_CATCH = {probe: (oracle, ...)}`` (or the literal ``name``) in the
+    source at ``path``, checked against ``probes`` (the battery's, or a job's fault families) and
+    ``oracles``. Called by :func:`expected_catch` and ``jobselfcheck``."""
+    where = f"{path}: {name}"
+    form = f"expected {name} = {{probe: (oracle, ...)}}, e.g. {example!r}"
+    declared, raw = module_literal(path, name)
     if not declared:
         raise ConfigError(f"{path}: a planted defect must declare the probe(s) and oracle(s) meant to catch it "
                           f"({form})")

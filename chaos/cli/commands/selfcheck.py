@@ -5,6 +5,7 @@
     chaos selfcheck --checkpointer mine=pkg.mod:Mine --correct mine     # add your own (repeatable)
     chaos selfcheck --only no_fsync,correct --probe powerloss
     chaos selfcheck --only job:correct,job:unpickles --max-points 12   # the job oracles' corpus
+    chaos selfcheck --as-job --only as-job:correct,as-job:no_fsync    # checkpointers inside the workload as a job
 
 Every module of the corpus directory defining a ``*Checkpointer`` class is one
 checkpointer, named by its file; those named ``correct*`` (or given with ``--correct``)
@@ -20,6 +21,9 @@ The job corpus (``jobs/`` beside the checkpointer corpus, or ``--job-corpus DIR`
 oracles a user's job is judged by the same way: each module is a small training job declaring
 how it is run (``CHAOS_JOB``) and, a defect, the fault family and job oracle meant to catch it
 (:mod:`chaos.run.jobselfcheck`). Its rows are named ``job:<file>``; ``--no-jobs`` leaves it out.
+``--as-job`` adds, for each checkpointer whose module declares ``CHAOS_AS_JOB``, a row
+``as-job:<file>``: the built-in workload attacking it as a job, through the job pipeline
+(``chaos run --as-job``), caught by the job families and oracles in ``EXPECTED_JOB_CATCH``.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-corpus", metavar="DIR", default=None,
                         help="directory of planted-defect training jobs (default: jobs/ in the corpus, if there)")
     parser.add_argument("--no-jobs", action="store_true", help="leave the job corpus out")
+    parser.add_argument("--as-job", action="store_true",
+                        help="also run each checkpointer of the corpus that declares CHAOS_AS_JOB inside the built-in "
+                             "workload as a job (chaos run --as-job), judged by the job oracles (rows as-job:NAME)")
     parser.add_argument("--max-points", type=int, default=None, metavar="N",
                         help="at most N points per job of the job corpus (default: each job's own, else all)")
     parser.add_argument("--probe", action="append", default=[], metavar="NAME",
@@ -74,7 +81,7 @@ def _given(flag: str, path: str, discover: Callable[[str], dict[str, Any]], none
 
 def _corpus(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Path]]:
     """The checkpointers and the jobs to run: (name -> spec, job:name -> path), --only applied."""
-    from chaos.run.jobselfcheck import default_corpus, discover_jobs
+    from chaos.run.jobselfcheck import default_corpus, discover_as_job, discover_jobs
     from chaos.run.selfcheck import discover
 
     found: dict[str, str] = {}
@@ -97,6 +104,9 @@ def _corpus(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Path]]:
         jobs = discover_jobs(jobs_dir)
     if args.no_jobs:
         jobs = {}
+    if args.as_job:  # the same checkpointers, each inside the built-in workload run as a job
+        for directory in {str(Path(spec.rpartition(":")[0]).parent) for spec in found.values() if ":" in spec}:
+            jobs.update(discover_as_job(directory))
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
         missing = [n for n in wanted if n not in found and n not in jobs]

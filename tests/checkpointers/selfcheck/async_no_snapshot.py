@@ -22,6 +22,12 @@ Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCh
 # saved at step N.
 EXPECTED_CATCH = {"kill-between-saves": ("committed_state",)}
 
+# The self-check's job half runs it inside the built-in workload as a job, as `chaos run --as-job`
+# does (chaos.run.jobselfcheck): JobSpec fields and max_points, a literal; and the job families and
+# oracles that must catch the defect there.
+CHAOS_AS_JOB = {"faults": ("kill",), "max_points": 4}
+EXPECTED_JOB_CATCH = {"kill": ("result_files",)}
+
 
 class AsyncNoSnapshotCheckpointer(Correct):
     def __init__(self, root: str, rank: int, world_size: int, **options: object) -> None:

@@ -46,6 +46,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# The self-check's job half runs it inside the built-in workload as a job, as `chaos run --as-job`
+# does (chaos.run.jobselfcheck): JobSpec fields and max_points, a literal: every point must pass.
+CHAOS_AS_JOB = {"faults": ("kill", "corrupt", "power", "errno", "stale", "payload"), "max_points": 12}
+
 
 class HashingWriter:
     """A file object wrapper that hashes and counts every byte written through it."""

@@ -25,6 +25,12 @@ Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCh
 # step 4 was acknowledged.
 EXPECTED_CATCH = {"crash-mid-write": ("durability",)}
 
+# The self-check's job half runs it inside the built-in workload as a job, as `chaos run --as-job`
+# does (chaos.run.jobselfcheck): JobSpec fields and max_points, a literal; and the job families and
+# oracles that must catch the defect there.
+CHAOS_AS_JOB = {"faults": ("errno",), "max_points": 3}
+EXPECTED_JOB_CATCH = {"errno": ("durability",)}
+
 
 class InPlaceCheckpointer(Correct):
     def _commit(self, step: int, payload: Any) -> None:

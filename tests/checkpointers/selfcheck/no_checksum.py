@@ -25,6 +25,12 @@ EXPECTED_CATCH = {
     "bitflip-newest-s2": ("checksum_detection",),
 }
 
+# The self-check's job half runs it inside the built-in workload as a job, as `chaos run --as-job`
+# does (chaos.run.jobselfcheck): JobSpec fields and max_points, a literal; and the job families and
+# oracles that must catch the defect there.
+CHAOS_AS_JOB = {"faults": ("payload",), "max_points": 2}
+EXPECTED_JOB_CATCH = {"payload": ("no_code_execution",)}
+
 
 class NoChecksumCheckpointer(Correct):
     def _verify(self, data: bytes, meta: dict[str, Any]) -> bool:

@@ -21,6 +21,12 @@ Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCh
 # probes (chaos.run.selfcheck): some crash state of the save loses the acknowledged checkpoint.
 EXPECTED_CATCH = {"powerloss": ("atomic_commit",)}
 
+# The self-check's job half runs it inside the built-in workload as a job, as `chaos run --as-job`
+# does (chaos.run.jobselfcheck): JobSpec fields and max_points, a literal; and the job families and
+# oracles that must catch the defect there.
+CHAOS_AS_JOB = {"faults": ("power",), "max_points": 4}
+EXPECTED_JOB_CATCH = {"power": ("durability",)}
+
 
 class NoFsyncCheckpointer(Correct):
     def _fsync(self, fd: int) -> None:

@@ -20,6 +20,12 @@ Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCh
 # probes (chaos.run.selfcheck): a restart loads fresh Adam moments: not the state saved.
 EXPECTED_CATCH = {"kill-between-saves": ("committed_state",)}
 
+# The self-check's job half runs it inside the built-in workload as a job, as `chaos run --as-job`
+# does (chaos.run.jobselfcheck): JobSpec fields and max_points, a literal; and the job families and
+# oracles that must catch the defect there.
+CHAOS_AS_JOB = {"faults": ("kill",), "max_points": 3}
+EXPECTED_JOB_CATCH = {"kill": ("result_files",)}
+
 
 class NoOptimizerCheckpointer(Correct):
     def _payload(self, state: dict) -> Any:

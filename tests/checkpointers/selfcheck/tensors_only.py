@@ -48,6 +48,12 @@ def fill(template: Any, flat: dict[str, torch.Tensor], prefix: str = "") -> Any:
 # data position: not the state saved.
 EXPECTED_CATCH = {"kill-between-saves": ("committed_state",)}
 
+# The self-check's job half runs it inside the built-in workload as a job, as `chaos run --as-job`
+# does (chaos.run.jobselfcheck): JobSpec fields and max_points, a literal; and the job families and
+# oracles that must catch the defect there.
+CHAOS_AS_JOB = {"faults": ("kill",), "max_points": 3}
+EXPECTED_JOB_CATCH = {"kill": ("result_files",)}
+
 
 class TensorsOnlyCheckpointer(Correct):
     def _payload(self, state: dict) -> Any:
