@@ -100,6 +100,28 @@ def test_a_two_file_save_gives_each_file_a_first_and_last_write_and_each_save_an
     assert not any("final.json" in c.key or f"op{at['final'][2]}" in c.key for c in classes)
 
 
+def test_a_checkpoint_moved_aside_to_be_deleted_keeps_the_name_it_was_saved_under() -> None:
+    """Retention that renames step-2 to .del-step-2-<nonce> and deletes it there (the reference's):
+    step-2's writes are still of step-2/..., not of a random name no other run has."""
+    t = Trace()
+    for step in (2, 4):
+        t.phase("step", step)
+        t.op("mkdir", f".tmp-{step}")
+        t.write_file(f".tmp-{step}/shard.bin", 1)
+        t.op("rename", f"step-{step}", src=ROOT + f".tmp-{step}")
+        t.phase("saved", step)
+    t.op("rename", ".del-step-2-1f3a", src=ROOT + "step-2")  # aside, then removed
+    t.op("unlink", ".del-step-2-1f3a/shard.bin")
+    t.op("rmdir", ".del-step-2-1f3a")
+    t.write_file("final.json", 1)
+    traces = {(0, 0): t.recs}
+    classes = pointset.point_classes(JOB, traces, points_of(traces, files=("final.json", "step-4/shard.bin")))
+    writes = [k for k in keys(classes) if k.startswith("first-write:")]
+    assert writes == ["first-write:step-2/shard.bin", "first-write:step-4/shard.bin"]
+    ends = [c.what for c in classes if c.key.startswith("save-end:")]
+    assert len(ends) == 2 and all("rename of step-" in w for w in ends), ends  # the move aside ends no save
+
+
 def test_a_temp_file_renamed_into_place_is_written_as_its_checkpoint_and_the_rename_ends_the_save() -> None:
     t = Trace()
     t.phase("step", 1)

@@ -169,7 +169,10 @@ def _save_sites(job: JobSpec, traces: Traces) -> tuple[list[dict[str, Any]], dic
     A write belongs to the file its data ends up as: the name the next rename of it (or of
     a directory above it) gives it, else its own name (``ckpt.tmp`` written, then renamed
     to ``ckpt``: a write of ``ckpt``; a file written in $TMPDIR and moved in: one of the
-    name it was moved to). The checkpoint files are those under {out} matching
+    name it was moved to). A name something was renamed onto keeps its data when it is
+    later moved to a name that is only removed afterwards (retention moving
+    ``step-2`` aside to ``.del-step-2-<nonce>`` and deleting it there): the write is one of
+    ``step-2/...``, not of a random name no other run has, and that move ends no save. The checkpoint files are those under {out} matching
     ``--checkpoint-glob``, else every file so written or put in place except the
     ``--result-file`` ones (rotated-away checkpoints included). A save's end is the last
     event that completed a checkpoint file (a close after a change, where the file is not
@@ -199,14 +202,20 @@ def _save_sites(job: JobSpec, traces: Traces) -> tuple[list[dict[str, Any]], dic
         return n
 
     final: dict[int, str] = {}  # id(event) -> the name its data or directory entry ends up under
+    placed = {ev.get("rel") or name(ev.get("path")) for ev in events if ev["op"] == "rename"}  # renamed onto
+    gone: set[str] = set()  # scanning backwards: names removed later
+    aside: set[int] = set()  # id(rename) of a put-in-place name moved aside to be removed: no completion
     for ev in reversed(events):
         here = ev.get("rel") or name(ev.get("path")) or ""
         op = ev["op"]
         if op == "rename":
             src = name(ev.get("src"))
-            if src:
+            if src and here in gone and src in placed:
+                aside.add(id(ev))
+            elif src:
                 nxt[src] = becomes(here)
-        elif op == "unlink":
+        elif op in ("unlink", "rmdir"):
+            gone.add(here)
             nxt.pop(here, None)
         elif op in ("write", "truncate", "close"):
             final[id(ev)] = becomes(here)
@@ -236,7 +245,8 @@ def _save_sites(job: JobSpec, traces: Traces) -> tuple[list[dict[str, Any]], dic
             dirty.discard((ev["rank"], here))
             if final[id(ev)] == here and is_ckpt(here):
                 completions.append(ev)
-        elif op == "rename" and (is_ckpt(here) or any(n.startswith(here + os.sep) for n in named)):
+        elif op == "rename" and id(ev) not in aside and (is_ckpt(here) or any(n.startswith(here + os.sep)
+                                                                              for n in named)):
             completions.append(ev)
     bounds: dict[int, list[float]] = {}
     for (rank, a), recs in traces.items():
