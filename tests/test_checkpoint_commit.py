@@ -183,3 +183,30 @@ def test_pointer_and_listing_on_fake_fs(fs):
     fs.remove("/ck/latest")
     fs.create_file("/ck/latest", contents="step-0000000010\n")
     assert candidate_order("/ck") == [10, 20]
+
+
+def test_every_rank_makes_the_root_with_the_same_calls_whoever_made_it_first(tmp_path, monkeypatch) -> None:
+    """make_root: each new directory's entry made durable by an fsync of its parent, and the same calls
+    on a rank that finds the root made by another (two runs of a job trace the same events per rank)."""
+    calls: list[tuple[str, str]] = []
+    real_mkdir, real_fsync_dir = os.mkdir, commit.fsync_dir
+
+    def mkdir(path, *a, **kw):
+        calls.append(("mkdir", os.path.relpath(path, tmp_path)))
+        return real_mkdir(path, *a, **kw)
+
+    def fsync_dir(path):
+        calls.append(("fsync", os.path.relpath(path, tmp_path)))
+        return real_fsync_dir(path)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(commit, "fsync_dir", fsync_dir)
+    commit.make_root(str(tmp_path / "a" / "ckpt"))  # the first rank: makes a/ and a/ckpt
+    assert calls == [("mkdir", "a"), ("fsync", "."), ("mkdir", "a/ckpt"), ("fsync", "a")]
+    assert (tmp_path / "a" / "ckpt").is_dir()
+    calls.clear()
+    commit.make_root(str(tmp_path / "a" / "ckpt"))  # another rank, once the first made it
+    assert calls == [("mkdir", "a/ckpt"), ("fsync", "a")]
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(FileExistsError):
+        commit.make_root(str(tmp_path / "f"))  # a file in the way is no directory

@@ -61,24 +61,20 @@ def make_root(path: str) -> None:
     A new directory's entry reaches the disk only with an fsync of its parent: a root made
     by ``os.makedirs`` alone can vanish in a power loss, with every checkpoint committed
     under it, however carefully each commit fsynced inside it. Called by the engine
-    (``ReferenceCheckpointer.__init__``) on every rank; ranks that race to create it each
-    fsync the parent, whoever made the entry.
+    (``ReferenceCheckpointer.__init__``) on every rank. Each rank makes the same calls
+    whoever wins the race to create it (a ``mkdir`` that may find it made, then an fsync
+    of the parent), so two runs of a job trace the same file events on every rank.
     """
-    missing: list[str] = []
     here = os.path.abspath(path)
-    while not os.path.isdir(here):
-        missing.append(here)
-        parent = os.path.dirname(here)
-        if parent == here:
-            break
-        here = parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d)
-        except FileExistsError:
-            if not os.path.isdir(d):
-                raise
-        fsync_dir(os.path.dirname(d))
+    parent = os.path.dirname(here)
+    if parent != here and not os.path.isdir(parent):
+        make_root(parent)
+    try:
+        os.mkdir(here)
+    except FileExistsError:
+        if not os.path.isdir(here):
+            raise
+    fsync_dir(parent)
 
 
 def write_durably(path: str, data: bytes) -> None:
