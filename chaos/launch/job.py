@@ -325,8 +325,9 @@ def begin_zygote(job: S.JobSpec, root: str) -> bool:
     """Start the zygote that forks this exploration's attempts (``zygote.py``; one per rank for
     ``--ranks N``), without waiting for its preload; whether one was started. Called by ``explore``
     as soon as the first fault-free run said what to preload (``job.preload_modules``), so its
-    imports overlap the second one, but never for an exploration whose runs each have a network
-    lab (their copies start inside it); :func:`zygote_note` then waits for it."""
+    imports overlap the second one; :func:`zygote_note` then waits for it. A run in a network lab
+    (a network-cut point's, the second fault-free run where cuts are explored) starts its copies
+    inside the lab, never from a zygote (``run_attempt``)."""
     names = job.preload_modules or job.zygote_preload
     if not names or not can_prestart(job) or job.nodes:
         return False  # (a --nodes job's attempts start on its simulated nodes: nodes.run_attempt)
