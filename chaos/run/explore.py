@@ -424,7 +424,8 @@ class Reference:
                 "native_trace": self.native_trace,
                 "file_events": {str(r): n for r, n in sorted(self.events.items())},
                 "peak_out_bytes": self.facts.peak or None,
-                "network": "each rank in its own network namespace (a NetworkLab per run)" if self.netlab
+                "network": "each rank in its own network namespace (a NetworkLab per run) for the network-cut "
+                           "points and the second fault-free run; the host's for the others" if self.netlab
                 else "each node's torchrun agent in its own network namespace (a NetworkLab per run)"
                 if self.nodes else "the host's"}
 
