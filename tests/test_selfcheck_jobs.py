@@ -118,7 +118,8 @@ CHECKPOINTERS = CORPUS.parent
 # every checkpointer that declares CHAOS_AS_JOB: the job family and oracle meant to catch it inside the workload
 AS_JOB = {"as-job:no_optimizer": ("kill", "result_files"), "as-job:tensors_only": ("kill", "result_files"),
           "as-job:async_no_snapshot": ("kill", "result_files"), "as-job:in_place": ("errno", "durability"),
-          "as-job:no_checksum": ("payload", "no_code_execution"), "as-job:no_fsync": ("power", "durability"),
+          "as-job:no_checksum": ("payload", "no_code_execution"),
+          "as-job:pickled_manifest": ("payload", "no_code_execution"), "as-job:no_fsync": ("power", "durability"),
           "as-job:no_dir_fsync": ("power", "durability")}
 
 

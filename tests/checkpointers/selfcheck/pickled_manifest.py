@@ -43,6 +43,13 @@ Correct = load_checkpointer(f"{Path(__file__).with_name('correct.py')}:CorrectCh
 # (chaos.run.selfcheck): the payload planted in the manifest runs when the restart unpickles it.
 EXPECTED_CATCH = {"payload-newest": ("no_code_execution",)}
 
+# The self-check's job half runs it inside the built-in workload as a job, as `chaos run --as-job`
+# does (chaos.run.jobselfcheck): JobSpec fields and max_points, a literal; and the job families and
+# oracles that must catch the defect there. Every payload point (each file of each save the rename of
+# its directory completed: about six): a sample may plant only in the verified .pt shards.
+CHAOS_AS_JOB = {"faults": ("payload",)}
+EXPECTED_JOB_CATCH = {"payload": ("no_code_execution",)}
+
 MANIFEST = "manifest.pkl"
 
 
