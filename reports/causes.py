@@ -424,7 +424,7 @@ def _from_id(pid: str, anchored: str) -> tuple[str, dict[str, Any]]:
         return "node_loss", {}
     if pid.startswith("disk:full:"):
         return "diskfull", {}
-    parts = pid.split("@", 1)[0].split(":")
+    parts = pid.split("@", 1)[0].partition("=")[0].split(":")  # (=FILE: the file an at-rest point strikes)
     mode = parts[2] if len(parts) > 2 else ""
     kind = _MODE_KIND.get(mode, "")
     params: dict[str, Any] = {"when": mode} if kind in ("crash", "corrupt", "ioerror", "kill", "term") else {}

@@ -69,6 +69,9 @@ def test_a_fault_only_a_job_can_take_is_refused_naming_the_other_option(text: st
     ("kill:rank=0,step=5,phase=vote", "with nothing else"),
     ("rank0:step5:kill,phase=vote", "takes no KEY=VALUE settings"),
     ("frob:x=1", "malformed --point"),
+    ("rank0:op9:before=ckpt/a.pt", "only a fault at rest names the file it strikes"),
+    ("rank0:op9:payload=/etc/passwd", "must be a plain path relative to {out}"),
+    ("rank0:op9:payload=ckpt/../../x", "must be a plain path relative to {out}"),
 ])
 def test_a_point_only_the_built_in_workload_can_take_is_refused_naming_the_other_option(text: str, says: str) -> None:
     with pytest.raises(ConfigError, match=f"'{text}'") as e:

@@ -199,6 +199,42 @@ with open(os.path.join(args.out, f"final-r{rank}.txt"), "w") as f:
     f.write(f"{w:.12f}\\n")
 """
 
+# Saves a directory per save, step-<N>/ with model.pkl ({"step", "w"}) and notes.pkl, written in a temp
+# directory and renamed into place: one event completes both files. Resumes from the newest
+# directory's model.pkl with pickle.load; notes.pkl is never read again.
+TWO_FILE_JOB = """
+import argparse, os, pickle
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--out", required=True)
+args = ap.parse_args()
+os.makedirs(args.out, exist_ok=True)
+saves = sorted((int(n[5:]) for n in os.listdir(args.out) if n.startswith("step-")), reverse=True)
+step, w = 0, 1.0
+if saves:
+    with open(os.path.join(args.out, f"step-{saves[0]}", "model.pkl"), "rb") as f:
+        state = pickle.load(f)
+    step, w = state["step"], state["w"]
+while step < 6:
+    step += 1
+    w = w * 0.9 + step
+    print(f"step {step} loss {w:.6f}", flush=True)
+    if step % 3 == 0:
+        tmp = os.path.join(args.out, f"tmp-{step}")
+        os.makedirs(tmp)
+        for name, obj in (("model.pkl", {"step": step, "w": w}), ("notes.pkl", ["saved", step])):
+            with open(os.path.join(tmp, name), "wb") as f:
+                pickle.dump(obj, f, protocol=4)
+                f.flush()
+                os.fsync(f.fileno())
+        os.rename(tmp, os.path.join(args.out, f"step-{step}"))
+        fd = os.open(args.out, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+with open(os.path.join(args.out, "final.txt"), "w") as f:
+    f.write(f"{w:.12f}\\n")
+"""
+
 # torch.save a dict every 3 steps over ckpt.pt (temp file, rename); resume with torch.load, weights_only
 # as --weights-only says.
 TORCH_JOB = """
@@ -245,11 +281,13 @@ def of_kind(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("text", ["rank0:op9:payload", "rank0:op9:stale:step6", "rank1:op4:swap",
-                                  "rank1:op4:swap:step8"])
+                                  "rank1:op4:swap:step8", "rank0:op9:payload=ckpt/step-6/manifest.pkl",
+                                  "rank0:op9:stale:step6=ckpt/step-6/shard-r00001.safetensors"])
 def test_the_new_point_ids_round_trip_and_name_their_family(text: str) -> None:
     point = parse_point(text)
     assert point.id == text
-    assert point.family == text.split(":")[2]
+    assert point.file == (text.partition("=")[2] or None)
+    assert point.family == text.split(":")[2].partition("=")[0]
     assert point.to_fault()["kind"] == point.family
 
 
@@ -290,6 +328,33 @@ def test_an_unpickler_that_refuses_globals_passes_and_the_trace_shows_it_read_th
         assert oracle["evidence"]["marker"]["exists"] is False
         assert [(o["rank"], o["attempt"]) for o in oracle["evidence"]["opened_after_planting"]] == [(0, 1)]
         assert "opened it again and the loader refused it" in p["summary"]
+
+
+def test_each_file_a_directory_rename_completed_has_its_own_point_and_its_replay_strikes_that_file(
+        tmp_path: Path) -> None:
+    """One event (the rename of tmp-3 to step-3) completes step-3/model.pkl and step-3/notes.pkl: each
+    file's payload point names its file in its id, and the failing one's replay strikes the same file
+    (before, both had the id rank0:opN:payload, and a replay struck whichever the lookup kept)."""
+    cmd = job(tmp_path, "two_file_job.py", TWO_FILE_JOB)
+    proc, doc = run(tmp_path, "--faults", "payload", "--step-regex", STEP, "--result-file", "final.txt", "--", *cmd)
+    points = of_kind(doc, "payload")
+    by_file = {p["fault_applied"]["file"]: p for p in points if p["fault_applied"]["file"].startswith("step-3/")}
+    assert set(by_file) == {"step-3/model.pkl", "step-3/notes.pkl"}, [p["id"] for p in points]
+    model, notes = by_file["step-3/model.pkl"], by_file["step-3/notes.pkl"]
+    assert model["id"].endswith("=step-3/model.pkl") and notes["id"].endswith("=step-3/notes.pkl")
+    assert len({p["id"] for p in points}) == len(points)
+    assert (model["outcome"], notes["outcome"]) == ("code_execution", "no_effect"), (model["summary"],
+                                                                                     notes["summary"])
+    assert f"--point {model['id']} " in model["replay"]
+    replayed = tmp_path / "replayed"
+    replayed.mkdir()
+    again = subprocess.run([sys.executable, "-m", "chaos.cli.main", "replay", str(tmp_path / "r.json"), "--yes",
+                            "--scenario", model["id"], "--scratch", str(replayed), "--json", str(replayed / "r.json")],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 1, again.stdout + again.stderr
+    [point] = json.loads((replayed / "r.json").read_text())["scenarios"]
+    assert (point["id"], point["outcome"], point["fault_applied"]["file"]) == (
+        model["id"], "code_execution", "step-3/model.pkl")
 
 
 def test_a_payload_the_resume_never_reads_is_skipped_never_passed(tmp_path: Path) -> None:

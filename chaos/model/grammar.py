@@ -37,7 +37,7 @@ from chaos.model.fault import COMMON_KEYS, FAULT_KINDS, Fault
 from chaos.model.keyvalue import _parse_value
 from chaos.model.point import NODE_MODES, Point
 
-_POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+)|:step(\d+))?"
+_POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+)|:step(\d+))?(?:=([^@]+))?"
                        rf"|rank(\d+):step(\d+):({'|'.join(STEP_MODES)})|disk:full:(\d+)")
 _NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(NODE_MODES)})")
 
@@ -45,6 +45,7 @@ _NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(NODE_MODES)})")
 def _read_point(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
     ``rank0:op9:payload`` | ``rank0:op9:stale:step6`` | ``rank1:op4:swap`` |
+    ``rank0:op9:payload=ckpt/step-6/manifest.pkl`` (the file, where event 9 completed several) |
     ``rank0:op9:power:s2`` | ``rank1:op3:truncate:step5`` | ``rank1:op4:net`` | ``rank0:step5:kill`` | ``rank0:step5:term`` | ``rank1:step5:net`` | ``disk:full:8192`` |
     ``rank0:step5:requeue`` | ``rank0:step5:preempt`` | ``rank0:step5:node`` | ``rank0:op1:requeue`` (sched) |
     ``node1:step5:loss`` | ``node0:step5:rdzv`` | ``node1:step5:link`` (``_parse_node_point``).
@@ -65,7 +66,7 @@ def _read_point(text: str) -> Point:
     if not m:
         raise ConfigError(f"malformed --point {text!r}: expected rankR:opN:MODE (MODE one of {', '.join(OP_MODES)}), "
                           f"rankR:stepN:{'|'.join(STEP_MODES)} or disk:full:BYTES")
-    rank, op, mode, state, at_step, srank, step, smode, size = m.groups()
+    rank, op, mode, state, at_step, file, srank, step, smode, size = m.groups()
     if size is not None:
         if int(size) < 1:
             raise ConfigError(f"malformed --point {text!r}: a full disk needs a size of at least one byte")
@@ -77,8 +78,15 @@ def _read_point(text: str) -> Point:
     if at_step is not None and mode not in ROT_MODES:
         raise ConfigError(f"malformed --point {text!r}: only a fault at rest waits for a step (:stepN): "
                           f"{', '.join(ROT_MODES)}")
+    if file is not None:
+        if mode not in ROT_MODES:
+            raise ConfigError(f"malformed --point {text!r}: only a fault at rest names the file it strikes (=FILE): "
+                              f"{', '.join(ROT_MODES)}")
+        if os.path.isabs(file) or file.split(os.sep)[0] == ".." or os.path.normpath(file) != file:
+            raise ConfigError(f"malformed --point {text!r}: the file {file!r} must be a plain path relative to "
+                              "{out} and inside it")
     return Point(int(rank), mode, op=int(op), state=None if state is None else int(state),
-                 at_step=None if at_step is None else int(at_step))
+                 at_step=None if at_step is None else int(at_step), path=file, file=file)
 
 
 def replay_point(entry: dict[str, Any]) -> str:

@@ -63,6 +63,10 @@ class Point:
     state: int | None = None  # a power point: which mixed crash state at its cut (None: every pending change lost)
     at_step: int | None = None  # a corruption point: strike once the rank announced this step, not right after event N
     anchored: bool = False  # fire at the nth ``kind`` event on ``path``, not at ordinal ``op`` (see above)
+    # an at-rest point whose event is not on its file (a directory renamed into place completes every file in
+    # it): the file it strikes, named in its id (``rank0:op9:payload=ckpt/step-6/manifest.pkl``), so that
+    # each file's point has its own id and its replay strikes that file
+    file: str | None = None
 
     @property
     def anchor(self) -> str | None:
@@ -87,9 +91,10 @@ class Point:
             return f"disk:full:{self.size}"
         if self.step is not None:
             return f"rank{self.rank}:step{self.step}:{self.mode}"
+        on = f"={self.file}" if self.file is not None else ""
         if self.at_step is not None:
-            return f"rank{self.rank}:op{self.op}:{self.mode}:step{self.at_step}"
-        return f"rank{self.rank}:op{self.op}:{self.mode}" + (f":s{self.state}" if self.state is not None else "")
+            return f"rank{self.rank}:op{self.op}:{self.mode}:step{self.at_step}{on}"
+        return f"rank{self.rank}:op{self.op}:{self.mode}" + (f":s{self.state}" if self.state is not None else "") + on
 
     @property
     def family(self) -> str:

@@ -70,7 +70,10 @@ def halt_record(traces: dict[tuple[int, int], list[dict[str, Any]]], rank: int) 
 
 
 def target_file(point: Point, halt: dict[str, Any], out: str) -> str | None:
-    """The file to corrupt: the point's file, else what the halted event completed."""
+    """The file to corrupt: the one the point's id names (``Point.file``), else the point's file, else
+    what the halted event completed."""
+    if point.file:
+        return point.file
     if point.path:
         return point.path
     path = halt.get("dst") or halt.get("path")

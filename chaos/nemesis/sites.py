@@ -235,9 +235,11 @@ class Anchors:
 
     def at_completer(self, ev: dict[str, Any], mode: str, rel: str, at_step: int | None = None) -> Point:
         """A point of ``mode`` striking ``rel`` at the event ``ev`` that completed it (or at ``at_step``),
-        anchored where that event is on ``rel`` itself (a close of it, a rename onto it)."""
+        anchored where that event is on ``rel`` itself (a close of it, a rename onto it); else (one
+        event, a directory's rename into place, completed every file in it) ``rel`` is named in the
+        point's id (``Point.file``)."""
         key, nth = self.nth_of.get((ev["rank"], ev["ord"]), ("", 0))
         on_it = key == rel
         return Point(ev["rank"], mode, op=ev["ord"], kind=ev["op"], path=rel, seq=ev.get("seq"),
                      nth=nth if on_it else None, anchored=on_it and self.anchored(ev["rank"], ev["op"], rel, nth),
-                     at_step=at_step)
+                     at_step=at_step, file=None if on_it else rel)  # (a directory's rename: the file in the id)
