@@ -235,6 +235,21 @@ with open(os.path.join(args.out, "final.txt"), "w") as f:
     f.write(f"{w:.12f}\\n")
 """
 
+# Like LAG_JOB, but in every run after the two fault-free ones rank 1 is fast, removes its file as soon
+# as it saved it (it ran ahead and rotated it away) and then stays alive for 8 s: rank 0's partner file
+# came and went before rank 0 completed its own.
+GONE_JOB = LAG_JOB.replace(
+    '        os.replace(mine + ".tmp", mine)\n',
+    '        os.replace(mine + ".tmp", mine)\n'
+    '        if earlier >= 2 and rank == 1:\n'
+    '            os.remove(mine)\n',
+).replace(
+    'with open(os.path.join(args.out, f"final-r{rank}.txt"), "w") as f:',
+    'if earlier >= 2 and rank == 1:\n'
+    '    time.sleep(8)\n'
+    'with open(os.path.join(args.out, f"final-r{rank}.txt"), "w") as f:',
+)
+
 # torch.save a dict every 3 steps over ckpt.pt (temp file, rename); resume with torch.load, weights_only
 # as --weights-only says.
 TORCH_JOB = """
@@ -406,6 +421,22 @@ def test_a_swap_waits_for_the_other_ranks_file_when_that_rank_lags_this_time(tmp
         assert p["fault_applied"]["other"] == "ckpt-r1.json", p["fault_applied"]
         halted = p["attempts"][0]["halted"]
         assert halted["settled_s"] > 0.1 and "settled" not in halted, halted
+
+
+def test_a_swap_does_not_wait_for_a_file_the_other_rank_already_removed(tmp_path: Path) -> None:
+    """The other rank completed its file and removed it again before this rank's halt: it will not come
+    back, so the point is skipped at once, not after the launcher's whole wait."""
+    launches = tmp_path / "launches"
+    launches.mkdir()
+    cmd = job(tmp_path, "gone_job.py", GONE_JOB, "--launches", str(launches))
+    proc, doc = run(tmp_path, "--faults", "swap", "--ranks", "2", "--result-file", "final-r*.txt", "--max-points",
+                    "2", "--", *cmd)
+    points = [p for p in of_kind(doc, "swap") if p["id"].startswith("rank0:")]
+    assert points, [p["id"] for p in of_kind(doc, "swap")]
+    for p in points:
+        assert p["verdict"] == "skipped" and "no other rank's file" in p["summary"], p["summary"]
+        halted = p["attempts"][0]["halted"]
+        assert halted["settled_s"] < 2.0 and "settled" not in halted, halted
 
 
 def test_the_careful_example_refuses_another_ranks_file_and_its_fallback_is_no_lost_work(tmp_path: Path) -> None:

@@ -87,14 +87,20 @@ def ready(point: Point, out: str, scratch: str) -> bool:
     under {out} yet. The plan offered the point because one was by then in the fault-free run, but
     ranks that do not wait for each other race: the other rank may lag this time. The launcher lets
     the other copies run on until it is (``AtRestFamily.halt_ready``). True where there is nothing to
-    wait for (the halt completed no file under {out}): :func:`apply` says why it is skipped."""
+    wait for (the halt completed no file under {out}, or the other rank's file was completed and is
+    gone again): :func:`apply` says why it is skipped."""
     records = atrest.merged_records(scratch, 0, with_data=False)
     halt = next((r for r in records if r.get("event") == "fired" and r.get("action") == "halt"
                  and r.get("rank") == point.rank), None)
     rel = atrest.target_file(point, halt, out) if halt is not None else None
     if rel is None or not os.path.isfile(os.path.join(out, rel)):
         return True
-    return bool(_partners(point, rel, out, records)[1])
+    completers, partners = _partners(point, rel, out, records)
+    if partners:
+        return True
+    # one that came and went (its rank ran ahead and rotated it away) will not come back: no use waiting
+    removed = [f for f in completers if not os.path.isfile(os.path.join(out, f))]
+    return bool(swap_partners(rel, completers[rel], completers, removed))
 
 
 def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int, _prepared: Any = None) -> Applied:
