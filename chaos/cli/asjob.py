@@ -25,7 +25,6 @@ from chaos.errors import ConfigError
 from chaos.model.keyvalue import key_values
 from chaos.target.protocol import validate_spec
 from chaos.target.workload import job as workload
-from chaos.target.workload.config import WorkloadConfig
 
 DEFAULT_POINTS = 12  # without --max-points, --budget or --point: about a minute and a half on 2 CPU ranks
 HANG_TIMEOUT_S = 60.0  # the built-in --hang-timeout's default: anything else is refused
@@ -46,11 +45,7 @@ def _refuse(args: argparse.Namespace) -> None:
 
 def workload_command(args: argparse.Namespace) -> list[str]:
     """The workload as the job's COMMAND, with the built-in run's checkpointer and workload options."""
-    overrides = key_values(args.workload, "--workload")
-    try:
-        WorkloadConfig(**{**overrides, "seed": args.seed, "steps": args.steps, "save_every": args.save_every})
-    except TypeError as exc:
-        raise ConfigError(f"--workload: {exc}") from None
+    workload.config(args)  # an unknown --workload key: refused here, not in every rank
     command = workload.command(validate_spec(args.checkpointer), "--steps", str(args.steps), "--save-every",
                                str(args.save_every), "--seed", str(args.seed))
     for kv in args.workload:

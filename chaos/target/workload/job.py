@@ -66,7 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _config(args: argparse.Namespace) -> WorkloadConfig:
+def config(args: argparse.Namespace) -> WorkloadConfig:
+    """The workload's settings from ``--workload KEY=VALUE``, ``--seed``, ``--steps`` and ``--save-every``
+    (ConfigError on an unknown key). Called by :func:`main`, and by ``chaos run --as-job``
+    (``chaos.cli.asjob``), whose built-in options have the same names, to refuse bad input before
+    any rank starts."""
     overrides = key_values(args.workload, "--workload")
     try:
         return WorkloadConfig(**{**overrides, "seed": args.seed, "steps": args.steps, "save_every": args.save_every})
@@ -91,7 +95,7 @@ def _rendezvous() -> tuple[int, int, str, int]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        cfg = _config(args)
+        cfg = config(args)
         rank, world, addr, port = _rendezvous()
         cfg.check_world_size(world)
     except ConfigError as exc:
@@ -130,4 +134,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["MODULE", "RESULT_FILES", "command", "main"]
+__all__ = ["MODULE", "RESULT_FILES", "command", "config", "main"]
