@@ -264,6 +264,14 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
     return PointRecord(point, run.out, run.attempts, traces, after_kill, applied, None, untraced)
 
 
+def in_lab(netlab: bool, point: Point | None) -> bool:
+    """Whether a run chain of an exploration that makes network labs (``netlab``) runs in one: a
+    network-cut point's, and a fault-free one (the second fault-free run, ``reference``); any other
+    point's runs outside, where its copies may be forked or started ahead. Called by :func:`run_chain`
+    and :func:`_run_points` (which starts no spare for a chain in a lab)."""
+    return netlab and (point is None or point.family == "net")
+
+
 def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab: bool = False) -> PointRecord:
     """Attempt 0 (the point armed), the at-rest fault if any, then the restarts (``_restarts``).
 
@@ -285,7 +293,7 @@ def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab
                                  "a network cut between ranks needs every run in network namespaces, and this "
                                  "exploration's fault-free runs were not")
         return PointRecord(point, run.out, run.attempts, {}, None, applied)
-    if not netlab or (point is not None and point.family != "net"):
+    if not in_lab(netlab, point):
         return _chain(job, run, point, seed)
     assert job.ranks is not None
     try:
@@ -771,9 +779,6 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
     # (launch.prestart, spares.py) while this one runs; not for a net point (its copies start in its lab).
     warm = jobs < (os.cpu_count() or 1) and launch.can_prestart(job)
 
-    def outside(point: Point) -> bool:
-        return not (ref.netlab and point.family == "net")
-
     def one(i: int, point: Point) -> PointResult | None:
         if budget_s is not None and time.monotonic() - started + estimate() > budget_s:
             return None
@@ -781,9 +786,9 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
             return None
         t0 = time.monotonic()
         run = new_run(root, f"point-{i:05d}")
-        run.prestart = warm and outside(point)
+        run.prestart = warm and not in_lab(ref.netlab, point)
         run.replay_from = replay_from(point)
-        if warm and jobs == 1 and i + 1 < len(chosen) and outside(chosen[i + 1]):
+        if warm and jobs == 1 and i + 1 < len(chosen) and not in_lab(ref.netlab, chosen[i + 1]):
             nxt = new_run(root, f"point-{i + 1:05d}")
             if replay_from(chosen[i + 1]) is None:
                 launch.prestart(job, nxt.out, nxt.scratch, 0, chosen[i + 1], nxt.mark)
