@@ -263,14 +263,14 @@ def test_labs_are_torn_down_on_an_exception_and_by_teardown_all() -> None:
 
 
 @needs_netns
-def test_a_cut_outlasting_the_attempts_timeout_a_cut_that_did_nothing_and_one_never_reached(tmp_path: Path) -> None:
+def test_a_cut_outlasting_the_attempts_timeout_a_cut_that_did_nothing_and_one_never_reached(
+        tmp_path: Path, labs: list[str]) -> None:
     from chaos.run.explore import explore
 
-    before = set(network.leftovers())
     hung = sockets_job(tmp_path, steps=4, sock_timeout_s=0, net_hold_s=60.0, timeout_s=4.0)
     points = [parse_point(p) for p in ("rank1:step2:net", "rank1:step4:net", "rank1:step9:net")]
     exp = explore(hung, only=points, scratch_base=str(tmp_path))
-    assert _ours(before) == []
+    assert _ours(labs) == []
     timed, idle, never = exp.results
     # the partition outlasted --timeout (no socket timeout, a 60 s hold): stopped there, restarted
     net = timed.record.attempts[0].net
@@ -290,7 +290,8 @@ def test_a_cut_outlasting_the_attempts_timeout_a_cut_that_did_nothing_and_one_ne
 
 
 @needs_netns
-def test_only_network_cut_points_and_the_second_fault_free_run_get_network_namespaces(tmp_path: Path) -> None:
+def test_only_network_cut_points_and_the_second_fault_free_run_get_network_namespaces(
+        tmp_path: Path, labs: list[str]) -> None:
     """Where network cuts are explored, a net point's chain runs in a lab of its own, and so does the
     second fault-free run (which shows the job runs the same way there); the first, and every other
     point, run outside one, where their copies may be forked or started ahead."""
@@ -298,12 +299,11 @@ def test_only_network_cut_points_and_the_second_fault_free_run_get_network_names
 
     from chaos.run.explore import explore
 
-    before = set(network.leftovers())
     job = dataclasses.replace(sockets_job(tmp_path, steps=4, sock_timeout_s=2.0, net_hold_s=3.0),
                               faults=("kill", "net"))
     exp = explore(job, only=[parse_point("rank0:step2:kill"), parse_point("rank1:step2:net")], keep=True,
                   scratch_base=str(tmp_path))
-    assert _ours(before) == []
+    assert _ours(labs) == []
     assert exp.reference.netlab
     kill, net = exp.results
     assert net.record.attempts[0].net is not None and kill.record.attempts[0].net is None
@@ -323,8 +323,27 @@ def test_only_network_cut_points_and_the_second_fault_free_run_get_network_names
 
 
 # ---------------------------------------------------------------------- a real 2-rank gloo job
-def _ours(before: set[str]) -> list[str]:
-    return sorted(set(network.leftovers()) - before)
+def _ours(labs: list[str]) -> list[str]:
+    """What is left of the labs this test made (``labs``): the other pytest worker may have labs of
+    its own up meanwhile (the zygote and workload tests explore net too), which are not this test's."""
+    assert labs, "the test made no network lab: nothing was checked"
+    return sorted(x for suffix in labs for x in network.leftovers(suffix))
+
+
+@pytest.fixture
+def labs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The suffix of every network lab this test's explorations made (``netcut.lab_for``)."""
+    from chaos.nemesis import netcut
+
+    made: list[str] = []
+
+    class Recorded(network.NetworkLab):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self.suffix)
+
+    monkeypatch.setattr(netcut, "NetworkLab", Recorded)
+    return made
 
 
 def _explore(tmp: Path, job: JobSpec, point: str) -> Any:
@@ -336,12 +355,11 @@ def _explore(tmp: Path, job: JobSpec, point: str) -> Any:
 @needs_netns
 @pytest.mark.slow  # a 20 s hold; the per-commit run keeps the shorter cuts of the tests above
 def test_a_cut_longer_than_the_collective_timeout_makes_both_copies_raise_and_the_restart_resumes(
-        tmp_path: Path) -> None:
-    before = set(network.leftovers())
+        tmp_path: Path, labs: list[str]) -> None:
     job = JobSpec(command=tuple(job_script(tmp_path, timeout_s=2.0)), ranks=2, result_globs=("final.json",),
                   faults=("net",), net_hold_s=20.0, cwd=str(REPO))
     exp = _explore(tmp_path, job, "rank1:step3:net")
-    assert _ours(before) == []  # namespaces, veths and bridge of every run are gone
+    assert _ours(labs) == []  # namespaces, veths and bridge of every run are gone
     assert exp.reference.netlab
     [res] = exp.results
     v, rec = res.verdict, res.record
@@ -372,11 +390,10 @@ def test_a_cut_longer_than_the_collective_timeout_makes_both_copies_raise_and_th
 
 @pytest.mark.slow
 @needs_netns
-def test_a_partition_that_outlasts_the_hold_mid_save_is_sigkilled_and_recorded_as_such(tmp_path: Path) -> None:
+def test_a_partition_that_outlasts_the_hold_mid_save_is_sigkilled_and_recorded_as_such(tmp_path: Path, labs: list[str]) -> None:
     from chaos.judge.job import judge
     from chaos.run.explore import new_run, reference, run_chain
 
-    before = set(network.leftovers())
     job = JobSpec(command=tuple(job_script(tmp_path, timeout_s=120.0)), ranks=2, result_globs=("final.json",),
                   faults=("net",), net_hold_s=1.5, cwd=str(REPO))
     root = tmp_path / "root"
@@ -388,7 +405,7 @@ def test_a_partition_that_outlasts_the_hold_mid_save_is_sigkilled_and_recorded_a
     assert len(saves) == 3 and all(p.rank == 0 for p in saves)
     point = saves[1]
     rec = run_chain(job, new_run(str(root), "point"), point, netlab=ref.netlab)
-    assert _ours(before) == []
+    assert _ours(labs) == []
     v = judge(job, ref.golden, rec)
     net = rec.attempts[0].net
     assert (net["rank"], net["ord"], net["op"], net["path"]) == (0, point.op, "write", "ckpt.pt.tmp")
