@@ -43,6 +43,10 @@ pytestmark = [pytest.mark.chaos, pytest.mark.root, pytest.mark.slow]
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 REPO = Path(__file__).resolve().parent.parent
+# No point here hangs: a node's link held down, a lost node's replacement and the relaunch must
+# not read as silence (chaos.launch.silence counts from the harness's own act). 20 s is above the
+# longest quiet stretch seen in these runs (a rendezvous round after a node loss).
+HANG_S = 20.0
 COMMAND = (str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", "{rdzv}", "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=2",
            "--max-restarts", "2", "--monitor-interval", "0.5",
@@ -64,7 +68,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[JobSpe
     if why:
         pytest.skip(why)
     job = JobSpec(command=COMMAND, nodes=2, node_hold_s=3.0, result_globs=("final.pt",), cwd=str(REPO),
-                  timeout_s=150, faults=("node",))
+                  timeout_s=150, faults=("node",), hang_timeout_s=HANG_S)
     root = tempfile.mkdtemp(dir=tmp_path_factory.mktemp("nodes"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")

@@ -33,8 +33,9 @@ def test_the_built_in_options_become_the_job_and_its_command() -> None:
                      "d_model=32", "--ckpt-opt", "hash=sha256", "--checkpointer", MODEL_ONLY, "--json", "r.json",
                      "--faults", "kill,power", "--jobs", "2")
     options, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    assert options[:8] == ["--ranks", "3", "--result-file", RESULT_FILES, "--max-restarts", "3", "--seed", "7"]
-    assert ["--json", "r.json"] == options[8:10]
+    assert options[:10] == ["--ranks", "3", "--result-file", RESULT_FILES, "--max-restarts", "3", "--seed", "7",
+                            "--hang-timeout", "60.0"]  # the built-in default, with its meaning (chaos.launch.silence)
+    assert ["--json", "r.json"] == options[10:12]
     assert options[-6:] == ["--max-points", str(DEFAULT_POINTS), "--faults", "kill,power", "--jobs", "2"]
     assert command[:4] == [sys.executable, "-m", "chaos.target.workload", "{out}"]
     # a checkpointer file is made absolute: the ranks run in another directory
@@ -54,8 +55,7 @@ def test_a_run_that_says_how_much_to_explore_gets_no_default_sample(chosen: tupl
 
 @pytest.mark.parametrize(("given", "named"), [(("--driver", "docker"), "--driver docker"),
                                               (("--device", "cuda"), "--device cuda"),
-                                              (("--no-cache",), "--no-cache"),
-                                              (("--hang-timeout", "5"), "--hang-timeout")])
+                                              (("--no-cache",), "--no-cache")])
 def test_a_built_in_option_the_job_pipeline_cannot_honour_is_refused(given: tuple[str, ...], named: str) -> None:
     with pytest.raises(ConfigError, match=f"--as-job cannot take {named}"):
         translate(*given)

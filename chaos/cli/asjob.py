@@ -12,7 +12,9 @@ one save: that is how the reference checkpointer's root directory was found not 
 
 Called by ``chaos.cli.main.main`` when ``run``'s arguments hold ``--as-job``; the options
 ``run`` does not know (``--max-points``, ``--faults``, ``--jobs`` ...) are the job mode's own
-and pass through. Returns the job mode's argument list (``chaos.cli.job.main``). A built-in
+and pass through. ``--hang-timeout`` keeps its built-in meaning (no progress for S seconds is a
+hang, 60 by default) through the job mode's own (``chaos.launch.silence``). Returns the job
+mode's argument list (``chaos.cli.job.main``). A built-in
 option the job pipeline cannot honour is refused in one line, never ignored.
 """
 
@@ -27,20 +29,17 @@ from chaos.target.protocol import validate_spec
 from chaos.target.workload import job as workload
 
 DEFAULT_POINTS = 12  # without --max-points, --budget or --point: about a minute and a half on 2 CPU ranks
-HANG_TIMEOUT_S = 60.0  # the built-in --hang-timeout's default: anything else is refused
 
 
 def _refuse(args: argparse.Namespace) -> None:
     """A ConfigError for each built-in option the job pipeline has no way to honour."""
     refused = [(args.driver != "process", f"--driver {args.driver}"), (args.image is not None, "--image"),
                (args.device not in (None, "cpu"), f"--device {args.device}"),
-               (args.cache_dir is not None, "--cache-dir"), (args.no_cache, "--no-cache"),
-               (args.hang_timeout != HANG_TIMEOUT_S, "--hang-timeout")]
+               (args.cache_dir is not None, "--cache-dir"), (args.no_cache, "--no-cache")]
     said = [flag for bad, flag in refused if bad]
     if said:
         raise ConfigError(f"--as-job cannot take {', '.join(said)}: the job pipeline runs the workload as "
-                          "processes on this host's CPUs, without the built-in golden cache or hang detector "
-                          "(use --timeout for a bound on each attempt)")
+                          "processes on this host's CPUs, without the built-in golden cache")
 
 
 def workload_command(args: argparse.Namespace) -> list[str]:
@@ -61,7 +60,7 @@ def job_argv(args: argparse.Namespace, rest: list[str]) -> list[str]:
     know, go before the COMMAND, where the job mode's parser reads (or refuses) them."""
     _refuse(args)
     out = ["--ranks", str(args.world_size), "--result-file", workload.RESULT_FILES, "--max-restarts", str(args.max_restarts),
-           "--seed", str(args.seed)]
+           "--seed", str(args.seed), "--hang-timeout", repr(args.hang_timeout)]
     out += output_options(args)
     if args.loss_band is not None:
         out += ["--loss-band", str(args.loss_band)]

@@ -128,6 +128,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "--sbatch-opt=--signal=B:USR1@30")
     p.add_argument("--max-restarts", type=int, default=1, metavar="K", help="restarts after a fault (default 1)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per attempt")
+    p.add_argument("--hang-timeout", type=float, default=None, metavar="S",
+                   help="stop an attempt as hung once it has been silent S seconds: no output, traced file event or "
+                        "probe call (default: only --timeout ends it); choose S above the job's longest silent stretch")
     p.add_argument("--rtol", type=float, default=1e-3, help="tolerance mode: relative tolerance of results")
     p.add_argument("--json", metavar="PATH", help="write the results JSON here")
     p.add_argument("--html", metavar="FILE", help="write the HTML report here (what chaos report renders)")
@@ -166,7 +169,7 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
     job = JobSpec(command=command, resume_command=resume, ranks=args.ranks, result_globs=tuple(args.result_file),
                   step_regex=args.step_regex, loss_regex=args.loss_regex, loss_band=args.loss_band,
                   checkpoint_glob=args.checkpoint_glob, max_restarts=args.max_restarts,
-                  timeout_s=args.timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m),
+                  timeout_s=args.timeout, hang_timeout_s=args.hang_timeout, rtol=args.rtol, modes=tuple(m for m in args.modes.split(",") if m),
                   faults=tuple(f for f in args.faults.split(",") if f) if args.faults is not None else None,
                   grace_s=args.grace, net_hold_s=args.net_hold, nodes=args.nodes, node_hold_s=args.node_hold,
                   preload=not args.no_preload, native_trace=not args.no_native_trace, materialize=args.materialize, launcher=args.launcher,

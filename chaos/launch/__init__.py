@@ -4,6 +4,7 @@ cluster.py        the built-in workload's ranks from a warm fork server (restart
 drivers/          the same ranks as Docker containers, and the private engine they run in
 job.py            one attempt of a user's job: its command, or N copies with torchrun's environment
 spares.py         an attempt's copies started ahead of time, held at the boot path's gate
+silence.py        when a job's attempt stopped showing progress (``--hang-timeout``)
 output.py         what a job's output says about why it failed
 recovery_pool.py  a warm group of ranks that runs a checkpointer's recovery again and again
 ports.py          a free loopback TCP port (rendezvous, local servers)

@@ -46,9 +46,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.launch import preload, reaper, spares, zygote
+from chaos.launch import preload, reaper, silence, spares, zygote
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
+from chaos.launch.silence import Silence
 from chaos.model import jobspec as S
 from chaos.nemesis import family, netcut
 from chaos.scratch import cache_root
@@ -76,6 +77,7 @@ class AttemptOutcome:
     argv: list[str]
     returncodes: list[int | None] = field(default_factory=list)
     timed_out: bool = False
+    hung: float | None = None  # --hang-timeout: stopped after this many seconds with no sign of life (silence.py)
     seconds: float = 0.0
     logs: list[str] = field(default_factory=list)
     leftovers: list[int] = field(default_factory=list)  # pids still alive after the attempt, then killed
@@ -92,7 +94,7 @@ class AttemptOutcome:
 
     @property
     def ok(self) -> bool:
-        return (not self.timed_out and self.halted is None and not self.interrupted
+        return (not self.timed_out and self.hung is None and self.halted is None and not self.interrupted
                 and all(rc == 0 for rc in self.returncodes))
 
     @property
@@ -101,6 +103,8 @@ class AttemptOutcome:
             return "stopped by the harness: the run was interrupted"
         if self.timed_out:
             return "timed out"
+        if self.hung is not None:
+            return silence.describe(self.hung)
         if self.halted is not None:
             return f"stopped by the harness right after rank {self.halted.get('rank')}'s event {self.halted.get('ord')}"
         if self.net is not None:
@@ -146,6 +150,8 @@ class AttemptOutcome:
     def to_dict(self) -> dict[str, Any]:
         d = {"attempt": self.attempt, "outcome": self.describe, "returncodes": self.returncodes,
              "timed_out": self.timed_out, "seconds": round(self.seconds, 3), "leftovers": self.leftovers}
+        if self.hung is not None:
+            d["hung_s"] = self.hung
         if self.halted is not None:
             d["halted"] = self.halted
         if self.term is not None:
@@ -442,6 +448,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         halted_at = next_ready = 0.0
         ready: Callable[[S.Point, str, str], bool] | None = None
         settle_end: float | None = None
+        quiet = None if job.hang_timeout_s is None else Silence(job.hang_timeout_s, trace_dir, outcome.logs, started)
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
@@ -481,6 +488,10 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                 break  # one rank failed: stop the others, as torchrun's agent does
             if time.monotonic() > deadline:
                 outcome.timed_out = True
+                break
+            if (quiet is not None and grace_end is None and hold_end is None and outcome.halted is None
+                    and quiet.hung(time.monotonic()) is not None):
+                outcome.hung = quiet.limit_s  # every copy is killed below
                 break
             if _cancelled.is_set():
                 outcome.interrupted = True

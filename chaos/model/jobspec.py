@@ -124,6 +124,7 @@ class JobSpec:
     checkpoint_glob: str | None = None
     max_restarts: int = 1
     timeout_s: float = 300.0
+    hang_timeout_s: float | None = None     # --hang-timeout: an attempt silent this long is stopped as hung
     rtol: float = 1e-3
     modes: tuple[str, ...] = MODES
     faults: tuple[str, ...] | None = None  # --faults; None: every kind that applies here
@@ -164,6 +165,8 @@ class JobSpec:
             raise ConfigError(f"--max-restarts must be non-negative, got {self.max_restarts}")
         if self.timeout_s <= 0:
             raise ConfigError(f"--timeout must be positive, got {self.timeout_s:g}")
+        if self.hang_timeout_s is not None and not self.hang_timeout_s > 0:
+            raise ConfigError(f"--hang-timeout must be a positive number of seconds, got {self.hang_timeout_s:g}")
         bad = [m for m in self.modes if m not in MODES]
         if bad or not self.modes:
             raise ConfigError(f"--modes {','.join(self.modes)!r}: choose from {','.join(MODES)}")
@@ -255,6 +258,8 @@ class JobSpec:
             args += ["--max-restarts", str(self.max_restarts)]
         if self.timeout_s != 300.0:
             args += ["--timeout", repr(self.timeout_s)]
+        if self.hang_timeout_s is not None:
+            args += ["--hang-timeout", repr(self.hang_timeout_s)]
         if self.rtol != 1e-3:
             args += ["--rtol", repr(self.rtol)]
         if self.modes != MODES:
@@ -303,7 +308,9 @@ class JobSpec:
                    step_regex=spec.get("step_regex"), loss_regex=spec.get("loss_regex"),
                    loss_band=None if spec.get("loss_band") is None else float(spec["loss_band"]),
                    checkpoint_glob=spec.get("checkpoint_glob"), max_restarts=int(spec.get("max_restarts", 1)),
-                   timeout_s=float(spec.get("timeout_s", 300.0)), rtol=float(spec.get("rtol", 1e-3)),
+                   timeout_s=float(spec.get("timeout_s", 300.0)),
+                   hang_timeout_s=None if spec.get("hang_timeout_s") is None else float(spec["hang_timeout_s"]),
+                   rtol=float(spec.get("rtol", 1e-3)),
                    modes=tuple(spec.get("modes") or MODES),
                    faults=tuple(spec["faults"]) if spec.get("faults") is not None else None,
                    grace_s=float(spec.get("grace_s", DEFAULT_GRACE_S)),
@@ -320,7 +327,8 @@ class JobSpec:
                 "result_files": list(self.result_globs), "step_regex": self.step_regex,
                 "loss_regex": self.loss_regex, "loss_band": self.loss_band,
                 "checkpoint_glob": self.checkpoint_glob, "max_restarts": self.max_restarts,
-                "timeout_s": self.timeout_s, "rtol": self.rtol, "modes": list(self.modes),
+                "timeout_s": self.timeout_s,
+                **({} if self.hang_timeout_s is None else {"hang_timeout_s": self.hang_timeout_s}), "rtol": self.rtol, "modes": list(self.modes),
                 "faults": None if self.faults is None else list(self.faults), "grace_s": self.grace_s,
                 "net_hold_s": self.net_hold_s, "cwd": self.cwd, "nodes": self.nodes,
                 "node_hold_s": self.node_hold_s, **({} if self.preload else {"preload": False}),
@@ -426,6 +434,9 @@ def _check_launcher(job: JobSpec) -> None:
     if shape is not None:
         raise ConfigError(f"--launcher sbatch with {shape}: a Slurm batch job here runs one plain COMMAND "
                           "(one process per attempt)")
+    if job.hang_timeout_s is not None:
+        raise ConfigError("--hang-timeout with --launcher sbatch: Slurm runs the job, and bounds it by its own "
+                          "--time (--sbatch-opt=--time=...)")
     if job.faults is not None:
         bad = [k for k in job.faults if k not in KINDS_WITH_SBATCH]
         if bad:

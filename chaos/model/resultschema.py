@@ -111,7 +111,7 @@ _JOB_SPEC = _object({
     "ranks": _maybe("integer"), "world_size": {"type": "integer", "minimum": 1}, "torchrun": _BOOL,
     "result_files": _array(_STR), "step_regex": _maybe("string"), "loss_regex": _maybe("string"),
     "loss_band": _maybe("number"), "checkpoint_glob": _maybe("string"), "max_restarts": _INT,
-    "timeout_s": _NUM, "rtol": _NUM, "modes": _array(_STR), "faults": {**_maybe("array"), "items": _STR},
+    "timeout_s": _NUM, "hang_timeout_s": _maybe("number"), "rtol": _NUM, "modes": _array(_STR), "faults": {**_maybe("array"), "items": _STR},
     "grace_s": _NUM, "net_hold_s": _NUM, "cwd": _STR, "nodes": _maybe("integer"), "node_hold_s": _NUM,
     "launcher": _STR, "sbatch_options": _array(_STR),  # --launcher sbatch only (absent: subprocess)
 }, required=("command",))

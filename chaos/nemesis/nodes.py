@@ -62,6 +62,7 @@ from chaos.launch import job as launch
 from chaos.launch import reaper
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
+from chaos.launch.silence import Silence
 from chaos.model import jobspec as S
 from chaos.nemesis import netcut
 from chaos.nemesis.atrest import Applied
@@ -268,6 +269,8 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     agents: list[_Agent] = []
     try:
         agents = [start(i) for i in range(n)]
+        quiet = (None if job.hang_timeout_s is None
+                 else Silence(job.hang_timeout_s, trace_dir, [a.log for a in agents], time.monotonic()))
         while True:
             codes = [a.proc.poll() for a in agents]
             if all(c is not None for c in codes):
@@ -289,15 +292,25 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                     record["lost_log"] = agents[point.node].log
                     agents[point.node] = start(point.node, replacement=True)
                     record["replacement"] = {"agent_pid": agents[point.node].proc.pid, "mono": time.monotonic()}
+                    if quiet is not None:
+                        quiet.logs.append(agents[point.node].log)
                 _answer(trace_dir, record)
+                if quiet is not None:
+                    quiet.resume(time.monotonic())  # the harness's own act: silence counts from here
             if hold_end is not None and record is not None and time.monotonic() >= hold_end and "up" not in record:
                 _link_up(lab, record, "the hold was over")
+                if quiet is not None:
+                    quiet.resume(time.monotonic())
             if any(c not in (None, 0) for c in codes):
                 settle_end = settle_end or time.monotonic() + NODE_SETTLE_S
                 if time.monotonic() > settle_end:
                     break  # the other agents wait in a rendezvous that cannot complete
             if time.monotonic() > deadline:
                 outcome.timed_out = True
+                break
+            held = hold_end is not None and record is not None and "up" not in record
+            if quiet is not None and not held and quiet.hung(time.monotonic()) is not None:
+                outcome.hung = quiet.limit_s
                 break
             if launch._cancelled.is_set():
                 break
