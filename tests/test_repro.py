@@ -108,7 +108,8 @@ def test_the_issue_draft_says_what_was_done_expected_observed_versions_and_outpu
         assert f"\n{heading}\n" in text
     assert f"of `<out>/{fault['path']}` (traced file event {fault['op']})" in text
     assert f"point `{found.point}`" in text and "**hard failure**" in text
-    assert f"--seed 0 --point {found.point_arg} -- <venv>/bin/python careless_job.py --out '{{out}}'" in text
+    python = Path(sys.executable).name  # python, or python3 under a venv's own pytest script
+    assert f"--seed 0 --point {found.point_arg} -- <venv>/bin/{python} careless_job.py --out '{{out}}'" in text
     assert f"- python: {found.environment['python']}\n- torch: {metadata.version('torch')}\n" in text
     assert f"- chaos-ckpt (the harness): {metadata.version('chaos-ckpt')}" in text
     assert 'File "<cwd>/careless_job.py"' in text and "json.decoder.JSONDecodeError: " in text
