@@ -38,12 +38,14 @@ from reports.cases import cut_words, printable
 from reports.summary import cell, code
 
 DEFAULT_ANNOTATIONS = Path(chaos.__file__).resolve().parent / "examples" / "frameworks" / "findings.json"
-FAMILIES = FAULT_KINDS
+# every --faults kind, and "resume": a point struck again inside its resume (--resume-points), its own row
+FAMILIES = (*FAULT_KINDS, "resume")
 FAMILY_WORDS = {"kill": "kill", "corrupt": "corruption at rest", "power": "power loss",
                 "errno": "I/O error (ENOSPC / EIO)", "term": "SIGTERM", "diskfull": "disk full (real ENOSPC)",
                 "net": "network cut", "node": "node loss", "stale": "stale copy of an older save",
                 "swap": "two ranks' files swapped", "payload": "code planted in the checkpoint",
-                "reorder": "writes reordered before a power cut", "sched": "Slurm requeue / preemption / node loss"}
+                "reorder": "writes reordered before a power cut", "sched": "Slurm requeue / preemption / node loss",
+                "resume": "a kill inside the resume after a first fault"}
 VERDICT_WORDS = {"code_execution": "code execution", "hard_failure": "hard failure", "silent_divergence": "silent divergence", "lost_work": "lost work",
                  "pass": "held", "error": "harness error", "skipped": "not tested"}
 PEER_ANSWERS = ("yes", "no", "partly")
@@ -208,11 +210,13 @@ class Run:
 
 
 def point_family(point_id: str, source: str) -> str:
-    """The ``--faults`` family of a point id (``rank0:op9:power:s2`` -> power), as the harness parses it."""
+    """The ``--faults`` family of a point id (``rank0:op9:power:s2`` -> power), as the harness parses it;
+    ``resume`` for one with a second fault inside its resume (``...+rank0:op1:after``)."""
     from chaos.model.grammar import parse_point
 
     try:
-        return parse_point(point_id).family
+        point = parse_point(point_id)
+        return "resume" if point.then is not None else point.family
     except (ConfigError, ValueError):  # ValueError: a number of more digits than int() takes
         raise ConfigError(f"{source}: scenario {point_id[:200]!r} is not a point id chaos run writes") from None
 

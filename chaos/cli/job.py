@@ -72,6 +72,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "and sizes equal the fault-free run's is complete")
     p.add_argument("--max-points", type=int, default=None, metavar="N", help="a seeded sample of N points")
     p.add_argument("--budget", type=float, default=None, metavar="S", help="start no point after S seconds")
+    p.add_argument("--resume-points", type=int, default=0, metavar="N",
+                   help="then N points more: passing points tried again with a kill inside their resume (its "
+                        "load, cleanup or first save), and one restart more (rankR:opN:MODE+rankR:opM:MODE)")
     p.add_argument("--jobs", type=int, default=1, metavar="J",
                    help="points run concurrently (--executor slurm: the array's tasks, each a share of the points)")
     p.add_argument("--executor", choices=("local", "slurm"), default="local",
@@ -182,9 +185,29 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
     if args.executor == "slurm" and job.launcher == "sbatch":
         raise ConfigError("--executor slurm with --launcher sbatch: each array task would submit the job's batch "
                           "jobs and wait for them, holding a slot they may need; run one or the other")
+    if args.resume_points < 0:
+        raise ConfigError(f"--resume-points must be non-negative, got {args.resume_points}")
+    if args.resume_points or any(parse_point(p).then is not None for p in args.point):
+        _check_second_faults(args, job)
     if args.chaos_mesh is not None and job.nodes is None:
         raise ConfigError("--chaos-mesh writes node faults: it needs --nodes N")
     return args, job
+
+
+def _check_second_faults(args: argparse.Namespace, job: JobSpec) -> None:
+    """ConfigError where a second fault in a resume (``--resume-points``, ``--point A+B``) cannot be run."""
+    from chaos.plan.resumepoints import why_not
+
+    why = why_not(job)
+    if why is not None:
+        raise ConfigError(f"a second fault in a resume (--resume-points, --point ...+rankR:opN:MODE): {why}")
+    if args.resume_points and args.point:
+        raise ConfigError("--resume-points samples points to strike again; --point runs exactly the points given "
+                          "(write one with its second fault: --point rank0:op17:after+rank0:op4:before)")
+    if args.executor == "slurm":
+        raise ConfigError("a second fault in a resume with --executor slurm: the array's tasks run one fault a "
+                          "point, and the second faults are chosen from the first points' resumes, which they do "
+                          "not hand back")
 
 
 def output_options(args: argparse.Namespace) -> list[str]:
@@ -359,6 +382,8 @@ def unreachable(job: JobSpec, ref: Reference, point: Point) -> str | None:
     if point.rank not in ranks:
         shown = ", ".join(map(str, ranks)) or "none"
         return f"the fault-free run traced no rank {point.rank} (rank(s) traced: {shown})"
+    if point.then is not None and point.then.rank not in ranks:
+        return f"its second fault's rank {point.then.rank} is none the fault-free run traced"
     if point.op is not None:
         ords = [r["ord"] for r in ref.traces.get((point.rank, 0), [])
                 if r.get("event") == "op" and isinstance(r.get("ord"), int)]
@@ -414,6 +439,7 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
             _say(f"  note: {note}")
         progress["found"] = len(ref.points)
         progress["planned"] = len(only) if only else min(len(ref.points), args.max_points or len(ref.points))
+        progress["planned"] += 0 if only else args.resume_points  # at most: each a passing point struck again
         said = cost_line(progress["planned"], ref.seconds, args.jobs, args.budget, args.max_points)
         if said:
             print(said, file=sys.stderr, flush=True)
@@ -432,7 +458,7 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
     try:
         exploration = explore(job, seed=args.seed, max_points=args.max_points, budget_s=args.budget, jobs=args.jobs,
                               only=only, scratch_base=args.scratch, keep=args.keep, on_reference=on_reference,
-                              on_result=on_result, executor=executor)
+                              on_result=on_result, executor=executor, resume_points=args.resume_points)
     except Interrupted as interrupted:  # every process of the job is gone, the scratch root too
         if stop is not None:
             stop.settled = True
@@ -444,8 +470,10 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
     if executor is not None and executor.record:  # which array jobs ran the points, retried, lost
         doc["job"]["executor"] = executor.record
     tally = _tally(final)
-    line = (f"{tally}; coverage {len(final)}/{exploration.found} point(s) "
-            f"({exploration.coverage:.0%}) in {time.monotonic() - started:.1f} s")
+    second = len(exploration.judged) - len(exploration.first_points)
+    line = (f"{tally}; coverage {len(exploration.first_points)}/{exploration.found} point(s) "
+            f"({exploration.coverage:.0%})" + (f", and {second} struck again in their resume" if second else "")
+            + f" in {time.monotonic() - started:.1f} s")
     status = _report(args, job, doc, line, final, exploration.reference.golden.tolerance)
     missed = [r for r in final if only and r.verdict.outcome == "not_reached"]
     if missed:  # asked for by name and never reached: a mistake (or a drifted replay), never a pass
@@ -495,7 +523,7 @@ def _interrupted(args: argparse.Namespace, job: JobSpec, interrupted: Interrupte
         doc = job_results_document(job, exploration, final)
         record = exploration.interrupted or {}
         line = (f"{_tally(final)}; interrupted after {record.get('after', 0)} of {record.get('of', 0)} points "
-                f"({name}); coverage {len(exploration.judged)}/{exploration.found} point(s) "
+                f"({name}); coverage {len(exploration.first_points)}/{exploration.found} point(s) "
                 f"({exploration.coverage:.0%}) {elapsed}")
         tolerance = exploration.reference.golden.tolerance
         for r in final:

@@ -90,6 +90,7 @@ from chaos.launch.output import cause as _cause
 from chaos.launch.output import clip
 from chaos.model.check import Check
 from chaos.model.jobspec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec
+from chaos.model.point import Point
 from chaos.nemesis import nodes
 from chaos.nemesis.atrest import halt_record, opens_for_writing, under, untraced_line
 from chaos.record.jobhistory import PointRecord
@@ -115,6 +116,15 @@ class Golden:
     loss_source: str | None = None  # which announcements carry the losses (losscurve.source): step | loss
 
 
+def _struck(rec: PointRecord) -> tuple[int, ...]:
+    """The attempts a fault struck: attempt 0, and attempt 1 where a second fault (``point.then``) fired
+    in the restart. What those relied on is what the last restart must resume from."""
+    then = rec.point.then
+    if then is not None and any(r.get("event") == "fired" for r in rec.traces.get((then.rank, 1), [])):
+        return (0, 1)
+    return (0,)
+
+
 def _liveness(job: JobSpec, rec: PointRecord) -> Check:
     last = rec.attempts[-1]
     # a torchrun worker's attempt: TORCHRUN_STRIDE x the harness's relaunches + torchelastic's restarts
@@ -132,7 +142,8 @@ def _liveness(job: JobSpec, rec: PointRecord) -> Check:
         why = (f"torchrun {last.describe} after torchelastic restarted the workers {len(restarts)} time(s)"
                if restarts else f"torchrun {last.describe} and its agent never restarted the workers")
     else:
-        why = f"the resume {last.describe} ({len(rec.attempts) - 1} restart(s) of {job.max_restarts} allowed)"
+        allowed = job.max_restarts + (1 if rec.point.then is not None else 0)  # one more for a second fault
+        why = f"the resume {last.describe} ({len(rec.attempts) - 1} restart(s) of {allowed} allowed)"
     last_line = _cause(last.tail(12000))
     if last_line:
         why += f": {clip(last_line)}"
@@ -178,7 +189,8 @@ def _probe(r: dict[str, Any]) -> dict[str, Any] | None:
 def _resumed_at(rec: PointRecord, rank: int, golden: Golden | None = None) -> tuple[int | None, str, dict[str, Any]]:
     """Where rank ``rank``'s first restart started (None: unknown), how that is known, and each source
     seen where they disagree (evidence: ``--step-regex`` is never silently overruled by ``--loss-regex``)."""
-    first = min((a for (r, a) in rec.traces if r == rank and a > 0), default=None)
+    struck = max(_struck(rec))  # after a second fault, the restart after it
+    first = min((a for (r, a) in rec.traces if r == rank and a > struck), default=None)
     if first is None:
         return 0, "no trace of a restart", {}
     recs = rec.traces[(rank, first)]
@@ -384,10 +396,11 @@ def relied_on(job: JobSpec, golden: Golden, rec: PointRecord) -> list[Relied]:
         return _glob_unit(pattern, rel) or rel
 
     versions: list[_Version] = []
+    struck = _struck(rec)
     for (rank, a), recs in sorted(rec.traces.items()):
-        if a == 0:
+        if a in struck:  # a power cut's moment is attempt 0's; a second fault is a kill
             announces = any((i := _probe(r)) is not None and i.get("kind") in STEP_KINDS for r in recs)
-            versions += _track(rank, recs, root, cut, announces, unit)
+            versions += _track(rank, recs, root, cut if a == 0 else None, announces, unit)
     # A corrupted file spoils its whole save: every file its rank wrote for the same step
     # (ckpt-6.pt corrupted, ckpt-6.pt.sha256 beside it is no checkpoint to rely on either).
     spoiled = {(v.rank, v.step) for v in versions if v.step is not None and _holds(v.path, excluded)}
@@ -450,12 +463,14 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
         if rank not in newest or n > newest[rank][0]:
             newest[rank] = (n, source)
 
+    struck = _struck(rec)
     for (rank, a), recs in rec.traces.items():
-        if a != 0:
+        if a not in struck:
             continue
         acked = [r["info"]["n"] for r in recs if r.get("event") == "phase" and r.get("name") == "chaos.probe"
-                 and r.get("info", {}).get("kind") == "saved" and (cut is None or r.get("ts", 0.0) <= cut)
-                 and not (saving is not None and rank in damaged and r["info"]["n"] >= saving)]
+                 and r.get("info", {}).get("kind") == "saved"
+                 and (cut is None or a != 0 or r.get("ts", 0.0) <= cut)
+                 and not (a == 0 and saving is not None and rank in damaged and r["info"]["n"] >= saving)]
         if acked:
             offer(rank, max(acked), "chaos.probe.saved")
     if rec.after_kill is not None:
@@ -482,7 +497,7 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
             return Check("durability", "not_judged", f"lost work not judged: {why}", evidence)
         return Check("durability", "pass", "no checkpoint the job relied on when it was stopped: nothing to lose",
                       evidence)
-    restarted = len(rec.attempts) > 1 or any(a > 0 for (_r, a) in rec.traces)
+    restarted = len(rec.attempts) > len(struck) or any(a > max(struck) for (_r, a) in rec.traces)
     if not restarted:
         return Check("durability", "not_judged", "lost work not judged: the job was never restarted", evidence)
     ranks = {}
@@ -654,6 +669,24 @@ def _fault(rec: PointRecord, fired: list[dict[str, Any]]) -> tuple[str | None, d
     return None, None
 
 
+def _kill_line(p: Point, fired: list[dict[str, Any]]) -> str:
+    """A plain kill's line, where a second fault follows it (a lone kill's verdict needs none)."""
+    f = fired[0] if fired else {}
+    return (f"rank {p.rank} killed at step {p.step}" if p.step is not None else
+            f"rank {p.rank} killed {p.mode} its event {f.get('ord', p.op)} ({f.get('op', p.kind)})")
+
+
+def _second(rec: PointRecord) -> str | None:
+    """What the second fault did in the restart, or None where it never fired."""
+    then = rec.point.then
+    assert then is not None
+    f = next((r for r in rec.traces.get((then.rank, 1), []) if r.get("event") == "fired"), None)
+    if f is None:
+        return None
+    on = _short(f.get("path"), rec.out) if f.get("path") else "?"
+    return f"in the restart, rank {then.rank} killed {then.mode} its event {f.get('ord')} ({f.get('op')} of {on})"
+
+
 def _short(path: Any, out: str) -> str:
     root = os.path.realpath(out)
     if path == root:
@@ -688,6 +721,14 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
         return PointVerdict("skipped" if traced else "error", "not_reached" if traced else "error", why,
                             {"liveness": live})
     what, fault = _fault(rec, fired)
+    if p.then is not None:
+        second = _second(rec)
+        if second is None:
+            return PointVerdict("skipped", "not_reached", f"{what or 'the first fault fired'}; then the restart "
+                                f"never reached its event {p.then.op} on rank {p.then.rank}, where the second fault "
+                                "waited (the restart made fewer file events, or exited early)",
+                                {"liveness": _liveness(job, rec)}, fault)
+        what = f"{what}; {second}" if what else f"{_kill_line(p, fired)}; {second}"
     if p.family == "node" and what and not (applied is not None and applied.skipped):
         what = f"{what}; {nodes.outcome_phrase(rec)}"  # survived, or died and was relaunched
     if applied is not None and applied.skipped:

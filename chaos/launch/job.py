@@ -224,7 +224,7 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
         env[S.ENV_STEP_REGEX] = job.step_regex
     if job.loss_regex:
         env[S.ENV_LOSS_REGEX] = job.loss_regex
-    if point is not None and attempt == 0 and point.in_rank:
+    if point is not None and point.attempt == attempt and point.in_rank:  # (a second fault's: attempt 1)
         env[S.ENV_POINT] = json.dumps(point.env())
     if job.import_events:  # the tracer skips those whose modules were loaded before it started
         env[S.ENV_IMPORT_EVENTS] = json.dumps([[n, list(mods)] for n, mods in job.import_events])
@@ -442,7 +442,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             procs.append(proc)
             exits.watch(proc)
         deadline = started + job.timeout_s
-        armed = point is not None and attempt == 0 and (point.mode in S.HALT_MODES or point.mode in ("term", "net"))
+        armed = point is not None and attempt == point.attempt and (point.mode in S.HALT_MODES or point.mode in ("term", "net"))
         grace_end: float | None = None
         hold_end: float | None = None
         halted_at = next_ready = 0.0

@@ -32,7 +32,7 @@ import re
 from typing import Any
 
 from chaos.errors import ConfigError
-from chaos.model.contract import OP_MODES, ROT_MODES, STEP_MODES
+from chaos.model.contract import AT_REST_FAMILIES, MODES, OP_MODES, ROT_MODES, STEP_MODES
 from chaos.model.fault import COMMON_KEYS, FAULT_KINDS, Fault
 from chaos.model.keyvalue import _parse_value
 from chaos.model.point import NODE_MODES, Point
@@ -42,7 +42,27 @@ _POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+)|:st
 _NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(NODE_MODES)})")
 
 
+_THEN = re.compile(rf"\+rank(\d+):op(\d+):({'|'.join(MODES)})$")
+# families whose chain restarts the job with the harness's own launcher (explore._chain): a second
+# fault can strike their resume. A full disk, a network cut, a node or a Slurm action has a chain of its own.
+THEN_FAMILIES = ("kill", "term", "power", "errno", *AT_REST_FAMILIES)
+
+
 def _read_point(text: str) -> Point:
+    """A point, with a second fault in its resume where ``+rankR:opN:MODE`` ends it (:data:`_THEN`)."""
+    stripped = text.strip()
+    m = _THEN.search(stripped)
+    if m is None:
+        return _read_one(stripped)
+    first = _read_one(stripped[:m.start()])
+    if first.family not in THEN_FAMILIES:
+        raise ConfigError(f"--point {text!r}: a second fault (+rankR:opN:MODE) follows a point of "
+                          f"{', '.join(THEN_FAMILIES)}, not of {first.family}")
+    then = Point(int(m.group(1)), m.group(3), op=int(m.group(2)), attempt=1)
+    return dataclasses.replace(first, then=then)
+
+
+def _read_one(text: str) -> Point:
     """``rank0:op17:before`` | ``rank1:op3:bitflip`` | ``rank0:op9:power`` | ``rank0:op4:eio`` |
     ``rank0:op9:payload`` | ``rank0:op9:stale:step6`` | ``rank1:op4:swap`` |
     ``rank0:op9:payload=ckpt/step-6/manifest.pkl`` (the file, where event 9 completed several) |
@@ -55,7 +75,7 @@ def _read_point(text: str) -> Point:
     """
     base, sep, anchor = text.strip().partition("@")
     if sep:
-        point = _read_point(base)
+        point = _read_one(base)
         if point.op is None:
             raise ConfigError(f"malformed --point {text!r}: only an event point (rankR:opN:MODE) takes an anchor "
                               "(@KIND:PATH:N)")

@@ -48,6 +48,11 @@ class Point:
     event whatever its ordinal in that run. Ranks that race (two creating one directory,
     whichever is first) shift each other's ordinals between runs, never another path's
     count. ``op`` still names the point (``id``); :attr:`replay_id` adds the anchor.
+
+    ``then``: a second fault, a kill (before / after / torn) at the resume's event ``then.op``
+    (``attempt`` 1, its ordinals those of the restart's own trace), after which the job is
+    restarted once more: the crash during recovery a first fault's restart may not survive
+    (``rank0:op17:after+rank0:op4:before``; chosen by ``chaos.plan.resumepoints``).
     """
 
     rank: int
@@ -67,6 +72,10 @@ class Point:
     # it): the file it strikes, named in its id (``rank0:op9:payload=ckpt/step-6/manifest.pkl``), so that
     # each file's point has its own id and its replay strikes that file
     file: str | None = None
+    attempt: int = 0  # the attempt it fires in: 0, or 1 for the second fault of a point (``then``)
+    # a second fault, in the restart the first one caused: a kill at the resume's event ``then.op``
+    # (``rank0:op17:after+rank0:op4:before``): a crash during recovery, then one more restart
+    then: Point | None = None
 
     @property
     def anchor(self) -> str | None:
@@ -79,12 +88,24 @@ class Point:
 
     @property
     def replay_id(self) -> str:
-        """What a replay command passes to ``--point``: :attr:`id`, then ``@`` and the anchor if any."""
+        """What a replay command passes to ``--point``: :attr:`id`, with ``@`` and the anchor if any
+        before the second fault's ``+`` (``rank0:op17:after@write:ckpt/a.pt:3+rank0:op4:before``)."""
         anchor = self.anchor
-        return self.id if anchor is None else f"{self.id}@{anchor}"
+        own = self.own_id if anchor is None else f"{self.own_id}@{anchor}"
+        return own + self._then_id
 
     @property
     def id(self) -> str:
+        return self.own_id + self._then_id
+
+    @property
+    def _then_id(self) -> str:
+        return "" if self.then is None else f"+{self.then.id}"
+
+    @property
+    def own_id(self) -> str:
+        """This fault's id alone, without a second fault's ``+...``: what seeds what it does
+        (``atrest.point_seed``), so a point struck again in its resume does the same first."""
         if self.node is not None:
             return f"node{self.node}:step{self.step}:{self.mode}"
         if self.mode == "diskfull":
@@ -133,6 +154,8 @@ class Point:
             env["at_step"] = self.at_step
         if self.anchor is not None:
             env["anchor"] = [self.kind, self.path, self.nth]
+        if self.attempt:
+            env["attempt"] = self.attempt
         return env
 
     def to_fault(self, **extra: Any) -> dict[str, Any]:
@@ -153,8 +176,8 @@ class Point:
                                     ("path", self.path), ("seq", self.seq), ("nth", self.nth),
                                     ("size_bytes", self.size), ("at_step", self.at_step)) if v is not None}
         params.update({k: v for k, v in extra.items() if v is not None})
-        return {"kind": kind, "rank": None if fam == "diskfull" else self.rank, "step": self.step, "attempt": 0,
-                "params": params, "spec": self.id}
+        return {"kind": kind, "rank": None if fam == "diskfull" else self.rank, "step": self.step,
+                "attempt": self.attempt, "params": params, "spec": self.own_id}
 
 
 def _node_fault(point: Point, extra: dict[str, Any]) -> dict[str, Any]:

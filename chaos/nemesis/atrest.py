@@ -59,8 +59,9 @@ class Applied:
 
 
 def point_seed(seed: int, point: Point) -> int:
-    """The seed of one point's fault: the run's ``--seed`` and the point's id, nothing else."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{point.id}".encode()).digest()[:4], "big")
+    """The seed of one point's fault: the run's ``--seed`` and the point's own id (a second fault in
+    its resume changes nothing of the first), nothing else."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{point.own_id}".encode()).digest()[:4], "big")
 
 
 def halt_record(traces: dict[tuple[int, int], list[dict[str, Any]]], rank: int) -> dict[str, Any] | None:

@@ -75,7 +75,7 @@ from chaos.launch.preload import Choice
 from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
 from chaos.nemesis import atrest, diskfull, family, netcut, nodes
 from chaos.nemesis.sites import event_keys
-from chaos.plan import pointset
+from chaos.plan import pointset, resumepoints
 from chaos.plan.pointset import Facts
 from chaos.record.jobhistory import PointRecord, read_traces
 from chaos.run import materialize
@@ -151,7 +151,7 @@ class Run:
 
     def attempt(self, job: JobSpec, attempt: int, point: Point | None) -> launch.AttemptOutcome:
         if self.prestart and attempt == 0 and point is not None and job.max_restarts > 0:
-            launch.prestart(job, self.out, self.scratch, 1, None, self.mark, self.lab)
+            launch.prestart(job, self.out, self.scratch, 1, point.then, self.mark, self.lab)
         if job.launcher == "sbatch":  # one Slurm job: its requeued runs are the next attempts
             runs = sbatch.run_attempts(job, self.out, self.scratch, attempt, point, self.mark)
             self.attempts += runs
@@ -176,16 +176,18 @@ def _restarts(job: JobSpec, run: Run, point: Point, watch: Callable[[int], None]
     full disk: the agent's own restarts met the same full disk, and a job that gave up on it
     is relaunched once the disk has room again, as whoever freed the space would. A
     SIGTERM'd job is restarted even when it exited 0: it was preempted, not finished.
-    ``watch(attempt)`` runs after each restart (an at-rest family's ``watch``: a payload's marker)."""
+    ``watch(attempt)`` runs after each restart (an at-rest family's ``watch``: a payload's marker).
+    A point with a second fault (``point.then``) arms it in the first restart, and has one
+    restart more than ``--max-restarts`` for it."""
     fam = family.families()[point.family]
     if fam.scheduler_restarts:
         return  # Slurm reran the job itself (sched): its runs are attempt 0's launch's attempts already
     if job.torchrun and not fam.restarts_torchrun:
         return  # a node point's agents that all failed are relaunched, as a scheduler restarts a failed job
-    for attempt in range(1, job.max_restarts + 1):
+    for attempt in range(1, job.max_restarts + (2 if point.then is not None else 1)):
         if run.attempts[-1].ok and not (attempt == 1 and fam.preempts):
             break
-        run.attempt(job, attempt, None)
+        run.attempt(job, attempt, point.then if attempt == 1 else None)
         if watch is not None:
             watch(attempt)
 
@@ -364,7 +366,7 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
     zero = None
     if run.replay_from is not None and point is not None:  # materialize.why_not said it can be
         if run.prestart and job.max_restarts > 0 and spares.port_of(run.scratch, 1) is None:
-            launch.prestart(job, run.out, run.scratch, 1, None, run.mark, run.lab)  # (unless the last point did)
+            launch.prestart(job, run.out, run.scratch, 1, point.then, run.mark, run.lab)  # (unless the last point did)
         zero = materialize.attempt_zero(job, point, run.replay_from, run.out, run.scratch)
     if zero is not None:
         run.attempts.append(zero)
@@ -380,11 +382,27 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
     if point is not None and not (applied is not None and applied.skipped):
         watch = None if fam is None or fam.watch is None or applied is None else functools.partial(fam.watch, applied)
+        states: list[dict[str, dict[str, int]] | None] = []
+        if point.then is not None:
+            watch = _after_second(job, run, watch, states.append)
         _restarts(job, run, point, watch)
+        if states:  # the restart the second fault struck: what the last restart starts from is judged
+            after_kill = states[0]
         if fam is not None and fam.settle is not None and applied is not None:
             fam.settle(applied, read_traces(run.scratch, run.out))
     return PointRecord(point or Point(0, "none"), run.out, run.attempts, read_traces(run.scratch, run.out),
                        after_kill, applied, before_fault, untraced)
+
+
+def _after_second(job: JobSpec, run: Run, watch: Callable[[int], None] | None,
+                  keep: Callable[[dict[str, dict[str, int]] | None], None]) -> Callable[[int], None]:
+    """``watch``, and after attempt 1 (the one a second fault struck) ``keep`` of the checkpoints it left."""
+    def both(attempt: int) -> None:
+        if watch is not None:
+            watch(attempt)
+        if attempt == 1:
+            keep(checkpoint_state(run.out, job.checkpoint_glob))
+    return both
 
 
 @dataclass
@@ -414,8 +432,11 @@ class Reference:
 
         A point given with its anchor (``--point rank0:op17:after@write:a.pt:2``, as replay
         commands give it) is taken as it is: it fires at that event wherever this run's
-        ordinals put it, and keeps the id it was recorded with.
+        ordinals put it, and keeps the id it was recorded with. A second fault (``point.then``)
+        stays as given: the fault-free run never resumed, so only its ordinal is known.
         """
+        if point.then is not None:
+            return dataclasses.replace(self.lookup(job, dataclasses.replace(point, then=None)), then=point.then)
         if point.anchored:
             return point
         known = {p.id: p for p in self.points}
@@ -588,16 +609,23 @@ class PointResult:
     def to_dict(self) -> dict[str, Any]:
         v = self.verdict
         fired = self.record.fired()
+        first = [f for f in fired if f.get("attempt") == 0]  # (a second fault's is attempt 1's)
         drift = None
-        if fired and self.point.kind and fired[0].get("op") not in (self.point.kind, "step"):
-            drift = f"the fault-free run's event {self.point.op} was {self.point.kind}, this run's {fired[0].get('op')}"
-        elif fired and self.point.anchored and fired[0].get("ord") != self.point.op:
-            drift = (f"fired at the anchor ({self.point.anchor}), this run's event {fired[0].get('ord')}; the "
+        if first and self.point.kind and first[0].get("op") not in (self.point.kind, "step"):
+            drift = f"the fault-free run's event {self.point.op} was {self.point.kind}, this run's {first[0].get('op')}"
+        elif first and self.point.anchored and first[0].get("ord") != self.point.op:
+            drift = (f"fired at the anchor ({self.point.anchor}), this run's event {first[0].get('ord')}; the "
                      f"fault-free run's was event {self.point.op}: ordinals moved, the event did not")
+        then = self.point.then
+        second = [f for f in fired if f.get("attempt") == 1 and then is not None and f.get("rank") == then.rank]
+        if then is not None and then.kind and second and second[0].get("op") != then.kind:
+            drift = ((drift + "; ") if drift else "") + (
+                f"the resume's event {then.op} was {then.kind} when it was chosen, this run's {second[0].get('op')}")
         extra = family.families()[self.point.family].recorded(self.job, self.point, self.seed)
         return {
             "id": self.point.id, "seed": self.seed, "checkpointer": "job", "backend": "file",
-            "world_size": self.job.world_size, "faults": [self.point.to_fault(**extra)], "fired": fired,
+            "world_size": self.job.world_size, "faults": [self.point.to_fault(**extra)]
+            + ([self.point.then.to_fault()] if self.point.then is not None else []), "fired": fired,
             "fault_applied": v.fault,
             "verdict": v.verdict, "outcome": v.outcome, "summary": v.summary,
             "oracles": {n: o.to_dict() for n, o in v.oracles.items()}, "replay": self.replay,
@@ -626,7 +654,13 @@ class Exploration:
 
     @property
     def coverage(self) -> float:
-        return len(self.judged) / self.found if self.found else 0.0
+        return len(self.first_points) / self.found if self.found else 0.0
+
+    @property
+    def first_points(self) -> list[PointResult]:
+        """The judged points found in the fault-free run (not those with a second fault in a resume):
+        what coverage and the tried kinds count; ``points_tried`` and ``points_chosen`` count all."""
+        return [r for r in self.judged if r.point.then is None]
 
     def to_dict(self) -> dict[str, Any]:
         ref = self.reference
@@ -634,8 +668,10 @@ class Exploration:
                "coverage": round(self.coverage, 4), "budget_s": self.budget_s, "seconds": round(self.seconds, 3),
                "faults": {"asked": list(self.job_faults) if self.job_faults is not None else "all that apply",
                           "explored": list(ref.kinds), "found": pointset.by_kind(ref.points),
-                          "tried": pointset.by_kind(r.point for r in self.judged)},
+                          "tried": pointset.by_kind(r.point for r in self.first_points)},
                "reference": ref.to_dict()}
+        if len(self.first_points) < len(self.judged):
+            doc["resume_points_tried"] = len(self.judged) - len(self.first_points)
         if self.interrupted is not None:
             doc["interrupted"] = self.interrupted
         return doc
@@ -645,8 +681,11 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
             jobs: int = 1, only: Point | list[Point] | None = None, scratch_base: str | None = None, keep: bool = False,
             on_reference: Callable[[Reference], None] | None = None,
             on_result: Callable[[PointResult], None] | None = None,
-            executor: PointsRunner | None = None) -> Exploration:
+            executor: PointsRunner | None = None, resume_points: int = 0) -> Exploration:
     """The whole exploration in one scratch root (removed afterwards unless ``keep``).
+
+    ``resume_points``: once the chosen points are judged, up to that many more, each a passing
+    point with a second fault in its resume (``chaos.plan.resumepoints``), run here.
 
     ``only``: run exactly these points (``--point``, ``chaos replay``) instead of a sample.
     ``executor``: who runs the chosen points (default :func:`_run_points`, ``jobs`` at a time
@@ -706,6 +745,13 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
                 chosen = plan.points
             (executor or _run_points)(job, ref, chosen, root, seed, budget_s, jobs, keep, started, results,
                                       on_result)
+            if resume_points and only is None:
+                second = resumepoints.choose([_resumed(r) for r in results if r.verdict.outcome != INTERRUPTED],
+                                             resume_points, seed)
+                ref.notes.append(_second_note(second, resume_points))
+                _run_points(job, ref, second, root, seed, budget_s, jobs, keep, started, results, on_result,
+                            first=len(chosen))
+                chosen = chosen + second
             exploration = _exploration(job, ref, chosen, results, budget_s, started)
             if plan is not None:  # the classes tried, and those the --budget ran out before
                 ref.notes += plan.tried_notes([r.point for r in exploration.results], max_points, budget_s)
@@ -727,6 +773,26 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
             disk.unmount_all(root)  # a full-disk point's tmpfs, if an interrupt cut its own unmount short
             if not keep:
                 shutil.rmtree(root, ignore_errors=True)
+
+
+def _resumed(result: PointResult) -> resumepoints.Resumed:
+    """What a judged point's first restart did, for choosing a second fault in it."""
+    attempts = result.record.attempts
+    resumed = len(attempts) > 1 and attempts[1].ok and not attempts[1].materialized
+    durable = result.verdict.oracles.get("durability")
+    ranks = durable.evidence.get("ranks", {}) if durable is not None and isinstance(durable.evidence, dict) else {}
+    from_checkpoint = any(isinstance(r, dict) and (r.get("resumed_at") or 0) > 0 for r in ranks.values())
+    return resumepoints.Resumed(result.point, result.verdict.verdict == "pass", resumed,
+                                {rank: recs for (rank, a), recs in result.record.traces.items() if a == 1},
+                                from_checkpoint)
+
+
+def _second_note(second: list[Point], asked: int) -> str:
+    if not second:
+        return (f"--resume-points {asked}: no point passed with a resume to strike (a resume that ran, exited 0 "
+                "and made a file event), so no second fault was tried")
+    return (f"--resume-points {asked}: {len(second)} point(s) tried again with a kill inside their resume "
+            f"(+rankR:opN: the restart's own event N), then one restart more: {', '.join(p.id for p in second)}")
 
 
 def _exploration(job: JobSpec, ref: Reference, chosen: list[Point], results: list[PointResult],
@@ -759,8 +825,9 @@ def replay_source(job: JobSpec, ref: Reference, point: Point) -> str | None:
 
 def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, seed: int, budget_s: float | None,
                 jobs: int, keep: bool, started: float, results: list[PointResult],
-                on_result: Callable[[PointResult], None] | None) -> None:
-    """Run and judge ``chosen``, ``jobs`` at a time, into ``results`` (``on_result`` for each).
+                on_result: Callable[[PointResult], None] | None, first: int = 0) -> None:
+    """Run and judge ``chosen``, ``jobs`` at a time, into ``results`` (``on_result`` for each);
+    their folders are numbered from ``first`` (the points with a second fault follow the others).
 
     On an interrupt the points not started are cancelled, the running ones stopped
     (``launch.cancel``), and this returns only once their threads are done, each such
@@ -785,15 +852,15 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
         if launch.cancelled():
             return None
         t0 = time.monotonic()
-        run = new_run(root, f"point-{i:05d}")
+        run = new_run(root, f"point-{first + i:05d}")
         run.prestart = warm and not in_lab(ref.netlab, point)
         run.replay_from = replay_from(point)
         if warm and jobs == 1 and i + 1 < len(chosen) and not in_lab(ref.netlab, chosen[i + 1]):
-            nxt = new_run(root, f"point-{i + 1:05d}")
+            nxt = new_run(root, f"point-{first + i + 1:05d}")
             if replay_from(chosen[i + 1]) is None:
                 launch.prestart(job, nxt.out, nxt.scratch, 0, chosen[i + 1], nxt.mark)
             elif job.max_restarts > 0:  # its first attempt is rebuilt, not run: its restart comes first
-                launch.prestart(job, nxt.out, nxt.scratch, 1, None, nxt.mark)
+                launch.prestart(job, nxt.out, nxt.scratch, 1, chosen[i + 1].then, nxt.mark)
         rec: PointRecord | None = None
         try:
             rec = run_chain(job, run, point, seed, ref.netlab)
@@ -816,7 +883,7 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
             if on_result:
                 on_result(res)
         if not keep:
-            shutil.rmtree(os.path.join(root, f"point-{i:05d}"), ignore_errors=True)
+            shutil.rmtree(os.path.join(root, f"point-{first + i:05d}"), ignore_errors=True)
         return res
 
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

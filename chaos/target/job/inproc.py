@@ -715,7 +715,7 @@ def install() -> JobInterposer | None:
     point: dict[str, Any] | None = None
     if env.get(S.ENV_POINT):
         p = json.loads(env[S.ENV_POINT])
-        if p.get("rank") == rank and attempt == 0:
+        if p.get("rank") == rank and attempt == p.get("attempt", 0):  # a second fault's: the restart's
             point = p
     tdir = env[S.ENV_TRACE_DIR]
     pid = os.getpid()

@@ -1,0 +1,102 @@
+"""Second faults: a kill inside the resume of a point the job survived (``--resume-points N``).
+
+Why: a checkpointer's recovery is code that runs right after a crash, on the leftovers of
+one: it loads, cleans up temp files and half-written checkpoints, applies retention, writes
+its first save. A crash *there* is a different fault from any the fault-free run can
+offer, and the bugs behind it are real: a cleanup that deletes the only good checkpoint
+before the next one is complete, a ``latest`` pointer rewritten in place, a lock the
+recovery takes and never releases. The built-in workload's generated schedules have had a
+second fault in the restart from the start (``chaos.plan.strategies``, ``attempt=1``);
+this gives a job the same.
+
+Such a point is only known once the first one has run: its resume's trace says which
+events the recovery made. After the first points are judged, ``explore`` hands over what
+each one's resume did (:class:`Resumed`) and :func:`choose` picks up to N of them (passing
+points whose resume started from a checkpoint first, one of every family before a second
+of any), and for each a seeded kill at one event of its
+resume: one of the events up to the end of the resume's first save (its first rename,
+or its first ``chaos.probe.saved``), where recovery and its first save happen; all of
+its events where neither is seen. The chain is then the first point's, the second
+fault armed in its restart (``Point.then``), and one restart more.
+
+Called by ``chaos.run.explore.explore``; :func:`why_not` by the command line, before anything runs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from typing import Any
+
+from chaos.model.grammar import THEN_FAMILIES
+from chaos.model.jobspec import JobSpec
+from chaos.model.point import Point
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What one judged point's first restart did: ``events`` per rank, the trace of attempt 1."""
+
+    point: Point
+    passed: bool  # every oracle passed: the job survived the first fault
+    resumed: bool  # attempt 1 ran (not rebuilt) and exited 0
+    events: dict[int, list[dict[str, Any]]]
+    from_checkpoint: bool = False  # the lost-work oracle saw the resume start from a checkpoint it relied on
+
+
+def why_not(job: JobSpec) -> str | None:
+    """Why this job's points cannot take a second fault (None: they can)."""
+    if job.torchrun or job.nodes is not None:
+        return "torchrun's agent restarts the workers itself: the harness arms no restart of its own"
+    if job.launcher != "subprocess":
+        return f"--launcher {job.launcher} restarts the job itself"
+    if job.max_restarts < 1:
+        return "--max-restarts 0: a point is never resumed, so there is no resume to strike"
+    return None
+
+
+def _window(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The resume's events up to the end of its first save (see the module docstring)."""
+    ops = []
+    for r in recs:
+        if r.get("event") == "phase" and r.get("name") == "chaos.probe" and (r.get("info") or {}).get("kind") == "saved":
+            if ops:
+                return ops
+        if r.get("event") != "op" or r.get("ord") is None or r.get("error"):
+            continue
+        ops.append(r)
+        if r.get("op") == "rename":
+            return ops
+    return ops
+
+
+def choose(done: list[Resumed], n: int, seed: int) -> list[Point]:
+    """Up to ``n`` points with a second fault: passing points whose resume ran, those that resumed
+    from a checkpoint first, one of each family before a second of any, each with a seeded kill at
+    one event of its resume's first save."""
+    rng = random.Random(f"resume-points:{seed}")
+    able = [d for d in done if d.passed and d.resumed and d.point.then is None and d.point.family in THEN_FAMILIES
+            and any(_window(recs) for recs in d.events.values())]
+    rng.shuffle(able)
+    order: list[Resumed] = []
+    for tier in (True, False):  # a resume from a checkpoint first: there recovery has something to lose
+        by_family: dict[str, list[Resumed]] = {}
+        for d in able:
+            if d.from_checkpoint is tier:
+                by_family.setdefault(d.point.family, []).append(d)
+        while any(by_family.values()):
+            for fam in sorted(by_family):
+                if by_family[fam]:
+                    order.append(by_family[fam].pop(0))
+    out = []
+    for d in order[:n]:
+        rank = rng.choice(sorted(r for r, recs in d.events.items() if _window(recs)))
+        event = rng.choice(_window(d.events[rank]))
+        mode = rng.choice(("before", "after", "torn") if event.get("op") == "write" else ("before", "after"))
+        then = Point(rank, mode, op=int(event["ord"]), kind=event.get("op"), path=event.get("rel"),
+                     seq=event.get("seq"), attempt=1)
+        out.append(replace(d.point, then=then))
+    return out
+
+
+__all__ = ["Resumed", "choose", "why_not"]
