@@ -129,8 +129,9 @@ def test_a_job_whose_resume_the_harness_does_not_start_takes_no_second_fault(kw:
     with pytest.raises(ConfigError, match=f"a second fault in a resume.*{says}"):
         cli_job.build([*(["--max-restarts", "0"] if "max_restarts" in kw else ["--launcher", "sbatch"]),
                        "--resume-points", "2", "--", "python", "j.py", "{out}"])
-    torchrun = JobSpec(command=("torchrun", "--nproc-per-node", "2", "j.py", "{out}"))
-    assert "torchrun's agent" in (why_not(torchrun) or "")
+    torchrun = JobSpec(command=("torchrun", "--nproc-per-node", "2", "--max-restarts", "1", "j.py", "{out}"))
+    assert "torchrun --max-restarts 1: its agent must restart the workers" in (why_not(torchrun) or "")
+    assert why_not(JobSpec(command=("torchrun", "--max-restarts=2", "j.py", "{out}"))) is None
 
 
 def test_resume_points_and_named_points_are_not_mixed_nor_sent_to_a_slurm_array() -> None:
@@ -207,3 +208,28 @@ def test_a_point_struck_again_in_its_resume_is_a_findings_row_of_its_own_the_pee
     assert findings.point_family("rank0:step5:kill+rank0:op1:after", "r.json") == "resume"
     assert findings.point_family("rank0:step5:kill", "r.json") == "kill"
     assert findings.load_annotations(findings.DEFAULT_ANNOTATIONS).peer_families["resume"] == "no"
+
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun next to this Python")
+def test_a_torchrun_job_is_struck_in_its_agents_restart_and_in_the_harness_relaunch(tmp_path: Path) -> None:
+    """After a kill the agent restarts the workers: the second fault rides in the launch's environment
+    (ENV_POINT_THEN) and fires in restart 1. After a power loss the harness relaunches torchrun with it
+    armed (its workers' attempt TORCHRUN_STRIDE). Either way the agent's next restart finishes the job."""
+    command = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "--max-restarts", "2",
+               "chaos/examples/ddp_job.py", "--out", "{out}", "--save", "careful", "--steps", "6"]
+    rc, doc, out = _run(tmp_path, "--faults", "kill,power", "--max-points", "4", "--resume-points", "2",
+                        "--seed", "0", "--timeout", "240", command=command, result="final.pt")
+    assert rc == 0, out
+    seconds = [s for s in doc["scenarios"] if "+" in s["id"]]
+    assert sorted(s["faults"][0]["kind"] for s in seconds) == ["crash", "powerloss"], [s["id"] for s in seconds]
+    for s in seconds:
+        assert s["verdict"] == "pass", s["summary"]
+        struck = {f["attempt"] for f in s["fired"] if f.get("action") == "kill" and f["attempt"] > 0}
+        relaunched = s["faults"][0]["kind"] == "powerloss"
+        assert struck == ({100} if relaunched else {1}), s["fired"]  # TORCHRUN_STRIDE x the relaunch, or restart 1
+        assert len(s["attempts"]) == (2 if relaunched else 1)  # torchrun launched by the harness
+        assert "torchelastic restarted the workers" in s["oracles"]["liveness"]["summary"]

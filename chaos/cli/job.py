@@ -384,6 +384,15 @@ def unreachable(job: JobSpec, ref: Reference, point: Point) -> str | None:
         return f"the fault-free run traced no rank {point.rank} (rank(s) traced: {shown})"
     if point.then is not None and point.then.rank not in ranks:
         return f"its second fault's rank {point.then.rank} is none the fault-free run traced"
+    if point.phase is not None:
+        seen = sorted({str(r.get("name")) for r in ref.traces.get((point.rank, 0), [])
+                       if r.get("event") == "phase" and r.get("name") != "chaos.probe"
+                       and isinstance(r.get("info"), dict) and r["info"].get("step") == point.step})
+        if point.phase in seen:
+            return None
+        return (f"rank {point.rank} announced no phase {point.phase!r} of step {point.step} in the fault-free run"
+                + (f" (its phases of that step: {', '.join(seen)})" if seen else
+                   " (no phase of that step: a checkpointer announces its phases through chaos.phases)"))
     if point.op is not None:
         ords = [r["ord"] for r in ref.traces.get((point.rank, 0), [])
                 if r.get("event") == "op" and isinstance(r.get("ord"), int)]

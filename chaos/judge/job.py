@@ -116,12 +116,19 @@ class Golden:
     loss_source: str | None = None  # which announcements carry the losses (losscurve.source): step | loss
 
 
+def _first_restart(rec: PointRecord, rank: int) -> int | None:
+    """The attempt number of rank ``rank``'s first restart (1; a relaunched torchrun's, TORCHRUN_STRIDE)."""
+    return min((a for (r, a) in rec.traces if r == rank and a > 0), default=None)
+
+
 def _struck(rec: PointRecord) -> tuple[int, ...]:
-    """The attempts a fault struck: attempt 0, and attempt 1 where a second fault (``point.then``) fired
-    in the restart. What those relied on is what the last restart must resume from."""
+    """The attempts a fault struck: attempt 0, and the first restart where a second fault (``point.then``)
+    fired in it. What those relied on is what the last restart must resume from."""
     then = rec.point.then
-    if then is not None and any(r.get("event") == "fired" for r in rec.traces.get((then.rank, 1), [])):
-        return (0, 1)
+    first = _first_restart(rec, then.rank) if then is not None else None
+    if then is not None and first is not None and any(r.get("event") == "fired"
+                                                      for r in rec.traces.get((then.rank, first), [])):
+        return (0, first)
     return (0,)
 
 
@@ -680,8 +687,9 @@ def _second(rec: PointRecord) -> str | None:
     """What the second fault did in the restart, or None where it never fired."""
     then = rec.point.then
     assert then is not None
-    f = next((r for r in rec.traces.get((then.rank, 1), []) if r.get("event") == "fired"), None)
-    if f is None:
+    struck = _struck(rec)
+    f = next((r for r in rec.traces.get((then.rank, struck[-1]), []) if r.get("event") == "fired"), None)
+    if len(struck) < 2 or f is None:
         return None
     on = _short(f.get("path"), rec.out) if f.get("path") else "?"
     return f"in the restart, rank {then.rank} killed {then.mode} its event {f.get('ord')} ({f.get('op')} of {on})"

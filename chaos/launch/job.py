@@ -225,7 +225,13 @@ def job_env(job: S.JobSpec, out: str, trace_dir: str, tmp: str, mark: str, attem
     if job.loss_regex:
         env[S.ENV_LOSS_REGEX] = job.loss_regex
     if point is not None and point.attempt == attempt and point.in_rank:  # (a second fault's: attempt 1)
-        env[S.ENV_POINT] = json.dumps(point.env())
+        armed = point.env()
+        if job.torchrun and attempt > 0:  # torchrun relaunched: its workers' attempt is TORCHRUN_STRIDE x it
+            armed["attempt"] = S.TORCHRUN_STRIDE * attempt
+        env[S.ENV_POINT] = json.dumps(armed)
+    if (job.torchrun and attempt == 0 and point is not None and point.then is not None
+            and not family.families()[point.family].restarts_torchrun):
+        env[S.ENV_POINT_THEN] = json.dumps(point.then.env())  # fired by the workers of the agent's first restart
     if job.import_events:  # the tracer skips those whose modules were loaded before it started
         env[S.ENV_IMPORT_EVENTS] = json.dumps([[n, list(mods)] for n, mods in job.import_events])
     lib = native_tracer(job, os.path.dirname(os.path.dirname(os.path.abspath(trace_dir))))

@@ -47,7 +47,9 @@ DEFAULT_NET_HOLD_S = 5.0  # --net-hold: how long a cut rank's link stays down be
 # Set by the harness for every process of a job; read by the boot path.
 ENV_OUT = "CHAOS_JOB_OUT"                # the job's {out}: the interposer traces under it
 ENV_TRACE_DIR = "CHAOS_JOB_TRACE_DIR"    # where each traced process writes its trace
-ENV_POINT = "CHAOS_JOB_POINT"            # JSON of the one point to fire (attempt 0 only): Point.env(), "anchor" included
+ENV_POINT = "CHAOS_JOB_POINT"            # JSON of the point to fire in this attempt: Point.env(), "anchor" included
+# JSON of a second fault (Point.then) that a torchrun COMMAND's workers fire in the agent's first restart
+ENV_POINT_THEN = "CHAOS_JOB_POINT_THEN"
 ENV_RANKS_ONLY = "CHAOS_JOB_RANKS_ONLY"  # "1": only processes with RANK set (torchrun workers)
 ENV_CHILDREN = "CHAOS_JOB_CHILDREN"      # "1": also trace children of a traced process
 ENV_STEP_REGEX = "CHAOS_JOB_STEP_REGEX"  # --step-regex, scanned in the job's own stdout/stderr

@@ -46,6 +46,7 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     ENV_MARK,
     ENV_OUT,
     ENV_POINT,
+    ENV_POINT_THEN,
     ENV_PRELOAD,
     ENV_PYCACHE,
     ENV_RANK,

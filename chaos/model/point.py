@@ -72,6 +72,9 @@ class Point:
     # it): the file it strikes, named in its id (``rank0:op9:payload=ckpt/step-6/manifest.pkl``), so that
     # each file's point has its own id and its replay strikes that file
     file: str | None = None
+    # a step kill at a named phase of that step's save, as the checkpointer announces it through
+    # ``chaos.phases`` (``rank1:step23:kill,phase=vote``: the built-in fault's spelling, as --as-job passes it)
+    phase: str | None = None
     attempt: int = 0  # the attempt it fires in: 0, or 1 for the second fault of a point (``then``)
     # a second fault, in the restart the first one caused: a kill at the resume's event ``then.op``
     # (``rank0:op17:after+rank0:op4:before``): a crash during recovery, then one more restart
@@ -111,7 +114,7 @@ class Point:
         if self.mode == "diskfull":
             return f"disk:full:{self.size}"
         if self.step is not None:
-            return f"rank{self.rank}:step{self.step}:{self.mode}"
+            return f"rank{self.rank}:step{self.step}:{self.mode}" + (f",phase={self.phase}" if self.phase else "")
         on = f"={self.file}" if self.file is not None else ""
         if self.at_step is not None:
             return f"rank{self.rank}:op{self.op}:{self.mode}:step{self.at_step}{on}"
@@ -156,6 +159,8 @@ class Point:
             env["anchor"] = [self.kind, self.path, self.nth]
         if self.attempt:
             env["attempt"] = self.attempt
+        if self.phase is not None:
+            env["phase"] = self.phase
         return env
 
     def to_fault(self, **extra: Any) -> dict[str, Any]:
@@ -174,7 +179,8 @@ class Point:
         when = None if fam in ("power", "diskfull", "net", *AT_REST_KINDS) else self.mode
         params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
                                     ("path", self.path), ("seq", self.seq), ("nth", self.nth),
-                                    ("size_bytes", self.size), ("at_step", self.at_step)) if v is not None}
+                                    ("size_bytes", self.size), ("at_step", self.at_step), ("phase", self.phase))
+                  if v is not None}
         params.update({k: v for k, v in extra.items() if v is not None})
         return {"kind": kind, "rank": None if fam == "diskfull" else self.rank, "step": self.step,
                 "attempt": self.attempt, "params": params, "spec": self.own_id}

@@ -13,11 +13,17 @@ Such a point is only known once the first one has run: its resume's trace says w
 events the recovery made. After the first points are judged, ``explore`` hands over what
 each one's resume did (:class:`Resumed`) and :func:`choose` picks up to N of them (passing
 points whose resume started from a checkpoint first, one of every family before a second
-of any), and for each a seeded kill at one event of its
-resume: one of the events up to the end of the resume's first save (its first rename,
-or its first ``chaos.probe.saved``), where recovery and its first save happen; all of
-its events where neither is seen. The chain is then the first point's, the second
-fault armed in its restart (``Point.then``), and one restart more.
+of any), and for each a seeded kill at one event of its resume, among those up to the end
+of the resume's first save (its first rename, or its first ``chaos.probe.saved``), where
+recovery and its first save happen; among all its events where neither is seen. The chain
+is then the first point's, the second fault armed in its restart (``Point.then``), and
+one restart more.
+
+A torchrun COMMAND takes them too: its agent restarts the workers
+(``TORCHELASTIC_RESTART_COUNT``), so the second fault rides in the launch's environment
+(``ENV_POINT_THEN``) and fires in the workers of the first restart; after a fault that stops
+torchrun itself (SIGTERM, at rest, power) the harness relaunches it with the second fault
+armed. Either way torchrun needs ``--max-restarts 2`` or more.
 
 Called by ``chaos.run.explore.explore``; :func:`why_not` by the command line, before anything runs.
 """
@@ -29,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from chaos.model.grammar import THEN_FAMILIES
-from chaos.model.jobspec import JobSpec
+from chaos.model.jobspec import JobSpec, torchrun_option
 from chaos.model.point import Point
 
 
@@ -46,8 +52,14 @@ class Resumed:
 
 def why_not(job: JobSpec) -> str | None:
     """Why this job's points cannot take a second fault (None: they can)."""
-    if job.torchrun or job.nodes is not None:
-        return "torchrun's agent restarts the workers itself: the harness arms no restart of its own"
+    if job.nodes is not None:
+        return "--nodes: a node's agent restarts its workers, and a node point has a chain of its own"
+    if job.torchrun:
+        given = torchrun_option(job.command, "--max-restarts", "--max_restarts")
+        restarts = int(given[1]) if given is not None and given[1].isdigit() else 0
+        if restarts < 2:
+            return (f"torchrun --max-restarts {restarts}: its agent must restart the workers after the first fault "
+                    "and again after the second (--max-restarts 2 or more)")
     if job.launcher != "subprocess":
         return f"--launcher {job.launcher} restarts the job itself"
     if job.max_restarts < 1:

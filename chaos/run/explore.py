@@ -777,14 +777,16 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
 
 def _resumed(result: PointResult) -> resumepoints.Resumed:
     """What a judged point's first restart did, for choosing a second fault in it."""
-    attempts = result.record.attempts
-    resumed = len(attempts) > 1 and attempts[1].ok and not attempts[1].materialized
+    attempts, traces = result.record.attempts, result.record.traces
+    # the first restart: the harness's attempt 1, torchelastic's first restart of the workers (1), or
+    # the harness's relaunch of torchrun (TORCHRUN_STRIDE); the chain ended well, and ran it
+    first = min((a for (_r, a) in traces if a > 0), default=None)
+    resumed = first is not None and attempts[-1].ok and not any(a.materialized for a in attempts[1:])
     durable = result.verdict.oracles.get("durability")
     ranks = durable.evidence.get("ranks", {}) if durable is not None and isinstance(durable.evidence, dict) else {}
     from_checkpoint = any(isinstance(r, dict) and (r.get("resumed_at") or 0) > 0 for r in ranks.values())
     return resumepoints.Resumed(result.point, result.verdict.verdict == "pass", resumed,
-                                {rank: recs for (rank, a), recs in result.record.traces.items() if a == 1},
-                                from_checkpoint)
+                                {rank: recs for (rank, a), recs in traces.items() if a == first}, from_checkpoint)
 
 
 def _second_note(second: list[Point], asked: int) -> str:

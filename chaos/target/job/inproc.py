@@ -81,8 +81,12 @@ _FSYNCS = ("fsync", "fdatasync")
 _NEEDS_SPACE = ("write", "mkdir", "rename", "link")  # and an open that creates its file
 
 
-def _rules(mode: str | None) -> list[IORule]:
-    """The interposer rules a point's mode needs; ``_match`` decides when they fire."""
+def _rules(point: dict[str, Any] | None) -> list[IORule]:
+    """The interposer rules a point needs; ``_match`` decides when they fire. A kill at a named phase
+    of a step's save is the interposer's own phase rule (the checkpointer announces it, chaos.phases)."""
+    mode = point.get("mode") if point else None
+    if point is not None and point.get("phase"):
+        return [IORule("kill", phase=point["phase"], step=point.get("step"))]
     if mode == "torn":
         return [IORule("short_write", op="write", keep=None, then="kill", times=None)]
     if mode == "enospc":
@@ -120,7 +124,7 @@ class JobInterposer(Interposer):
     """The interposer, numbering file events and firing one ``Point`` given as a dict."""
 
     def __init__(self, root: str, rank: int, trace_path: str, point: dict[str, Any] | None) -> None:
-        super().__init__(root, rank=rank, trace_path=trace_path, rules=_rules(point and point.get("mode")),
+        super().__init__(root, rank=rank, trace_path=trace_path, rules=_rules(point),
                          keep_records=False, trace_reads=True)
         self.point = point
         self._anchor: tuple[str, str, int] | None = None
@@ -381,8 +385,8 @@ class JobInterposer(Interposer):
         if self._deferred is not None and info.get("n") == p.get("at_step"):
             self._enter()  # held until the copies are stopped: no thread writes past the halt
             self._halt(*self._deferred, step=info.get("n"))
-        if p.get("step") is None or info.get("n") != p["step"]:
-            return
+        if p.get("step") is None or info.get("n") != p["step"] or p.get("phase"):
+            return  # (a phase point is the interposer's phase rule: it fires at the phase, not the step)
         if p.get("mode") == "term":
             self._term(p["step"], info.get("kind"))
             return
@@ -713,9 +717,9 @@ def install() -> JobInterposer | None:
     rank, attempt = _rank_attempt(env)
     _own_temp_dir(env, rank)
     point: dict[str, Any] | None = None
-    if env.get(S.ENV_POINT):
-        p = json.loads(env[S.ENV_POINT])
-        if p.get("rank") == rank and attempt == p.get("attempt", 0):  # a second fault's: the restart's
+    for key in (S.ENV_POINT, S.ENV_POINT_THEN):  # a torchrun worker's second fault: the agent's restart's
+        p = json.loads(env[key]) if env.get(key) else None
+        if p is not None and p.get("rank") == rank and attempt == p.get("attempt", 0):
             point = p
     tdir = env[S.ENV_TRACE_DIR]
     pid = os.getpid()
