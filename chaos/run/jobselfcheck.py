@@ -9,8 +9,8 @@ job that must pass every point) and one module per defect, each that job with on
 changed. Every module declares how it is run, as literals read with :mod:`ast` (nothing
 imported):
 
-    CHAOS_JOB = {"faults": ("kill",), "result_globs": ("final.json",)}  # JobSpec fields;
-                                                                        # and max_points
+    CHAOS_JOB = {"faults": ("kill",), "result_globs": ("final.json",)}  # JobSpec fields; and
+                                                                        # max_points, resume_points
     EXPECTED_CATCH = {"kill": ("durability",)}     # a defect: family -> oracle(s)
 
 Each job is explored as ``chaos run [options] -- python JOB.py --out {out}`` would explore
@@ -59,7 +59,7 @@ from chaos.run.selfcheck import (
 from chaos.target.workload import job as workload
 
 DECLARATION = "CHAOS_JOB"  # a job module's run options: JobSpec fields, and max_points
-EXPLORE_KEYS = ("max_points",)  # CHAOS_JOB keys that are the exploration's, not the JobSpec's
+EXPLORE_KEYS = ("max_points", "resume_points")  # CHAOS_JOB keys that are the exploration's, not the JobSpec's
 PREFIX = "job:"  # a job's name in the report beside the checkpointers' (job:correct, job:no_fallback)
 AS_JOB = "CHAOS_AS_JOB"  # a checkpointer module's run options inside the built-in workload as a job
 AS_JOB_EXPECTED = "EXPECTED_JOB_CATCH"  # and the job families and oracles meant to catch its defect there
@@ -102,6 +102,7 @@ class JobDeclaration:
     spec: JobSpec
     max_points: int | None
     expected: dict[str, tuple[str, ...]]
+    resume_points: int = 0  # points struck again inside their resume (explore's resume_points)
 
 
 def declaration(path: Path, correct: bool) -> JobDeclaration:
@@ -126,7 +127,7 @@ def declaration(path: Path, correct: bool) -> JobDeclaration:
         raise ConfigError(f"{path}: {name}: unknown key(s) {', '.join(map(str, unknown))}; "
                           f"known: {', '.join(sorted(fields | own))}")
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k not in own}
-    for key in ("max_points", *(WORKLOAD_KEYS if as_job else ())):
+    for key in ("max_points", "resume_points", *(WORKLOAD_KEYS if as_job else ())):
         value = raw.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ConfigError(f"{path}: {name}[{key!r}] must be a positive integer, got {value!r}")
@@ -146,7 +147,7 @@ def declaration(path: Path, correct: bool) -> JobDeclaration:
         raise ConfigError(f"{path}: {name}: {exc}") from None
     expected = {} if correct else read_expected(path, FAULT_KINDS, job_oracles(), example={"kill": ("durability",)},
                                                 name=AS_JOB_EXPECTED if as_job else EXPECTED_NAME)
-    return JobDeclaration(path, spec, raw.get("max_points"), expected)
+    return JobDeclaration(path, spec, raw.get("max_points"), expected, raw.get("resume_points") or 0)
 
 
 @dataclass
@@ -190,7 +191,7 @@ def run_job(name: str, decl: JobDeclaration, correct: bool, options: JobSelfChec
     report = CheckpointerReport(name, str(decl.path), correct, expected=decl.expected)
     max_points = options.max_points if options.max_points is not None else decl.max_points
     exploration = explore(decl.spec, seed=options.seed, max_points=max_points, jobs=options.jobs,
-                          scratch_base=options.scratch_base)
+                          scratch_base=options.scratch_base, resume_points=decl.resume_points)
     by_family: dict[str, list[PointResult]] = {}
     for r in exploration.results:
         by_family.setdefault(r.point.family, []).append(r)
