@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from chaos.model.jobspec import parse_point
 from chaos.nemesis import reorder
@@ -192,3 +194,29 @@ def test_an_fsync_makes_the_writes_before_it_durable_and_a_rename_carries_the_fi
     f = reorder.pending_writes(recs)["/o/f"]
     assert f.durable == b"body" and [w["offset"] for w in f.pending] == [4]
     assert reorder.pending_writes(recs, upto=2.5)["/o/t"].pending == []
+
+
+_OPS = st.sampled_from(["open", "write", "fsync", "rename", "unlink"])
+
+
+@given(st.lists(st.tuples(_OPS, st.sampled_from(["/o/a", "/o/b", "/o/d/c"]), st.integers(0, 8),
+                          st.binary(min_size=1, max_size=4)), max_size=40),
+       st.lists(st.floats(0, 45), max_size=6))
+def test_replaying_once_forward_gives_each_moment_what_a_replay_from_the_start_gives(
+        ops: list[tuple[str, str, int, bytes]], moments: list[float]) -> None:
+    """reorder.points asks at every checkpoint site in time order from one forward replay
+    (_Replay.advance); each answer must be what pending_writes from scratch gives then."""
+    recs: list[dict[str, Any]] = []
+    for i, (op, path, off, data) in enumerate(ops):
+        rec: dict[str, Any] = {"event": "op", "op": op, "path": path, "ts": float(i)}
+        if op == "open":
+            rec.update(trunc=off % 2 == 0, created=off % 3 == 0, mode="wb")
+        elif op == "write":
+            rec.update(offset=off, length=len(data), data=data)
+        elif op == "rename":
+            rec.update(src=path, dst="/o/r" + path[2:])
+        recs.append(rec)
+    replay = reorder._Replay(recs)
+    for t in sorted(moments):
+        assert replay.advance(t) == reorder.pending_writes(recs, t)
+    assert replay.advance() == reorder.pending_writes(recs)
