@@ -70,6 +70,7 @@ def test_bad_input_is_one_line_naming_it() -> None:
         assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow  # 23 s: the translation is checked above, and test_workload_as_job runs the same job per commit
 def test_a_model_only_checkpointer_run_as_a_job_diverges_naming_the_leaf(tmp_path: Path) -> None:
     results = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--as-job", "--scratch", str(tmp_path),
