@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from chaos.cli import job as cli_job
+from chaos.cli.repro import describe_fault, find
 from chaos.errors import ConfigError
 from chaos.model.grammar import parse_point
 from chaos.model.jobspec import JobSpec
@@ -173,6 +174,11 @@ def test_a_recovery_that_deletes_its_checkpoint_first_loses_work_only_when_struc
     assert [a["outcome"] for a in point["attempts"]] == ["killed by SIGKILL", "killed by SIGKILL", "exited 0"]
     assert point["replay"].endswith("--point rank0:step5:kill+rank0:op1:after -- " + point["replay"].split(" -- ")[1])
     assert "coverage 0/" in out and "1 struck again in their resume" in out
+    said = describe_fault(find(doc, "R.json"))  # the issue draft's "What was done" (chaos repro)
+    assert said.startswith("the job was killed (SIGKILL) at training step 5; then the harness restarted the job "
+                           "(at most 2 restart(s)); inside that restart (its recovery), the job was killed (SIGKILL) "
+                           "right after its `unlink` of `"), said
+    assert said.endswith("ckpt.json` (traced file event 1) of the restart's own trace; then restarted once more")
 
 
 def test_sampled_second_faults_find_the_recovery_bug(tmp_path: Path) -> None:

@@ -177,9 +177,23 @@ def describe_fault(finding: Finding) -> str:
         done = _net_cut(finding, who, step, params, applied if isinstance(applied, dict) else {})
     else:
         done = what or f"fault {f.get('spec') or finding.point}"
+    second = faults[1] if len(faults) > 1 and isinstance(faults[1], dict) and faults[1].get("attempt") else None
+    restarts = finding.spec.max_restarts + (1 if second is not None else 0)
     restarted = ("torchrun's agent restarted the workers" if finding.spec.torchrun else
                  "Slurm restarted the job (its own requeue, as in production)" if kind == "sched" else
-                 f"the harness restarted the job (at most {finding.spec.max_restarts} restart(s))")
+                 f"the harness restarted the job (at most {restarts} restart(s))")
+    if second is not None:  # a second fault, inside that restart (chaos run --resume-points)
+        p2 = dict(second.get("params") or {})
+        fired = next((x for x in finding.entry.get("fired") or [] if isinstance(x, dict) and x.get("attempt")
+                      and x.get("action") == "kill"), None)  # a replayed point names no event: what fired does
+        if fired is not None and not p2.get("event"):
+            p2.update(event=fired.get("op"), path=fired.get("path"))
+        who2 = f"rank {second.get('rank')}" if finding.spec.world_size > 1 else "the job"
+        how2 = {"before": "just before", "after": "right after", "torn": "halfway through"}.get(p2.get("when"),
+                                                                                            "at")
+        again = "its agent restarted the workers again" if finding.spec.torchrun else "restarted once more"
+        restarted += (f"; inside that restart (its recovery), {who2} was killed (SIGKILL) {how2} "
+                      f"{_where(p2)} of the restart's own trace; then {again}")
     return f"{done}; then {restarted}"
 
 
@@ -363,7 +377,9 @@ def issue_markdown(finding: Finding, found: list[tuple[str, str]], scrubber: Scr
     lines = [f"# {title(finding, script, found)}", "",
              "## What was done", "",
              f"The training job `{job_name(finding, script)}` ({launch}, command `{cmd}`, where `<out>` is its "
-             "output directory) was run twice without faults as the reference, then once more with one fault:",
+             "output directory) was run twice without faults as the reference, then once more with "
+             + ("two faults, the second inside the restart the first caused:"
+                if len(e.get("faults") or []) > 1 else "one fault:"),
              "", f"- {describe_fault(finding)}.", "",
              f"The fault is point `{finding.point}` of the chaos harness (seed {finding.seed}); the verdict is "
              f"**{OUTCOME_WORDS.get(finding.outcome, finding.outcome)}**.", "",
