@@ -114,6 +114,10 @@ KINDS: dict[str, Kind] = {
     "ignores_newest": Kind("the resume ignores the newest complete checkpoint",
                            "saved work is redone — resume from the newest checkpoint that is complete and verifies, "
                            "not from a fixed name or from scratch"),
+    "recovery_unsafe": Kind("a crash inside the resume's own recovery loses work the first crash left intact",
+                            "the recovery is not crash-safe — never remove or overwrite a checkpoint before its "
+                            "replacement is durable (a temp file, fsync, rename, directory fsync); a restart must "
+                            "survive a kill anywhere, as a save must"),
     "errno_swallowed": Kind("an I/O error ({detail}) in the save of {file} is not handled",
                             "the save counts as done though it failed — check every write, fsync and close, and fail "
                             "or retry the save"),
@@ -511,7 +515,7 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
         landed = f"Slurm {when or 'requeue'} after {event} of {key}"
         if outcome == "hard_failure":
             return torn_file(landed)
-    elif family == "kill" and event:  # a kill at a file event
+    elif family == "kill" and event and event not in ("step", "phase"):  # a kill at a file event
         word = {"before": "kill before", "after": "kill after", "torn": "torn"}.get(when, f"kill ({when})")
         landed = f"{word} {event} of {key}"
         if outcome == "hard_failure":
@@ -519,6 +523,8 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
     elif kind_of_fault == "crash":  # at a file event the document does not name
         landed = {"before": "kill before a file event", "after": "kill after a file event",
                   "torn": "torn write"}.get(when, "kill at a file event")
+    elif family == "kill" and params.get("phase"):  # at a phase the checkpointer announced (chaos.phases)
+        landed = f"kill at the {_s(params.get('phase'))} phase of a save"
     else:
         landed = {"kill": "kill between saves", "term": "SIGTERM",
                   "sched": f"Slurm {when or 'requeue'} between saves"}.get(family, f"{family} fault")
@@ -536,6 +542,10 @@ def _point(index: int, sc: dict[str, Any], files: _Files) -> Point:
     outcome = _s(sc.get("outcome"))
     line = exception_line(sc) if outcome == "hard_failure" else ""
     family, kind, file, detail, landed = _classify(sc, files, line)
+    if any(_d(f).get("attempt") for f in _l(sc.get("faults"))[1:]):  # struck again inside its resume
+        landed += "; then a kill inside its restart"
+        if outcome == "lost_work" and kind in ("ignores_newest", "unknown"):  # the first crash alone lost nothing
+            kind, file, detail = "recovery_unsafe", "", ""
     if outcome == "hard_failure":
         if line:
             sig_key, sig_shown = signature(line)

@@ -394,3 +394,28 @@ def test_a_slurm_requeue_mid_save_joins_the_in_place_cause_of_the_kills_at_that_
     assert len(lost) == 1 and lost[0].kind == "ignores_newest"
     requeue = next(p for p in in_place.points if p.id == "rank0:op1:requeue")
     assert requeue.landed == "Slurm requeue after open of ckpt.json"
+
+
+def test_a_kill_at_a_step_a_phase_or_struck_again_in_its_resume_says_where_it_landed(doc):
+    """A step kill's fired record names the step, not a file event: it landed between saves (it
+    read "kill (kill) step of " before); a phase kill names its phase; a point struck again inside
+    its resume says so, and is a cause of its own beside the single kills."""
+    step = point("rank0:step5:kill", "kill", "kill", None, None, None, "lost_work", n=300)
+    step["fired"] = [{"event": "fired", "op": "step", "when": "kill", "step_n": 5, "rank": 0, "attempt": 0}]
+    phase = point("rank0:step4:kill,phase=commit", "kill", "kill", None, None, None, "lost_work", n=301)
+    phase["faults"][0]["params"]["phase"] = "commit"
+    phase["fired"] = [{"event": "fired", "op": "phase", "phase": "commit", "rank": 0, "attempt": 0}]
+    again = point("rank0:step5:kill+rank0:op1:after", "kill", "kill", None, None, None, "lost_work", n=302)
+    again["fired"] = step["fired"]
+    again["faults"].append({"kind": "crash", "rank": 0, "step": None, "attempt": 1, "spec": "rank0:op1:after",
+                            "params": {"op": 1, "when": "after"}})
+    doc["scenarios"] += [step, phase, again]
+    causes = group(doc)
+    landed = {p.id: p.landed for c in causes for p in c.points}
+    [recovery] = [c for c in causes if "rank0:step5:kill+rank0:op1:after" in c.ids()]
+    assert recovery.ids() == ["rank0:step5:kill+rank0:op1:after"] and recovery.kind == "recovery_unsafe"
+    assert "crash inside the resume's own recovery" in recovery.title and "not crash-safe" in recovery.fix_text
+    assert landed["rank0:step5:kill"] == "kill between saves"
+    assert landed["rank0:step4:kill,phase=commit"] == "kill at the commit phase of a save"
+    assert landed["rank0:step5:kill+rank0:op1:after"] == "kill between saves; then a kill inside its restart"
+    assert "at: kill (kill)" not in "\n".join(console_lines(doc))
