@@ -479,7 +479,7 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
     if executor is not None and executor.record:  # which array jobs ran the points, retried, lost
         doc["job"]["executor"] = executor.record
     tally = _tally(final)
-    second = len(exploration.judged) - len(exploration.first_points)
+    second = exploration.struck_again
     line = (f"{tally}; coverage {len(exploration.first_points)}/{exploration.found} point(s) "
             f"({exploration.coverage:.0%})" + (f", and {second} struck again in their resume" if second else "")
             + f" in {time.monotonic() - started:.1f} s")

@@ -139,6 +139,15 @@ def _where(params: dict[str, Any]) -> str:
     return f"its {count}{what}{of}{ordinal}"
 
 
+def _killed_at(who: str, params: dict[str, Any]) -> str:
+    """``rank 0 was killed (SIGKILL) right after its `open` of ...``: a kill at a file event (a point's
+    first fault, or a second one inside its restart)."""
+    how = {"before": "just before", "after": "right after",
+           "torn": "halfway through (a torn write: only the first half of its bytes reached the file)"}
+    when = params.get("when")
+    return f"{who} was killed (SIGKILL) {how.get(when, f'at ({when})')} {_where(params)}"
+
+
 def describe_fault(finding: Finding) -> str:
     """The fault in words: what the harness did to the job at this point, then how it restarted it."""
     faults = finding.entry.get("faults") or [{}]
@@ -150,9 +159,7 @@ def describe_fault(finding: Finding) -> str:
     who = f"rank {rank}" if finding.spec.world_size > 1 else "the job"
     when = params.get("when")
     if kind == "crash":
-        how = {"before": "just before", "after": "right after",
-               "torn": "halfway through (a torn write: only the first half of its bytes reached the file)"}
-        done = f"{who} was killed (SIGKILL) {how.get(when, f'at ({when})')} {_where(params)}"
+        done = _killed_at(who, params)
     elif kind == "kill":
         done = f"{who} was killed (SIGKILL) at training step {step}"
     elif kind == "term":
@@ -189,11 +196,9 @@ def describe_fault(finding: Finding) -> str:
         if fired is not None and not p2.get("event"):
             p2.update(event=fired.get("op"), path=fired.get("path"))
         who2 = f"rank {second.get('rank')}" if finding.spec.world_size > 1 else "the job"
-        how2 = {"before": "just before", "after": "right after", "torn": "halfway through"}.get(p2.get("when"),
-                                                                                            "at")
         again = "its agent restarted the workers again" if finding.spec.torchrun else "restarted once more"
-        restarted += (f"; inside that restart (its recovery), {who2} was killed (SIGKILL) {how2} "
-                      f"{_where(p2)} of the restart's own trace; then {again}")
+        restarted += (f"; inside that restart (its recovery), {_killed_at(who2, p2)} of the restart's own trace; "
+                      f"then {again}")
     return f"{done}; then {restarted}"
 
 

@@ -688,9 +688,9 @@ def _second(rec: PointRecord) -> str | None:
     then = rec.point.then
     assert then is not None
     struck = _struck(rec)
-    f = next((r for r in rec.traces.get((then.rank, struck[-1]), []) if r.get("event") == "fired"), None)
-    if len(struck) < 2 or f is None:
+    if len(struck) < 2:
         return None
+    f = next(r for r in rec.traces[(then.rank, struck[-1])] if r.get("event") == "fired")  # (_struck saw it)
     on = _short(f.get("path"), rec.out) if f.get("path") else "?"
     return f"in the restart, rank {then.rank} killed {then.mode} its event {f.get('ord')} ({f.get('op')} of {on})"
 

@@ -49,7 +49,6 @@ from chaos.errors import ChaosError, ConfigError
 from chaos.launch import preload, reaper, silence, spares, zygote
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
-from chaos.launch.silence import Silence
 from chaos.model import jobspec as S
 from chaos.nemesis import family, netcut
 from chaos.scratch import cache_root
@@ -454,7 +453,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         halted_at = next_ready = 0.0
         ready: Callable[[S.Point, str, str], bool] | None = None
         settle_end: float | None = None
-        quiet = None if job.hang_timeout_s is None else Silence(job.hang_timeout_s, trace_dir, outcome.logs, started)
+        quiet = None if job.hang_timeout_s is None else silence.Silence(job.hang_timeout_s, trace_dir, outcome.logs, started)
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):

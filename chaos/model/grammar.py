@@ -203,7 +203,7 @@ _KEYVALUE = re.compile(r"[a-z]+(:|$)")  # KIND:key=value (a built-in fault's old
 _JOB_KINDS = {"kill": "kill", "term": "term", "netdrop": "net"}  # what a job takes in the older spelling
 # the one setting a job's point takes: a step kill at a named phase of the save (chaos.phases)
 _PHASE_NAME = re.compile(r"[A-Za-z_][\w.-]*")
-_PHASE_KILL = re.compile(r"rank(\d+):step(\d+):kill,phase=([A-Za-z_][\w.-]*)")
+_PHASE_KILL = re.compile(rf"rank(\d+):step(\d+):kill,phase=({_PHASE_NAME.pattern})")
 _POINT_FORMS = ("rankR:opN:MODE, rankR:stepN:kill|term|net (or kill:rank=R,step=N, term:rank=R,step=N, "
                 "netdrop:rank=R,step=N), disk:full:BYTES or nodeN:stepS:MODE")
 

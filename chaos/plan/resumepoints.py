@@ -41,11 +41,12 @@ from chaos.model.point import Point
 
 @dataclass(frozen=True)
 class Resumed:
-    """What one judged point's first restart did: ``events`` per rank, the trace of attempt 1."""
+    """What one judged point's first restart did: ``events`` per rank, the trace of that restart
+    (attempt 1; a relaunched torchrun's workers, TORCHRUN_STRIDE)."""
 
     point: Point
     passed: bool  # every oracle passed: the job survived the first fault
-    resumed: bool  # attempt 1 ran (not rebuilt) and exited 0
+    resumed: bool  # the first restart ran (not rebuilt), and the chain ended well
     events: dict[int, list[dict[str, Any]]]
     from_checkpoint: bool = False  # the lost-work oracle saw the resume start from a checkpoint it relied on
 
@@ -87,8 +88,9 @@ def choose(done: list[Resumed], n: int, seed: int) -> list[Point]:
     from a checkpoint first, one of each family before a second of any, each with a seeded kill at
     one event of its resume's first save."""
     rng = random.Random(f"resume-points:{seed}")
+    windows = {id(d): {r: w for r, recs in d.events.items() if (w := _window(recs))} for d in done}
     able = [d for d in done if d.passed and d.resumed and d.point.then is None and d.point.family in THEN_FAMILIES
-            and any(_window(recs) for recs in d.events.values())]
+            and windows[id(d)]]
     rng.shuffle(able)
     order: list[Resumed] = []
     for tier in (True, False):  # a resume from a checkpoint first: there recovery has something to lose
@@ -102,8 +104,8 @@ def choose(done: list[Resumed], n: int, seed: int) -> list[Point]:
                     order.append(by_family[fam].pop(0))
     out = []
     for d in order[:n]:
-        rank = rng.choice(sorted(r for r, recs in d.events.items() if _window(recs)))
-        event = rng.choice(_window(d.events[rank]))
+        rank = rng.choice(sorted(windows[id(d)]))
+        event = rng.choice(windows[id(d)][rank])
         mode = rng.choice(("before", "after", "torn") if event.get("op") == "write" else ("before", "after"))
         then = Point(rank, mode, op=int(event["ord"]), kind=event.get("op"), path=event.get("rel"),
                      seq=event.get("seq"), attempt=1)

@@ -662,6 +662,11 @@ class Exploration:
         what coverage and the tried kinds count; ``points_tried`` and ``points_chosen`` count all."""
         return [r for r in self.judged if r.point.then is None]
 
+    @property
+    def struck_again(self) -> int:
+        """How many judged points had a second fault inside their resume (``--resume-points``)."""
+        return len(self.judged) - len(self.first_points)
+
     def to_dict(self) -> dict[str, Any]:
         ref = self.reference
         doc = {"points_found": self.found, "points_chosen": self.chosen, "points_tried": len(self.judged),
@@ -670,8 +675,8 @@ class Exploration:
                           "explored": list(ref.kinds), "found": pointset.by_kind(ref.points),
                           "tried": pointset.by_kind(r.point for r in self.first_points)},
                "reference": ref.to_dict()}
-        if len(self.first_points) < len(self.judged):
-            doc["resume_points_tried"] = len(self.judged) - len(self.first_points)
+        if self.struck_again:
+            doc["resume_points_tried"] = self.struck_again
         if self.interrupted is not None:
             doc["interrupted"] = self.interrupted
         return doc

@@ -85,8 +85,8 @@ def discover_jobs(directory: str | Path) -> dict[str, Path]:
 def discover_as_job(directory: str | Path) -> dict[str, Path]:
     """``{"as-job:<stem>": path}`` for every checkpointer of a checkpointer corpus (``selfcheck.discover``)
     whose module declares ``CHAOS_AS_JOB``."""
-    return {AS_JOB_PREFIX + Path(spec.rpartition(":")[0]).stem: Path(spec.rpartition(":")[0])
-            for spec in discover(directory).values() if module_literal(Path(spec.rpartition(":")[0]), AS_JOB)[0]}
+    paths = [Path(spec.rpartition(":")[0]) for spec in discover(directory).values()]
+    return {AS_JOB_PREFIX + path.stem: path for path in paths if module_literal(path, AS_JOB)[0]}
 
 
 def short_name(name: str) -> str:
