@@ -100,7 +100,8 @@ def _op(ord_: int, op: str, path: str | None = None, **extra: Any) -> dict[str, 
 
 def test_second_faults_come_from_the_resume_up_to_its_first_save() -> None:
     resume = [_op(0, "mkdir", error=17), _op(1, "unlink", "ckpt.json"), _op(2, "open", "ckpt.json.tmp"),
-              _op(3, "write", "ckpt.json.tmp"), _op(4, "rename"), _op(5, "open", "late.tmp"), _op(6, "write")]
+              _op(3, "write", "ckpt.json.tmp", length=40), _op(4, "rename"), _op(5, "open", "late.tmp"),
+              _op(6, "write", length=9)]
     saved = [_op(0, "open", "a"), {"event": "phase", "name": "chaos.probe", "info": {"kind": "saved", "n": 2}},
              _op(1, "write", "b")]
     done = [Resumed(parse_point(f"rank0:op{i}:after"), True, True, {0: resume}, from_checkpoint=True)
@@ -120,6 +121,11 @@ def test_second_faults_come_from_the_resume_up_to_its_first_save() -> None:
     assert len(last) == 8 and last[-1].own_id == "rank0:op9:power"  # no checkpoint to resume from: last
     assert last[-1].then is not None and last[-1].then.op == 0  # only what came before its first "saved"
     assert choose([d for d in done if not d.passed or not d.resumed], 3, seed=0) == []
+    # torn only where the kill family tears too (nemesis.kill.modes_at): a write of two bytes or more
+    one_byte = [_op(0, "open", "a", created=True), _op(1, "write", "a", length=1), _op(2, "rename")]
+    modes = {p.then.mode for seed in range(40) for p in choose(
+        [Resumed(parse_point("rank0:op1:after"), True, True, {0: one_byte})], 1, seed) if p.then is not None}
+    assert modes == {"before", "after"}
 
 
 @pytest.mark.parametrize(("kw", "says"), [({"max_restarts": 0}, "--max-restarts 0"),

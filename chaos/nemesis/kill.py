@@ -10,15 +10,24 @@ every rank x each of ``--modes``, then every announced step. The protocol:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from chaos.model.jobspec import JobSpec, Point
 from chaos.nemesis.family import Family
 from chaos.nemesis.sites import Anchors, Facts, Traces, announced_steps, event_keys
 
 
+def modes_at(r: dict[str, Any], modes: Iterable[str]) -> list[str]:
+    """The kill ``modes`` a traced event ``r`` takes: ``torn`` only a write of two bytes or more (half of
+    it reaches the file). Called by :func:`points` and ``chaos.plan.resumepoints`` (a kill in a resume)."""
+    return [m for m in modes if not (m == "torn" and (r.get("op") != "write" or (r.get("length") or 0) < 2))]
+
+
 def points(job: JobSpec, traces: Traces, facts: Facts | None) -> list[Point]:
     anchors = Anchors(traces, facts.stable if facts is not None else None)
     ops = [anchors.at_event(rank, r, path, nth, mode) for rank, r, path, nth in event_keys(traces)
-           for mode in job.modes if not (mode == "torn" and (r["op"] != "write" or (r.get("length") or 0) < 2))]
+           for mode in modes_at(r, job.modes)]
     return ops + [Point(rank, "kill", step=n) for rank, steps in announced_steps(traces) for n in steps]
 
 

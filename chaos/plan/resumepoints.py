@@ -35,8 +35,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from chaos.model.grammar import THEN_FAMILIES
-from chaos.model.jobspec import JobSpec, torchrun_option
+from chaos.model.jobspec import MODES, JobSpec, torchrun_option
 from chaos.model.point import Point
+from chaos.nemesis.kill import modes_at
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def choose(done: list[Resumed], n: int, seed: int) -> list[Point]:
     for d in order[:n]:
         rank = rng.choice(sorted(windows[id(d)]))
         event = rng.choice(windows[id(d)][rank])
-        mode = rng.choice(("before", "after", "torn") if event.get("op") == "write" else ("before", "after"))
+        mode = rng.choice(modes_at(event, MODES))
         then = Point(rank, mode, op=int(event["ord"]), kind=event.get("op"), path=event.get("rel"),
                      seq=event.get("seq"), attempt=1)
         out.append(replace(d.point, then=then))
