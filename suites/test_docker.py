@@ -124,7 +124,7 @@ def test_engine_stop_leaves_nothing():
         client = engine.client()
         ensure_image(client)
         client.networks.create("chaos-stoptest", driver="bridge", labels={LABEL: "stoptest"})
-        from chaos.launch.drivers.docker import host_mounts
+        from chaos.launch.drivers.engine import host_mounts
 
         c = client.containers.run("chaos-empty:latest", ["sleep", "600"], detach=True, init=True,
                                   network="chaos-stoptest", labels={LABEL: "stoptest"},

@@ -69,13 +69,13 @@ class FakeConn:
 
 
 def test_signal_exit_codes_read_like_multiprocessing():
-    assert dd._exit_code(137) == -signal.SIGKILL
-    assert dd._exit_code(143) == -signal.SIGTERM
-    assert dd._exit_code(0) == 0 and dd._exit_code(3) == 3 and dd._exit_code(1) == 1
+    assert eng.exit_code(137) == -signal.SIGKILL
+    assert eng.exit_code(143) == -signal.SIGTERM
+    assert eng.exit_code(0) == 0 and eng.exit_code(3) == 3 and eng.exit_code(1) == 1
 
 
 def test_host_mounts_cover_python_venv_and_project_without_duplicates():
-    mounts = dd.host_mounts()
+    mounts = eng.host_mounts()
     assert "/usr" in mounts and "/etc" in mounts
     import chaos
 

@@ -62,26 +62,6 @@ STORE_PORT = 29500  # each container has its own network namespace: a fixed port
 CONNECT_TIMEOUT_S = 180.0  # a container start plus a cold torch import, on a loaded 2-core box
 
 
-def host_mounts() -> list[str]:
-    """Host directories a container of the empty image needs, read-only, outermost first."""
-    import chaos
-
-    wanted = ["/usr", "/lib", "/lib64", "/bin", "/etc", sys.prefix, sys.base_prefix, sys.exec_prefix,
-              str(Path(chaos.__file__).resolve().parent.parent)]
-    out: list[str] = []
-    for path in sorted({os.path.abspath(p) for p in wanted if os.path.exists(p)}, key=len):
-        real = os.path.realpath(path)
-        if any(real == o or real.startswith(o.rstrip("/") + "/") for o in out) and not os.path.islink(path):
-            continue
-        out.append(path)
-    return out
-
-
-def _exit_code(status: int) -> int:
-    """Docker's 128+N for a signal becomes -N, as multiprocessing reports a signalled process."""
-    return -(status - 128) if 128 < status < 160 else status
-
-
 class ContainerProc:
     """A rank container seen through the process interface ``cluster.Attempt`` supervises.
 
@@ -115,7 +95,7 @@ class ContainerProc:
             return
         try:
             status = self.container.wait(timeout=timeout if timeout is not None else 120)
-            self._exitcode = _exit_code(int(status.get("StatusCode", -1)))
+            self._exitcode = engine.exit_code(int(status.get("StatusCode", -1)))
         except Exception:  # noqa: BLE001 - still running after timeout, or the engine lost it
             pass
 
@@ -359,7 +339,7 @@ class DockerCluster:
         scratch = str(self.scratch)
         volumes = {scratch: {"bind": scratch, "mode": "rw"}}
         if self.image_arg is None:
-            volumes.update({p: {"bind": p, "mode": "ro"} for p in host_mounts()})
+            volumes.update({p: {"bind": p, "mode": "ro"} for p in engine.host_mounts()})
             argv = [sys.executable, "-m", "chaos.launch.drivers.rank", *args]
         else:
             argv = ["python3", "-m", "chaos.launch.drivers.rank", *args]

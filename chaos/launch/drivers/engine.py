@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -354,3 +355,23 @@ def describe(client: Any) -> str:
     info = client.version()
     return json.dumps({"version": info.get("Version"), "api": info.get("ApiVersion"),
                        "url": getattr(client.api, "base_url", "")})
+
+
+def host_mounts() -> list[str]:
+    """Host directories a container of the empty image needs, read-only, outermost first."""
+    import chaos
+
+    wanted = ["/usr", "/lib", "/lib64", "/bin", "/etc", sys.prefix, sys.base_prefix, sys.exec_prefix,
+              str(Path(chaos.__file__).resolve().parent.parent)]
+    out: list[str] = []
+    for path in sorted({os.path.abspath(p) for p in wanted if os.path.exists(p)}, key=len):
+        real = os.path.realpath(path)
+        if any(real == o or real.startswith(o.rstrip("/") + "/") for o in out) and not os.path.islink(path):
+            continue
+        out.append(path)
+    return out
+
+
+def exit_code(status: int) -> int:
+    """Docker's 128+N for a signal becomes -N, as multiprocessing reports a signalled process."""
+    return -(status - 128) if 128 < status < 160 else status
