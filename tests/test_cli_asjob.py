@@ -53,7 +53,14 @@ def test_a_run_that_says_how_much_to_explore_gets_no_default_sample(chosen: tupl
         assert argv[argv.index("--point") + 1] == "rank0:step3:kill"
 
 
-@pytest.mark.parametrize(("given", "named"), [(("--driver", "docker"), "--driver docker"),
+def test_the_docker_driver_becomes_the_docker_launcher() -> None:
+    argv = translate("--driver", "docker")
+    options = argv[:argv.index("--")]
+    assert options[options.index("--launcher") + 1] == "docker"
+    assert "--launcher" not in translate()  # the process driver: the job mode's own default
+
+
+@pytest.mark.parametrize(("given", "named"), [(("--driver", "docker", "--image", "mine:1"), "--image"),
                                               (("--device", "cuda"), "--device cuda"),
                                               (("--no-cache",), "--no-cache")])
 def test_a_built_in_option_the_job_pipeline_cannot_honour_is_refused(given: tuple[str, ...], named: str) -> None:

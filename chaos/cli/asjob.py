@@ -13,7 +13,8 @@ one save: that is how the reference checkpointer's root directory was found not 
 Called by ``chaos.cli.main.main`` when ``run``'s arguments hold ``--as-job``; the options
 ``run`` does not know (``--max-points``, ``--faults``, ``--jobs`` ...) are the job mode's own
 and pass through. ``--hang-timeout`` keeps its built-in meaning (no progress for S seconds is a
-hang, 60 by default) through the job mode's own (``chaos.launch.silence``). Returns the job
+hang, 60 by default) through the job mode's own (``chaos.launch.silence``), and ``--driver docker``
+runs every rank as a container (``--launcher docker``, ``chaos.launch.containers``). Returns the job
 mode's argument list (``chaos.cli.job.main``). A built-in
 option the job pipeline cannot honour is refused in one line, never ignored.
 """
@@ -33,13 +34,14 @@ DEFAULT_POINTS = 12  # without --max-points, --budget or --point: about a minute
 
 def _refuse(args: argparse.Namespace) -> None:
     """A ConfigError for each built-in option the job pipeline has no way to honour."""
-    refused = [(args.driver != "process", f"--driver {args.driver}"), (args.image is not None, "--image"),
+    refused = [(args.image is not None, "--image"),
                (args.device not in (None, "cpu"), f"--device {args.device}"),
                (args.cache_dir is not None, "--cache-dir"), (args.no_cache, "--no-cache")]
     said = [flag for bad, flag in refused if bad]
     if said:
-        raise ConfigError(f"--as-job cannot take {', '.join(said)}: the job pipeline runs the workload as "
-                          "processes on this host's CPUs, without the built-in golden cache")
+        raise ConfigError(f"--as-job cannot take {', '.join(said)}: the job pipeline runs the workload on this "
+                          "host's CPUs, as processes or (--driver docker) containers of the host-mounted empty "
+                          "image, without the built-in golden cache")
 
 
 def workload_command(args: argparse.Namespace) -> list[str]:
@@ -61,6 +63,8 @@ def job_argv(args: argparse.Namespace, rest: list[str]) -> list[str]:
     _refuse(args)
     out = ["--ranks", str(args.world_size), "--result-file", workload.RESULT_FILES, "--max-restarts", str(args.max_restarts),
            "--seed", str(args.seed), "--hang-timeout", repr(args.hang_timeout)]
+    if args.driver == "docker":  # each rank a container of its own (chaos.launch.containers)
+        out += ["--launcher", "docker"]
     out += output_options(args)
     if args.loss_band is not None:
         out += ["--loss-band", str(args.loss_band)]

@@ -123,9 +123,12 @@ def make_parser() -> argparse.ArgumentParser:
                    help="write the node points tried as Chaos Mesh resources (PodChaos pod-kill, NetworkChaos "
                         "partition) for a Kubeflow PyTorchJob into DIR, one YAML file per point")
     p.add_argument("--launcher", choices=LAUNCHERS, default="subprocess",
-                   help="who starts each attempt: the harness (subprocess, default) or Slurm (sbatch: a batch job "
-                        "submitted with --requeue through this environment's sbatch and SLURM_CONF; explores kill, "
-                        "errno and sched, Slurm's requeue, preemption and node loss, after which Slurm restarts it)")
+                   help="who starts each attempt: the harness (subprocess, default), the harness with each copy "
+                        "in a Docker container of its own (docker: the host's system and Python mounted read-only, "
+                        "the scratch root read-write, on the engine DOCKER_HOST names or `chaos engine start`'s) or "
+                        "Slurm (sbatch: a batch job submitted with --requeue through this environment's sbatch and "
+                        "SLURM_CONF; explores kill, errno and sched, Slurm's requeue, preemption and node loss, after "
+                        "which Slurm restarts it)")
     p.add_argument("--sbatch-opt", action="append", default=[], metavar="--OPT=VALUE",
                    help="an sbatch option for the job, as given (repeatable; with --launcher sbatch), e.g. "
                         "--sbatch-opt=--signal=B:USR1@30")
@@ -182,6 +185,13 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
     check_sbatch_options("--executor-opt", args.executor_opt,
                          ("--array", "-a", "--output", "-o", "--wrap", "--parsable", "--chdir", "-D", "--export"),
                          "--array, --output, --chdir, --export and the task's command itself")
+    if args.executor == "slurm" and job.launcher == "docker":
+        raise ConfigError("--executor slurm with --launcher docker: the array tasks run on Slurm's nodes, whose "
+                          "Docker engines the harness here neither reaches nor prepares; run one or the other")
+    if job.launcher == "docker":
+        from chaos.launch import containers
+
+        containers.check()  # no client or no engine: said now, before any run
     if args.executor == "slurm" and job.launcher == "sbatch":
         raise ConfigError("--executor slurm with --launcher sbatch: each array task would submit the job's batch "
                           "jobs and wait for them, holding a slot they may need; run one or the other")

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.launch import preload, reaper, silence, spares, zygote
+from chaos.launch import containers, preload, reaper, silence, spares, zygote
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
@@ -90,6 +90,8 @@ class AttemptOutcome:
     forked: bool = False  # its copies were forked by the exploration's zygote (zygote.py), modules loaded
     interrupted: bool = False  # its copies were stopped because the exploration was interrupted (``cancel``)
     materialized: bool = False  # rebuilt from the fault-free trace, never run (``chaos.run.materialize``)
+    containers: list[str] | None = None  # --launcher docker: each copy's container (``containers.py``)
+    containers_removed: list[str] = field(default_factory=list)  # of those, the ones still there after the attempt
 
     @property
     def ok(self) -> bool:
@@ -167,6 +169,10 @@ class AttemptOutcome:
             d["forked"] = True
         if self.materialized:
             d["materialized"] = True
+        if self.containers is not None:
+            d["containers"] = self.containers
+        if self.containers_removed:
+            d["containers_removed"] = self.containers_removed
         if self.interrupted:
             d["interrupted"] = True
         return d
@@ -327,6 +333,9 @@ def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point |
         elif not job.torchrun:
             env[S.ENV_RANK] = "0"
         cmd = netcut.in_netns(lab, rank, argv) if in_lab else argv  # type: ignore[arg-type]
+        if job.launcher == "docker":  # the copy's docker run client in its place (containers.py)
+            cmd = containers.wrap(argv, env, job.cwd, _exploration(scratch), mark, rank)
+            env = containers.client_env(env)
         plan.append(spares.Copy(tuple(cmd), tuple(sorted(env.items())),
                                 os.path.join(logs_dir, f"attempt{attempt}-copy{rank}.log"), job.cwd))
     return plan
@@ -420,6 +429,9 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     plan = _plan(job, out, scratch, attempt, point, mark, lab, port)
     outcome = AttemptOutcome(attempt, argv)
     outcome.logs = [c.log for c in plan]
+    docker = job.launcher == "docker"
+    if docker:
+        outcome.containers = [containers.container_name(mark, i) for i in range(len(plan))]
     procs: list[subprocess.Popen[bytes]] = []
     if _cancelled.is_set():
         raise Cancelled("the exploration was interrupted: no attempt is started")
@@ -511,6 +523,8 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         if outcome.term is not None:
             outcome.term["killed_after_grace"] = list(outcome.stopped)
             outcome.term["exited_within_grace"] = [i for i in range(len(procs)) if i not in outcome.stopped]
+        if docker:  # a client SIGKILLed below would leave its container running
+            outcome.containers_removed = containers.stop(mark)
         for p in procs:
             reaper.killpg(p.pid)
         for p in procs:
@@ -524,6 +538,11 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         reaper.forget(*procs)
         outcome.seconds = time.monotonic() - started
     outcome.returncodes = [p.returncode for p in procs]
+    if docker:
+        for i, rc in enumerate(outcome.returncodes):
+            if (why := containers.start_error(rc, outcome.logs[i])) is not None:
+                raise ConfigError(f"--launcher docker: copy {i} of COMMAND {argv[0]!r} did not run: {why}")
+        outcome.returncodes = [containers.returncode(rc) for rc in outcome.returncodes]
     if _cancelled.is_set() and not all(rc == 0 for rc in outcome.returncodes):
         outcome.interrupted = True  # cancel() may have killed the copies before the loop saw it
     if outcome.net is not None:

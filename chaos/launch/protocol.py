@@ -1,9 +1,10 @@
 """What a launcher offers, and who calls what, in which order.
 
-The harness starts a target's processes five ways: ranks forked from the warm fork server
+The harness starts a target's processes six ways: ranks forked from the warm fork server
 (``cluster``), ranks as containers (``drivers.docker``), a job's command as a subprocess or
-N copies of it with torchrun's environment, a torchrun COMMAND (``job``), and one torchrun
-agent per node (``chaos.nemesis.nodes``). They stand behind two protocols, one per target,
+N copies of it with torchrun's environment, a torchrun COMMAND (``job``), each of those copies
+as a container (``job`` with ``containers``: ``--launcher docker``), and one torchrun agent
+per node (``chaos.nemesis.nodes``). They stand behind two protocols, one per target,
 and every process any of them starts is tracked by ``reaper`` until it is reaped.
 
 **The built-in workload's ranks: a** :class:`Driver` (``drivers.open_driver``). The runner

@@ -90,8 +90,9 @@ MAX_NODES = 8    # node addresses sort as strings; 10.x.x.10 would sort before 1
 KINDS_WITH_NODES = ("kill", "errno", "node")  # in-rank faults need nothing from the launcher; node is its own
 
 # ``--launcher``: who starts each attempt. ``subprocess``: the harness itself (chaos.launch.job);
-# ``sbatch``: Slurm, as a batch job (chaos.launch.sbatch), which also restarts it at a sched point.
-LAUNCHERS = ("subprocess", "sbatch")
+# ``sbatch``: Slurm, as a batch job (chaos.launch.sbatch), which also restarts it at a sched point;
+# ``docker``: the harness, each copy as a container of its own (chaos.launch.containers).
+LAUNCHERS = ("subprocess", "sbatch", "docker")
 # What a job Slurm launches is explored with: faults its own rank fires (a SIGKILL, an injected
 # error; the harness restarts it as a new batch job) and Slurm's own (sched: Slurm restarts it).
 KINDS_WITH_SBATCH = ("kill", "errno", "sched")
@@ -205,7 +206,11 @@ class JobSpec:
         """Why network cuts between ranks cannot apply to this job at all (None: they can, given root).
 
         The harness puts each copy in its own network namespace, so it must start the copies
-        itself: ``--ranks N``, N >= 2. torchrun starts its workers itself, in its own namespace."""
+        itself: ``--ranks N``, N >= 2. torchrun starts its workers itself, in its own namespace.
+        A container of ``--launcher docker`` is on the host's network, which the harness does not cut."""
+        if self.launcher == "docker":
+            return ("with --launcher docker each copy is a container on the host's network, whose link the "
+                    "harness does not cut; run with --launcher subprocess to explore network cuts")
         if self.torchrun:
             return ("a torchrun COMMAND starts its workers itself, so the harness cannot put each rank in its "
                     "own network namespace; run the training script with --ranks N instead")
@@ -423,6 +428,9 @@ def _check_launcher(job: JobSpec) -> None:
     a network namespace) is refused with sbatch rather than half made."""
     if job.launcher not in LAUNCHERS:
         raise ConfigError(f"--launcher {job.launcher!r}: choose from {', '.join(LAUNCHERS)}")
+    if job.launcher == "docker" and job.nodes is not None:
+        raise ConfigError("--launcher docker with --nodes: simulated nodes are network namespaces of this host, "
+                          "each running its agent as a process")
     if job.launcher != "sbatch":
         if job.faults is not None and "sched" in job.faults:
             raise ConfigError("--faults sched needs --launcher sbatch: Slurm requeues, preempts or loses the "

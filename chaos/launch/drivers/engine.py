@@ -303,25 +303,31 @@ def remove_labelled(client: Any, label: str = LABEL, value: str | None = None) -
 
 def connect() -> Any:
     """A client of the engine to use: ``DOCKER_HOST``, else the private engine, else the system socket."""
+    return locate()[0]
+
+
+def locate() -> tuple[Any, str]:
+    """:func:`connect`'s client and the URL it reached (``DOCKER_HOST`` for a ``docker`` client
+    process: ``chaos.launch.containers`` runs a job's copies through the CLI on the same engine)."""
     try:
         import docker
     except ImportError:
         raise EngineUnavailable("the docker SDK is not installed (pip install docker)") from None
-    candidates: list[tuple[str, Any]] = []
+    candidates: list[tuple[str, str, Any]] = []
     if os.environ.get("DOCKER_HOST"):
-        candidates.append(("DOCKER_HOST", lambda: docker.from_env(timeout=60)))
+        candidates.append(("DOCKER_HOST", os.environ["DOCKER_HOST"], lambda: docker.from_env(timeout=60)))
     else:
         private = PrivateEngine()
         if private.socket.exists():
-            candidates.append((str(private.socket), private.client))
+            candidates.append((str(private.socket), private.url, private.client))
         if os.path.exists(SYSTEM_SOCKET):
-            candidates.append((SYSTEM_SOCKET, lambda: _client(f"unix://{SYSTEM_SOCKET}")))
+            candidates.append((SYSTEM_SOCKET, f"unix://{SYSTEM_SOCKET}", lambda: _client(f"unix://{SYSTEM_SOCKET}")))
     reasons = []
-    for where, make in candidates:
+    for where, url, make in candidates:
         try:
             client = make()
             client.ping()
-            return client
+            return client, url
         except Exception as exc:  # noqa: BLE001 - try the next one, keep the reason
             reasons.append(f"{where}: {type(exc).__name__}")
     why = "; ".join(reasons) if reasons else "DOCKER_HOST is unset, no private engine and no system socket"

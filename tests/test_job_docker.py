@@ -1,0 +1,220 @@
+"""``chaos run --launcher docker -- COMMAND``: every copy of every attempt is a container.
+
+The mounts, exit statuses and the client's own failures are read without an engine; the
+rest runs on the session's private ``dockerd`` (``docker_engine``): the careless example
+gives, point for point, the verdicts it gives as processes; a SIGTERM reaches the job
+through the container's init; an attempt stopped at its timeout leaves no container and
+no process; a COMMAND the container cannot run is a usage error. The refusals need no
+engine. A two-rank torch job with every default family is ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from chaos.errors import ConfigError
+from chaos.launch import containers
+from chaos.launch.drivers import engine
+from chaos.model.jobspec import JobSpec
+
+REPO = Path(__file__).resolve().parent.parent
+CARELESS = ["chaos/examples/careless_job.py", "--out", "{out}"]
+
+# Prints "step N" a step and keeps its step in {out}/step.txt, resuming after it; on SIGTERM says so
+# in {out}/term.txt and exits 143, as a preempted job should (a supervisor then restarts it).
+TERM_JOB = """
+    import os, signal, sys, time
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    def stop(signum, frame):
+        with open(os.path.join(out, "term.txt"), "w") as f:
+            f.write(f"got {signal.Signals(signum).name} as pid {os.getpid()}")
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+    saved = os.path.join(out, "step.txt")
+    start = int(open(saved).read()) + 1 if os.path.exists(saved) else 1
+    for step in range(start, 5):
+        print(f"step {step}", flush=True)
+        with open(os.path.join(out, "step.txt"), "w") as f:
+            f.write(str(step))
+        time.sleep(0.2)
+    with open(os.path.join(out, "final.txt"), "w") as f:
+        f.write("done")
+"""
+
+
+def _chaos(*argv: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def _ours(client) -> list[str]:
+    """Our job containers still on the engine (low level: ``containers.list`` races with ``--rm``)."""
+    return [c["Names"][0] for c in client.api.containers(all=True, filters={"label": f"{engine.LABEL}=job"})]
+
+
+def _attempts(doc: dict) -> list[dict]:
+    return [a for s in doc["scenarios"] for a in s["oracles"]["liveness"]["evidence"]["attempts"]]
+
+
+# -- without an engine ----------------------------------------------------------------------------
+
+def test_mounts_write_only_the_scratch_root_and_show_what_the_command_needs(tmp_path: Path) -> None:
+    root, cwd, lib, extra = (tmp_path / n for n in ("root", "cwd", "lib", "extra"))
+    for d in (root, cwd, lib, extra, cwd / "sub"):
+        d.mkdir()
+    (cwd / "sub" / "job.py").write_text("")
+    (lib / "chaosio.so").write_bytes(b"")
+    env = {"PATH": os.path.dirname(sys.executable), "LD_PRELOAD": str(lib / "chaosio.so"),
+           "PYTHONPATH": os.pathsep.join([str(extra), str(root / "boot"), "/no/such/dir"])}
+    got = containers.mounts(str(root), str(cwd), [os.path.basename(sys.executable), "sub/job.py", "--x"], env)
+    modes = dict(got)
+    assert len(modes) == len(got), got  # no path mounted twice
+    assert [p for p, m in got if m == "rw"] == [str(root)]
+    assert modes[str(cwd)] == "ro" and modes[str(lib / "chaosio.so")] == "ro" and modes[str(extra)] == "ro"
+    assert str(cwd / "sub") not in modes  # visible through the working directory already
+    assert "/no/such/dir" not in modes and str(root / "boot") not in modes
+    real = os.path.realpath(sys.executable)
+    assert any(real.startswith(p.rstrip("/") + "/") for p in modes), (real, got)  # its Python runs
+    assert "/" not in modes
+    depth = [p.count("/") for p, _ in got]
+    assert depth == sorted(depth)  # parents before what is mounted inside them
+
+
+def test_a_read_write_mount_wins_over_a_read_only_one_of_the_same_path(tmp_path: Path) -> None:
+    got = containers.mounts(str(tmp_path), str(tmp_path), ["true"], {"PYTHONPATH": str(tmp_path)})
+    assert dict(got)[str(tmp_path)] == "rw" and [p for p, _ in got].count(str(tmp_path)) == 1
+
+
+def test_exit_statuses_read_as_a_process_s_and_the_client_s_own_failures_are_told_apart(tmp_path: Path) -> None:
+    assert containers.returncode(137) == -9 and containers.returncode(143) == -15
+    assert containers.returncode(0) == 0 and containers.returncode(3) == 3 and containers.returncode(None) is None
+    log = tmp_path / "copy0.log"
+    log.write_text("[FATAL tini (7)] exec nope failed: No such file or directory\n")
+    assert containers.start_error(127, str(log)) == "[FATAL tini (7)] exec nope failed: No such file or directory"
+    assert containers.start_error(1, str(log)) is None  # the job's own status: not the client's failure
+    log.write_text("Traceback (most recent call last):\n  ...\n")
+    assert containers.start_error(127, str(log)) is None  # a job that exits 127 by itself
+    log.write_text('docker: Error response from daemon: invalid mount config for type "bind".\n')
+    assert containers.start_error(125, str(log)).startswith("docker: Error response from daemon")
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--faults", "net", "--ranks", "2"], "--faults net: with --launcher docker each copy is a container on the "
+                                          "host's network"),
+    (["--executor", "slurm"], "--executor slurm with --launcher docker"),
+])
+def test_what_a_container_cannot_take_is_refused_in_one_line(argv: list[str], said: str) -> None:
+    proc = _chaos("--launcher", "docker", *argv, "--", sys.executable, *CARELESS, timeout=60)
+    assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_simulated_nodes_are_refused() -> None:
+    with pytest.raises(ConfigError, match="--launcher docker with --nodes: simulated nodes are network namespaces"):
+        JobSpec(command=("torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", "{rdzv}", "j.py", "{out}"), nodes=2, launcher="docker")
+
+
+def test_no_engine_is_a_usage_error_naming_where_it_looked(tmp_path: Path) -> None:
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
+    proc = _chaos("--launcher", "docker", "--", sys.executable, *CARELESS, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "--launcher docker: no Docker engine reachable (DOCKER_HOST" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_net_is_left_out_of_the_default_families_with_the_reason() -> None:
+    from chaos.plan.pointset import kinds_to_explore
+
+    kinds, notes = kinds_to_explore(JobSpec(command=(sys.executable, "j.py", "{out}"), ranks=2, launcher="docker"))
+    assert "net" not in kinds and "kill" in kinds
+    assert any("with --launcher docker each copy is a container on the host's network" in n for n in notes)
+
+
+# -- on a real engine -----------------------------------------------------------------------------
+
+def test_the_careless_example_fails_in_containers_exactly_as_it_does_as_processes(docker_engine,
+                                                                                   tmp_path: Path) -> None:
+    common = ["--faults", "kill", "--max-points", "4", "--seed", "1", "--scratch", str(tmp_path)]
+    docs = {}
+    for launcher in ("docker", "subprocess"):
+        out = tmp_path / f"{launcher}.json"
+        proc = _chaos(*common, "--launcher", launcher, "--json", str(out), "--", sys.executable, *CARELESS)
+        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+        docs[launcher] = json.loads(out.read_text())
+    verdicts = {k: {s["id"]: s["outcome"] for s in d["scenarios"]} for k, d in docs.items()}
+    assert verdicts["docker"] == verdicts["subprocess"] and "hard_failure" in verdicts["docker"].values()
+    attempts = _attempts(docs["docker"])
+    assert all(len(a["containers"]) == 1 for a in attempts)
+    assert len({a["containers"][0] for a in attempts}) == len(attempts)  # a container per copy per attempt
+    killed = [a for a in attempts if a["attempt"] == 0]
+    assert killed and all(a["returncodes"] == [-9] for a in killed)  # SIGKILLed in its container, read as -9
+    assert not any("containers" in a for a in _attempts(docs["subprocess"]))
+    assert "--launcher docker" in json.dumps([s["replay"] for s in docs["docker"]["scenarios"]])
+    assert _ours(docker_engine.client()) == []
+
+
+def test_a_sigterm_reaches_the_job_through_the_container_init(docker_engine, tmp_path: Path) -> None:
+    job = tmp_path / "term_job.py"
+    job.write_text(textwrap.dedent(TERM_JOB))
+    out = tmp_path / "r.json"
+    proc = _chaos("--launcher", "docker", "--point", "rank0:step2:term", "--step-regex", r"step (\d+)",
+                  "--result-file", "final.txt", "--scratch", str(tmp_path), "--keep", "--json", str(out), "--",
+                  sys.executable, str(job), "{out}")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (point,) = json.loads(out.read_text())["scenarios"]
+    first = point["oracles"]["liveness"]["evidence"]["attempts"][0]
+    # exit(143) from inside a container is the status a SIGTERM gives it: read as killed by SIGTERM
+    assert first["term"]["exited_within_grace"] == [0] and first["returncodes"] == [-15], first
+    assert point["outcome"] == "pass"
+    notes = list(tmp_path.glob("chaos-job-*/point-*/out/term.txt"))
+    assert len(notes) == 1 and notes[0].read_text().startswith("got SIGTERM as pid "), notes
+    assert notes[0].read_text() != "got SIGTERM as pid 1"  # the job runs under an init, not as pid 1
+    assert _ours(docker_engine.client()) == []
+
+
+def test_an_attempt_stopped_at_its_timeout_leaves_no_container_and_no_process(docker_engine, tmp_path: Path) -> None:
+    from chaos.launch import job as launch
+    from chaos.launch.reaper import marked_with
+
+    spec = JobSpec(command=(sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)", "{out}"),
+                   timeout_s=3.0, launcher="docker", native_trace=False)
+    scratch = tmp_path / "chain"
+    scratch.mkdir()
+    mark = f"test-docker-timeout-{os.getpid()}"
+    outcome = launch.run_attempt(spec, str(tmp_path / "out"), str(scratch), 0, None, mark)
+    assert outcome.timed_out and outcome.stopped == [0] and outcome.returncodes == [-9], outcome.to_dict()
+    assert outcome.containers == [containers.container_name(launch.attempt_mark(mark, 0), 0)]
+    assert outcome.leftovers == [] and outcome.containers_removed == []
+    assert "up" in Path(outcome.logs[0]).read_text()
+    assert _ours(docker_engine.client()) == [] and marked_with("CHAOS_JOB_MARK", launch.attempt_mark(mark, 0)) == []
+
+
+def test_a_command_the_container_cannot_run_is_a_usage_error(docker_engine, tmp_path: Path) -> None:
+    proc = _chaos("--launcher", "docker", "--scratch", str(tmp_path), "--", "no-such-program-7f3a", "{out}",
+                  timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert ("--launcher docker: copy 0 of COMMAND 'no-such-program-7f3a' did not run: [FATAL tini" in proc.stderr
+            and "Traceback" not in proc.stderr), proc.stderr
+    assert _ours(docker_engine.client()) == []
+
+
+@pytest.mark.slow  # 85 s: two ranks importing torch in fresh containers at every attempt
+def test_a_two_rank_torch_job_passes_every_default_family_in_containers(docker_engine, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = _chaos("--launcher", "docker", "--ranks", "2", "--max-points", "8", "--seed", "3", "--result-file",
+                  "final.pt", "--scratch", str(tmp_path), "--json", str(out), "--", sys.executable,
+                  "chaos/examples/ddp_job.py", "--out", "{out}", "--save", "careful", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    kinds = {s["id"].split(":")[-1] if s["id"].startswith("disk") else s["faults"][0]["kind"] for s in doc["scenarios"]}
+    assert len(doc["scenarios"]) == 8 and all(s["outcome"] == "pass" for s in doc["scenarios"])
+    assert len(kinds) >= 4, kinds
+    assert all(len(a["containers"]) == 2 for a in _attempts(doc))
+    assert _ours(docker_engine.client()) == []
