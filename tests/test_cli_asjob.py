@@ -55,13 +55,16 @@ def test_a_run_that_says_how_much_to_explore_gets_no_default_sample(chosen: tupl
 
 def test_the_docker_driver_becomes_the_docker_launcher() -> None:
     argv = translate("--driver", "docker")
-    options = argv[:argv.index("--")]
-    assert options[options.index("--launcher") + 1] == "docker"
+    options, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    assert options[options.index("--launcher") + 1] == "docker" and "--image" not in options
+    assert command[0] == sys.executable  # the host-mounted empty image runs this Python
     assert "--launcher" not in translate()  # the process driver: the job mode's own default
+    argv = translate("--driver", "docker", "--image", "mine:1")
+    options, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    assert options[options.index("--image") + 1] == "mine:1" and command[:3] == ["python3", "-m", "chaos.target.workload"]
 
 
-@pytest.mark.parametrize(("given", "named"), [(("--driver", "docker", "--image", "mine:1"), "--image"),
-                                              (("--device", "cuda"), "--device cuda"),
+@pytest.mark.parametrize(("given", "named"), [(("--device", "cuda"), "--device cuda"),
                                               (("--no-cache",), "--no-cache")])
 def test_a_built_in_option_the_job_pipeline_cannot_honour_is_refused(given: tuple[str, ...], named: str) -> None:
     with pytest.raises(ConfigError, match=f"--as-job cannot take {named}"):

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -48,6 +50,110 @@ TERM_JOB = """
     with open(os.path.join(out, "final.txt"), "w") as f:
         f.write("done")
 """
+
+
+IMAGE = "chaos-test-python:1"
+IMAGE_LIB = "image-lib"
+# The image's job: the careless example, after saying which Python runs it, that the image's own
+# PYTHONPATH still reaches it (its helper), and whether this host's virtual environment shows.
+IMAGE_JOB = """
+import os, runpy, sys
+import helper
+print("in image:", sys.executable, helper.WHERE, "host venv seen:", os.path.exists({venv!r}), flush=True)
+sys.argv = ["careless.py", *sys.argv[1:]]
+runpy.run_path("/app/careless.py", run_name="__main__")
+"""
+_SKIP_STDLIB = {"site-packages", "test", "idlelib", "tkinter", "ensurepip", "lib2to3", "turtledemo", "distutils",
+                "pydoc_data", "unittest", "sqlite3", "tests"}
+_SKIP_DYNLOAD = ("_tkinter", "_sqlite3", "_test", "_ctypes_test", "xx", "_curses", "readline", "_dbm", "_gdbm")
+
+
+def _libraries(binaries: list[str]) -> set[str]:
+    """The shared libraries ``ldd`` says these binaries load (their paths as the loader finds them)."""
+    out: set[str] = set()
+    for b in binaries:
+        text = subprocess.run(["ldd", b], capture_output=True, text=True, check=False).stdout
+        for line in text.splitlines():
+            parts = line.split()
+            path = parts[2] if "=>" in parts and len(parts) > 2 else parts[0] if parts and parts[0].startswith("/") else None
+            if path and os.path.isfile(path):
+                out.add(path)
+    return out
+
+
+def _python_image_tar() -> bytes:
+    """A real image without this host's system: its Python under /opt/py (binary, libpython, the
+    standard library without its tests), the C libraries they load at their own paths, and /app."""
+    import importlib.util
+    import io
+    import marshal
+    import tarfile
+    import zipfile
+
+    prefix = sys.base_prefix
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    stdlib = os.path.join(prefix, "lib", version)
+    binary = os.path.realpath(sys.executable)
+    libpython = [lib for lib in _libraries([binary]) if lib.startswith(prefix)]
+    dynload = [os.path.join(stdlib, "lib-dynload", n) for n in os.listdir(os.path.join(stdlib, "lib-dynload"))
+               if not n.startswith(_SKIP_DYNLOAD)]
+    buf = io.BytesIO()
+    stripped = tempfile.mkdtemp(prefix="chaos-image-")  # debug symbols off: the engine copies the image per container
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add(src: str, dst: str) -> None:
+            src = os.path.realpath(src)
+            if shutil.which("strip") and (src.endswith(".so") or ".so." in src or src == binary):
+                small = os.path.join(stripped, f"{len(os.listdir(stripped))}-{os.path.basename(src)}")
+                if subprocess.run(["strip", "-o", small, src], capture_output=True, check=False).returncode == 0:
+                    os.chmod(small, os.stat(src).st_mode)
+                    src = small
+            tar.add(src, arcname=dst.lstrip("/"), recursive=False)
+
+        add(binary, "/opt/py/bin/python3")
+        for lib in libpython:
+            add(lib, f"/opt/py/lib/{os.path.basename(lib)}")
+        for lib in dynload:
+            add(lib, f"/opt/py/lib/{version}/lib-dynload/{os.path.basename(lib)}")
+        # The pure-Python standard library as python3NN.zip of compiled modules (on Python's default
+        # path): a few files, not two thousand, since the engine's vfs driver copies them per container.
+        zipped = io.BytesIO()
+        with zipfile.ZipFile(zipped, "w") as zf:
+            for root, dirs, files in os.walk(stdlib):
+                dirs[:] = [d for d in dirs if d not in _SKIP_STDLIB and d != "lib-dynload" and d != "__pycache__"
+                           and not d.startswith("config-")]
+                for name in files:
+                    if name.endswith(".py"):
+                        src = os.path.join(root, name)
+                        code = compile(Path(src).read_bytes(), src, "exec", dont_inherit=True)
+                        pyc = importlib.util.MAGIC_NUMBER + b"\x00" * 12 + marshal.dumps(code)
+                        zf.writestr(os.path.relpath(src, stdlib)[:-3] + ".pyc", pyc)
+        data = zipped.getvalue()
+        info = tarfile.TarInfo(f"opt/py/lib/python{sys.version_info.major}{sys.version_info.minor}.zip")
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+        for lib in _libraries([binary, *libpython, *dynload]):
+            if not lib.startswith(prefix):
+                add(lib, lib)
+        files = {"/app/careless.py": (REPO / "chaos/examples/careless_job.py").read_text(),
+                 "/app/job.py": IMAGE_JOB.format(venv=sys.prefix),
+                 "/app/lib/helper.py": f"WHERE = {IMAGE_LIB!r}\n"}
+        for dst, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(dst.lstrip("/"))
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    shutil.rmtree(stripped)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def python_image(docker_engine) -> str:
+    """:data:`IMAGE` on the session's engine, made once (about 70 MB, no registry)."""
+    client = docker_engine.client()
+    client.api.import_image_from_data(_python_image_tar(), repository=IMAGE.split(":")[0], tag=IMAGE.split(":")[1],
+                                      changes=["ENV PATH=/opt/py/bin:/usr/bin:/bin", "ENV PYTHONPATH=/app/lib",
+                                               "ENV LD_LIBRARY_PATH=/opt/py/lib", "WORKDIR /app"])
+    return IMAGE
 
 
 def _chaos(*argv: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -110,6 +216,7 @@ def test_exit_statuses_read_as_a_process_s_and_the_client_s_own_failures_are_tol
     (["--faults", "net", "--ranks", "2"], "--faults net: with --launcher docker each copy is a container on the "
                                           "host's network"),
     (["--executor", "slurm"], "--executor slurm with --launcher docker"),
+    (["--launcher", "subprocess", "--image", "x:1"], "--image needs --launcher docker"),
 ])
 def test_what_a_container_cannot_take_is_refused_in_one_line(argv: list[str], said: str) -> None:
     proc = _chaos("--launcher", "docker", *argv, "--", sys.executable, *CARELESS, timeout=60)
@@ -203,6 +310,33 @@ def test_a_command_the_container_cannot_run_is_a_usage_error(docker_engine, tmp_
     assert ("--launcher docker: copy 0 of COMMAND 'no-such-program-7f3a' did not run: [FATAL tini" in proc.stderr
             and "Traceback" not in proc.stderr), proc.stderr
     assert _ours(docker_engine.client()) == []
+
+
+def test_a_job_in_its_own_image_fails_as_it_does_on_the_host(python_image, docker_engine, tmp_path: Path) -> None:
+    common = ["--faults", "kill", "--max-points", "4", "--seed", "1", "--scratch", str(tmp_path)]
+    image_json, host_json = tmp_path / "image.json", tmp_path / "host.json"
+    proc = _chaos(*common, "--launcher", "docker", "--image", python_image, "--keep", "--json", str(image_json), "--",
+                  "python3", "job.py", "--out", "{out}")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    host = _chaos(*common, "--json", str(host_json), "--", sys.executable, *CARELESS)
+    assert host.returncode == 1, host.stdout[-2000:] + host.stderr[-2000:]
+    docs = {"image": json.loads(image_json.read_text()), "host": json.loads(host_json.read_text())}
+    verdicts = {k: {s["id"]: s["outcome"] for s in d["scenarios"]} for k, d in docs.items()}
+    assert verdicts["image"] == verdicts["host"] and "hard_failure" in verdicts["image"].values()
+    logs = list(tmp_path.glob("chaos-job-*/golden-0/logs/*.log"))
+    said = "".join(p.read_text() for p in logs)
+    assert f"in image: /opt/py/bin/python3 {IMAGE_LIB} host venv seen: False" in said, said
+    assert docs["image"]["job"]["spec"]["image"] == python_image
+    replays = json.dumps([s["replay"] for s in docs["image"]["scenarios"]])
+    assert f"--launcher docker --image {python_image}" in replays
+    assert _ours(docker_engine.client()) == []
+
+
+def test_an_image_the_engine_lacks_is_a_usage_error(docker_engine, tmp_path: Path) -> None:
+    proc = _chaos("--launcher", "docker", "--image", "no-such-image-7f3a:9", "--", "python3", "job.py", "{out}",
+                  timeout=60)
+    assert proc.returncode == 2 and "--image no-such-image-7f3a:9: no such image on the engine" in proc.stderr, \
+        proc.stderr
 
 
 @pytest.mark.slow  # 85 s: two ranks importing torch in fresh containers at every attempt

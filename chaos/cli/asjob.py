@@ -14,7 +14,8 @@ Called by ``chaos.cli.main.main`` when ``run``'s arguments hold ``--as-job``; th
 ``run`` does not know (``--max-points``, ``--faults``, ``--jobs`` ...) are the job mode's own
 and pass through. ``--hang-timeout`` keeps its built-in meaning (no progress for S seconds is a
 hang, 60 by default) through the job mode's own (``chaos.launch.silence``), and ``--driver docker``
-runs every rank as a container (``--launcher docker``, ``chaos.launch.containers``). Returns the job
+runs every rank as a container (``--launcher docker``, ``chaos.launch.containers``; with ``--image``
+its own Python, ``python3``, runs the workload there). Returns the job
 mode's argument list (``chaos.cli.job.main``). A built-in
 option the job pipeline cannot honour is refused in one line, never ignored.
 """
@@ -34,8 +35,7 @@ DEFAULT_POINTS = 12  # without --max-points, --budget or --point: about a minute
 
 def _refuse(args: argparse.Namespace) -> None:
     """A ConfigError for each built-in option the job pipeline has no way to honour."""
-    refused = [(args.image is not None, "--image"),
-               (args.device not in (None, "cpu"), f"--device {args.device}"),
+    refused = [(args.device not in (None, "cpu"), f"--device {args.device}"),
                (args.cache_dir is not None, "--cache-dir"), (args.no_cache, "--no-cache")]
     said = [flag for bad, flag in refused if bad]
     if said:
@@ -49,6 +49,8 @@ def workload_command(args: argparse.Namespace) -> list[str]:
     workload.config(args)  # an unknown --workload key: refused here, not in every rank
     command = workload.command(validate_spec(args.checkpointer), "--steps", str(args.steps), "--save-every",
                                str(args.save_every), "--seed", str(args.seed))
+    if args.image is not None:
+        command[0] = "python3"  # the image's own Python, as the built-in docker driver's ranks run
     for kv in args.workload:
         command += ["--workload", kv]
     key_values(args.ckpt_opt, "--ckpt-opt")  # malformed: refused here, not in every rank
@@ -65,6 +67,8 @@ def job_argv(args: argparse.Namespace, rest: list[str]) -> list[str]:
            "--seed", str(args.seed), "--hang-timeout", repr(args.hang_timeout)]
     if args.driver == "docker":  # each rank a container of its own (chaos.launch.containers)
         out += ["--launcher", "docker"]
+    if args.image is not None:  # the job mode refuses it without --launcher docker, as the built-in run does
+        out += ["--image", args.image]
     out += output_options(args)
     if args.loss_band is not None:
         out += ["--loss-band", str(args.loss_band)]

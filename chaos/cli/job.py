@@ -129,6 +129,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "Slurm (sbatch: a batch job submitted with --requeue through this environment's sbatch and "
                         "SLURM_CONF; explores kill, errno and sched, Slurm's requeue, preemption and node loss, after "
                         "which Slurm restarts it)")
+    p.add_argument("--image", default=None, metavar="NAME",
+                   help="with --launcher docker: run each copy in image NAME (on the engine already: docker pull it) "
+                        "with its own Python, working directory and environment, instead of the host-mounted empty "
+                        "image; only this project's tracer (read-only) and the scratch root are mounted into it")
     p.add_argument("--sbatch-opt", action="append", default=[], metavar="--OPT=VALUE",
                    help="an sbatch option for the job, as given (repeatable; with --launcher sbatch), e.g. "
                         "--sbatch-opt=--signal=B:USR1@30")
@@ -179,7 +183,7 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
                   faults=tuple(f for f in args.faults.split(",") if f) if args.faults is not None else None,
                   grace_s=args.grace, net_hold_s=args.net_hold, nodes=args.nodes, node_hold_s=args.node_hold,
                   preload=not args.no_preload, native_trace=not args.no_native_trace, materialize=args.materialize, launcher=args.launcher,
-                  sbatch_options=tuple(args.sbatch_opt))
+                  sbatch_options=tuple(args.sbatch_opt), image=args.image)
     if args.executor_opt and args.executor != "slurm":
         raise ConfigError("--executor-opt is for --executor slurm")
     check_sbatch_options("--executor-opt", args.executor_opt,
@@ -191,7 +195,7 @@ def build(argv: list[str]) -> tuple[argparse.Namespace, JobSpec]:
     if job.launcher == "docker":
         from chaos.launch import containers
 
-        containers.check()  # no client or no engine: said now, before any run
+        containers.check(job.image)  # no client, no engine or no such image: said now, before any run
     if args.executor == "slurm" and job.launcher == "sbatch":
         raise ConfigError("--executor slurm with --launcher sbatch: each array task would submit the job's batch "
                           "jobs and wait for them, holding a slot they may need; run one or the other")

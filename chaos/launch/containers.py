@@ -20,6 +20,13 @@ harness reads and edits them. The copy runs as the harness's uid (what it writes
 removable), on the host's network (``MASTER_ADDR`` and ``MASTER_PORT`` as for a process),
 with the copy's environment. What it writes anywhere else is gone with the container.
 
+With ``--image NAME`` the copy runs the user's own image instead: its Python, working
+directory, ``PATH`` and libraries (:data:`HOST_ONLY` variables are not passed in), with only
+this project's ``chaos`` and ``faults`` packages mounted read-only (the boot path and the
+tracer, standard library only: it runs on the image's Python) and the scratch root
+read-write; the boot path goes before the image's own ``PYTHONPATH``. The native tracer,
+built against this host's C library, is not preloaded there (``job._native_library`` says so).
+
 Faults: the in-rank families (kill, errno, term, and the halts of at-rest, power, stale,
 swap and reorder points) fire from inside the container exactly as in a process; their
 effects on ``{out}`` are made by the harness on the host between attempts. A network cut
@@ -32,7 +39,7 @@ and run as the harness's uid, so ``reaper`` finds and kills them from the host a
 interrupt; ``--rm`` then removes the container, and :func:`stop` removes (and reports)
 any container of the attempt still on the engine.
 
-Who calls what: ``cli.job.build`` calls :func:`check` (a missing client or engine is a
+Who calls what: ``cli.job.build`` calls :func:`check` (a missing client, engine or image is a
 ConfigError before anything runs); ``job.run_attempt`` calls :func:`wrap` for every copy
 (``job._plan``), :func:`stop` in its clean-up, then :func:`returncode` and :func:`start_error`.
 """
@@ -64,11 +71,23 @@ def _engine(docker_host: str | None) -> tuple[Any, str]:
     return client, url
 
 
-def check() -> str:
-    """ConfigError unless a ``docker`` client is on PATH and an engine answers; the engine's URL."""
+def check(image: str | None = None) -> str:
+    """ConfigError unless a ``docker`` client is on PATH, an engine answers and has ``image``
+    (never pulled here: a run must not depend on a registry); the engine's URL."""
     if shutil.which("docker") is None:
         raise ConfigError("--launcher docker needs the docker client on PATH (it runs each copy as `docker run`)")
-    return _engine(os.environ.get("DOCKER_HOST"))[1]
+    client, url = _engine(os.environ.get("DOCKER_HOST"))
+    if image is not None:
+        import docker
+
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            raise ConfigError(f"--image {image}: no such image on the engine at {url} (docker pull it, or build it, "
+                              "first)") from None
+        except docker.errors.APIError as exc:
+            raise ConfigError(f"--image {image}: the engine at {url} refused it: {exc.explanation or exc}") from None
+    return url
 
 
 def container_name(mark: str, copy: int) -> str:
@@ -119,27 +138,60 @@ def _installation(program: str) -> str:
     return bindir if root in ("/", "") else root
 
 
-def wrap(argv: list[str], env: dict[str, str], cwd: str | None, root: str, mark: str, copy: int) -> list[str]:
-    """``docker run`` of one copy: ``argv`` in ``cwd`` with ``env``, in a container of the empty image.
+# What a copy's environment says about this host only: not passed into a container of --image,
+# whose own values (its PATH, its Python, its libraries) stand.
+HOST_ONLY = ("PATH", "HOME", "HOSTNAME", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHOME", "VIRTUAL_ENV",
+             "PYTHONPATH", "CONDA_PREFIX", "PYENV_VERSION")
 
-    Its client is started with ``env`` plus ``DOCKER_HOST`` (:func:`client_env`); every
-    variable of ``env`` is passed by name, so the values never appear on a command line."""
-    _engine(os.environ.get("DOCKER_HOST"))  # the engine reached and its image made, before a copy names them
-    workdir = os.path.abspath(cwd or os.getcwd())
+
+def tracer_mounts() -> list[str]:
+    """What a container of ``--image`` needs of this project: the ``chaos`` and ``faults`` packages
+    (the boot path and the tracer, standard library only), each at its own path."""
+    import chaos
+    import faults
+
+    return [os.path.dirname(os.path.abspath(m.__file__)) for m in (chaos, faults)]  # type: ignore[arg-type]
+
+
+def image_env(image: str) -> dict[str, str]:
+    """The image's own environment (its ``ENV`` lines), as the engine has it."""
+    client, _ = _engine(os.environ.get("DOCKER_HOST"))
+    pairs = client.images.get(image).attrs.get("Config", {}).get("Env") or []
+    return dict(p.split("=", 1) for p in pairs if "=" in p)
+
+
+def wrap(argv: list[str], env: dict[str, str], cwd: str | None, root: str, mark: str, copy: int,
+         image: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """``docker run`` of one copy, and the environment to start that client with.
+
+    Without ``image``: ``argv`` in ``cwd`` with ``env``, in a container of the empty image with
+    :func:`mounts`. With it: ``argv`` in the image's own working directory, with ``env`` less
+    :data:`HOST_ONLY` and the boot path put before the image's own ``PYTHONPATH``; only this
+    project's packages (read-only, :func:`tracer_mounts`) and ``root`` (read-write) are mounted.
+    Every variable is passed by name (the client's environment holds the values, with
+    ``DOCKER_HOST``), so no value appears on a command line."""
+    client_env = dict(env)
     cmd = ["docker", "run", "--rm", "--init", "--name", container_name(mark, copy),
            "--label", f"{engine.LABEL}=job", "--label", f"{LABEL_ATTEMPT}={mark}",
-           "--network", "host", "--user", f"{os.getuid()}:{os.getgid()}", "--workdir", workdir,
-           "--log-driver", "none"]
-    for path, mode in mounts(root, workdir, argv, env):
+           "--network", "host", "--user", f"{os.getuid()}:{os.getgid()}", "--log-driver", "none"]
+    if image is None:
+        workdir = os.path.abspath(cwd or os.getcwd())
+        cmd += ["--workdir", workdir]
+        volumes = mounts(root, workdir, argv, env)
+        passed = sorted(env)
+    else:
+        volumes = [(p, "ro") for p in tracer_mounts()] + [(os.path.abspath(root), "rw")]
+        boot = env.get("PYTHONPATH", "").split(os.pathsep)[0]  # job_env puts the boot path first
+        own = image_env(image).get("PYTHONPATH")
+        client_env["PYTHONPATH"] = os.pathsep.join(p for p in (boot, own) if p)
+        passed = sorted(k for k in client_env if k not in HOST_ONLY or k == "PYTHONPATH")
+    for path, mode in volumes:
         cmd += ["--volume", f"{path}:{path}:{mode}"]
-    for key in sorted(env):
+    for key in passed:
         cmd += ["--env", key]
-    return [*cmd, engine.EMPTY_IMAGE, *argv]
-
-
-def client_env(env: dict[str, str]) -> dict[str, str]:
-    """The environment of a copy's ``docker run`` client: the copy's own, and the engine to reach."""
-    return {**env, "DOCKER_HOST": _engine(os.environ.get("DOCKER_HOST"))[1]}
+    # the engine reached (and the empty image made) before a copy names them
+    client_env["DOCKER_HOST"] = _engine(os.environ.get("DOCKER_HOST"))[1]
+    return [*cmd, image or engine.EMPTY_IMAGE, *argv], client_env
 
 
 def stop(mark: str) -> list[str]:
@@ -194,5 +246,5 @@ def start_error(rc: int | None, log: str) -> str | None:
     return first if first.startswith(("docker:", "[FATAL tini")) else None
 
 
-__all__ = ["LABEL_ATTEMPT", "check", "client_env", "container_name", "mounts", "returncode", "start_error", "stop",
-           "wrap"]
+__all__ = ["HOST_ONLY", "LABEL_ATTEMPT", "check", "container_name", "image_env", "mounts", "returncode",
+           "start_error", "stop", "tracer_mounts", "wrap"]

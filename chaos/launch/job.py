@@ -261,6 +261,9 @@ def _native_library(job: S.JobSpec, root: str) -> tuple[str | None, str | None]:
     """(library, None), (None, why it cannot be built), or (None, None) with --no-native-trace."""
     if not job.native_trace:
         return None, None
+    if job.image is not None:
+        return None, ("the native tracer is built against this host's C library, which --image's containers do "
+                      "not have, so it is not preloaded there")
     try:
         return shim.build(os.path.join(root, "shim"), cache=os.path.join(cache_root(), "native")), None
     except Unsupported as e:
@@ -334,8 +337,7 @@ def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point |
             env[S.ENV_RANK] = "0"
         cmd = netcut.in_netns(lab, rank, argv) if in_lab else argv  # type: ignore[arg-type]
         if job.launcher == "docker":  # the copy's docker run client in its place (containers.py)
-            cmd = containers.wrap(argv, env, job.cwd, _exploration(scratch), mark, rank)
-            env = containers.client_env(env)
+            cmd, env = containers.wrap(argv, env, job.cwd, _exploration(scratch), mark, rank, job.image)
         plan.append(spares.Copy(tuple(cmd), tuple(sorted(env.items())),
                                 os.path.join(logs_dir, f"attempt{attempt}-copy{rank}.log"), job.cwd))
     return plan

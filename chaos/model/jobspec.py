@@ -140,6 +140,7 @@ class JobSpec:
     materialize: bool = True                # --no-materialize: False (a point's attempt 0 always runs to the point)
     launcher: str = "subprocess"            # --launcher: subprocess | sbatch (a Slurm batch job, chaos.launch.sbatch)
     sbatch_options: tuple[str, ...] = ()    # --sbatch-opt: passed to sbatch as given (--signal=..., --partition=...)
+    image: str | None = None                # --image: --launcher docker's image (None: the host-mounted empty one)
     # what explore found the fault-free run imported before its first file event (run-time only: never
     # recorded, never replayed); the boot path imports them before the gate (ENV_PRELOAD)
     preload_modules: tuple[str, ...] = ()
@@ -290,6 +291,8 @@ class JobSpec:
             args += ["--launcher", self.launcher]
         for opt in self.sbatch_options:
             args += [f"--sbatch-opt={opt}"]
+        if self.image is not None:
+            args += ["--image", self.image]
         return args
 
     def replay_command(self, point: Point | None = None, seed: int = 0) -> str:
@@ -325,7 +328,8 @@ class JobSpec:
                    preload=spec.get("preload", True) is not False,
                    native_trace=spec.get("native_trace", True) is not False, materialize=spec.get("materialize") is True,
                    launcher=str(spec.get("launcher") or "subprocess"),
-                   sbatch_options=tuple(str(o) for o in spec.get("sbatch_options") or ()))
+                   sbatch_options=tuple(str(o) for o in spec.get("sbatch_options") or ()),
+                   image=None if spec.get("image") is None else str(spec["image"]))
 
     def to_dict(self) -> dict[str, Any]:
         return {"command": list(self.command), "resume_command": list(self.resume_command or []) or None,
@@ -341,7 +345,8 @@ class JobSpec:
                 **({} if self.native_trace else {"native_trace": False}),
                 "materialize": self.materialize,
                 **({"launcher": self.launcher, "sbatch_options": list(self.sbatch_options)}
-                   if self.launcher != "subprocess" else {})}
+                   if self.launcher != "subprocess" else {}),
+                **({} if self.image is None else {"image": self.image})}
 
 
 # -- a job on simulated nodes (--nodes N): the pure checks, parsed here; nodes.py runs it
@@ -428,6 +433,10 @@ def _check_launcher(job: JobSpec) -> None:
     a network namespace) is refused with sbatch rather than half made."""
     if job.launcher not in LAUNCHERS:
         raise ConfigError(f"--launcher {job.launcher!r}: choose from {', '.join(LAUNCHERS)}")
+    if job.image is not None and job.launcher != "docker":
+        raise ConfigError("--image needs --launcher docker: it names the image each copy's container runs")
+    if job.image is not None and (not job.image.strip() or any(c.isspace() for c in job.image)):
+        raise ConfigError(f"--image {job.image!r}: not an image name (give NAME or NAME:TAG, as docker images lists it)")
     if job.launcher == "docker" and job.nodes is not None:
         raise ConfigError("--launcher docker with --nodes: simulated nodes are network namespaces of this host, "
                           "each running its agent as a process")

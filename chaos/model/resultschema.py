@@ -114,6 +114,7 @@ _JOB_SPEC = _object({
     "timeout_s": _NUM, "hang_timeout_s": _maybe("number"), "rtol": _NUM, "modes": _array(_STR), "faults": {**_maybe("array"), "items": _STR},
     "grace_s": _NUM, "net_hold_s": _NUM, "cwd": _STR, "nodes": _maybe("integer"), "node_hold_s": _NUM,
     "launcher": _STR, "sbatch_options": _array(_STR),  # --launcher sbatch only (absent: subprocess)
+    "image": _STR,  # --launcher docker --image only
 }, required=("command",))
 # The built-in scenario's spec (chaos.plan.scenario.Scenario.to_dict), or a job point's ({kind: job, job, point}).
 _SCENARIO_SPEC = _object({
