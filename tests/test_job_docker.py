@@ -256,6 +256,13 @@ def test_what_a_container_cannot_take_is_refused_in_one_line(argv: list[str], sa
     assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("image", ["--privileged", "a b", "", "-v/:/host"])
+def test_an_image_that_is_no_image_reference_is_refused_even_from_a_results_file(image: str) -> None:
+    spec = JobSpec(command=("python3", "j.py", "{out}"), launcher="docker").to_dict()
+    with pytest.raises(ConfigError, match="not an image reference"):
+        JobSpec.from_dict({**spec, "image": image})
+
+
 def test_simulated_nodes_are_refused() -> None:
     with pytest.raises(ConfigError, match="--launcher docker with --nodes: simulated nodes are network namespaces"):
         JobSpec(command=("torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",

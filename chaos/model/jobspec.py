@@ -93,6 +93,7 @@ KINDS_WITH_NODES = ("kill", "errno", "node")  # in-rank faults need nothing from
 # ``sbatch``: Slurm, as a batch job (chaos.launch.sbatch), which also restarts it at a sched point;
 # ``docker``: the harness, each copy as a container of its own (chaos.launch.containers).
 LAUNCHERS = ("subprocess", "sbatch", "docker")
+IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}")  # --image: a Docker image reference, never an option
 # What a job Slurm launches is explored with: faults its own rank fires (a SIGKILL, an injected
 # error; the harness restarts it as a new batch job) and Slurm's own (sched: Slurm restarts it).
 KINDS_WITH_SBATCH = ("kill", "errno", "sched")
@@ -138,7 +139,7 @@ class JobSpec:
     preload: bool = True                    # --no-preload: False
     native_trace: bool = True               # --no-native-trace: False (faults/chaosio.c not preloaded)
     materialize: bool = True                # --no-materialize: False (a point's attempt 0 always runs to the point)
-    launcher: str = "subprocess"            # --launcher: subprocess | sbatch (a Slurm batch job, chaos.launch.sbatch)
+    launcher: str = "subprocess"            # --launcher: subprocess | sbatch (chaos.launch.sbatch) | docker (containers)
     sbatch_options: tuple[str, ...] = ()    # --sbatch-opt: passed to sbatch as given (--signal=..., --partition=...)
     image: str | None = None                # --image: --launcher docker's image (None: the host-mounted empty one)
     # what explore found the fault-free run imported before its first file event (run-time only: never
@@ -435,8 +436,10 @@ def _check_launcher(job: JobSpec) -> None:
         raise ConfigError(f"--launcher {job.launcher!r}: choose from {', '.join(LAUNCHERS)}")
     if job.image is not None and job.launcher != "docker":
         raise ConfigError("--image needs --launcher docker: it names the image each copy's container runs")
-    if job.image is not None and (not job.image.strip() or any(c.isspace() for c in job.image)):
-        raise ConfigError(f"--image {job.image!r}: not an image name (give NAME or NAME:TAG, as docker images lists it)")
+    if job.image is not None and not IMAGE_REF.fullmatch(job.image):
+        # never an option: `docker run ... IMAGE` would take "--privileged" from a hostile results file as one
+        raise ConfigError(f"--image {job.image!r}: not an image reference (give NAME, NAME:TAG or NAME@DIGEST, as "
+                          "docker images lists it)")
     if job.launcher == "docker" and job.nodes is not None:
         raise ConfigError("--launcher docker with --nodes: simulated nodes are network namespaces of this host, "
                           "each running its agent as a process")
