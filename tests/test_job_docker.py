@@ -227,6 +227,17 @@ def test_mounts_write_only_the_scratch_root_and_show_what_the_command_needs(tmp_
     assert depth == sorted(depth)  # parents before what is mounted inside them
 
 
+def test_a_path_with_a_colon_is_never_split_into_another_mount(tmp_path: Path) -> None:
+    odd = tmp_path / "x:"
+    (odd / "etc:rw").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="cannot bind-mount"):
+        containers.mounts(str(tmp_path), f"{odd}/etc:rw", ["true"], {})
+    job = odd / "etc:rw" / "job.py"
+    job.write_text("")
+    got = containers.mounts(str(tmp_path / "root"), str(tmp_path / "cwd"), ["python3", str(job)], {})
+    assert got and not any(":" in p for p, _ in got)  # the job's directory is not mounted at all
+
+
 def test_a_read_write_mount_wins_over_a_read_only_one_of_the_same_path(tmp_path: Path) -> None:
     got = containers.mounts(str(tmp_path), str(tmp_path), ["true"], {"PYTHONPATH": str(tmp_path)})
     assert dict(got)[str(tmp_path)] == "rw" and [p for p, _ in got].count(str(tmp_path)) == 1

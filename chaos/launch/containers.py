@@ -102,8 +102,13 @@ def mounts(root: str, cwd: str, argv: list[str], env: dict[str, str]) -> list[tu
     this project, ``cwd``, the installation of the program ``argv[0]`` finds on the copy's
     ``PATH`` (a venv, a pyenv root), the directories of the files ``argv`` names, the native
     tracer (``LD_PRELOAD``) and the ``PYTHONPATH`` directories are read-only. A path already
-    visible through an earlier mount is not mounted again.
+    visible through an earlier mount is not mounted again. ``--volume SRC:DST:MODE`` splits on
+    ``:``, so a path holding one (from a hostile results file's ``cwd``, say) could name another
+    mount: ``root`` or ``cwd`` with one is a ConfigError, any other such path is not mounted.
     """
+    for must in (root, cwd):
+        if ":" in must:
+            raise ConfigError(f"--launcher docker cannot bind-mount {must!r}: a path with ':' cannot be a volume")
     wanted: list[tuple[str, str]] = [(p, "ro") for p in engine.host_mounts()]
     wanted.append((os.path.abspath(root), "rw"))
     wanted.append((os.path.abspath(cwd), "ro"))
@@ -123,6 +128,8 @@ def mounts(root: str, cwd: str, argv: list[str], env: dict[str, str]) -> list[tu
             wanted.append((os.path.abspath(entry), "ro"))
     out: list[tuple[str, str]] = []
     for path, mode in wanted:
+        if ":" in path:
+            continue  # it would split into another mount (see above)
         if any(path == p or path.startswith(p.rstrip("/") + "/") for p, m in out if m == mode or m == "rw"):
             continue  # visible already, and at least as writable
         out = [(p, m) for p, m in out if p != path]  # a read-only mount of the same path gives way
