@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -405,6 +406,21 @@ def test_a_checkpoint_kept_in_the_container_s_own_files_is_lost_at_the_restart(d
     if outcome == "lost_work":
         assert "4" in point["oracles"]["durability"]["summary"], point["oracles"]["durability"]
     assert _ours(docker_engine.client()) == []
+
+
+def test_sigterm_to_the_harness_leaves_no_container_and_no_process(docker_engine, tmp_path: Path) -> None:
+    """cancel() reaches a container through the mark its processes carry and the engine; observed
+    right after the harness exited, before anything here cleans up."""
+    from test_job_interrupt import SLOW_RESUME, _start, _stopped, _wait_for
+
+    proc, base = _start(tmp_path, SLOW_RESUME, "--launcher", "docker", "--result-file", "final.json",
+                        "--point", "rank0:step3:kill")
+    root, pids = _wait_for(proc, base, "point-*/logs/attempt1-copy0.log", "resuming from 3")
+    assert len(_ours(docker_engine.client())) == 1  # the resume's container, running
+    out, err = _stopped(proc, signal.SIGTERM, root, pids)  # no process of the job left, the root removed
+    assert proc.returncode == 143, out + err
+    assert _ours(docker_engine.client()) == [], out + err
+    assert "interrupted after 0 of 1 points (SIGTERM)" in out
 
 
 @pytest.mark.slow  # 85 s: two ranks importing torch in fresh containers at every attempt
