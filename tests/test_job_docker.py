@@ -379,6 +379,13 @@ def test_a_job_in_its_own_image_fails_as_it_does_on_the_host(python_image, docke
     said = "".join(p.read_text() for p in logs)
     assert f"in image: /opt/py/bin/python3 {IMAGE_LIB} host venv seen: False" in said, said
     assert docs["image"]["job"]["spec"]["image"] == python_image
+    ran_on = docs["image"]["environment"]["docker"]
+    assert ran_on["image"] == python_image and ran_on["host_mounted"] is False
+    assert ran_on["image_id"] == docker_engine.client().images.get(python_image).id  # a tag moves; the id does not
+    assert "docker" not in docs["host"]["environment"]
+    from chaos.model.resultschema import load_results
+
+    load_results(image_json)  # what chaos report / replay / findings read
     replays = json.dumps([s["replay"] for s in docs["image"]["scenarios"]])
     assert f"--launcher docker --image {python_image}" in replays
     assert _ours(docker_engine.client()) == []

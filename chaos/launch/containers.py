@@ -90,6 +90,19 @@ def check(image: str | None = None) -> str:
     return url
 
 
+def describe(image: str | None) -> dict[str, Any]:
+    """The engine and image a run's copies ran on, for the results' ``environment.docker``: a tag
+    can move, so the image's id says which one the points ran against."""
+    client, url = _engine(os.environ.get("DOCKER_HOST"))
+    name = image or engine.EMPTY_IMAGE
+    try:
+        version = client.version().get("Version")
+        image_id = client.images.get(name).id
+    except Exception as exc:  # noqa: BLE001 - a record, never a reason to fail the run's results
+        return {"url": url, "image": name, "error": f"{type(exc).__name__}: {exc}"}
+    return {"url": url, "engine": version, "image": name, "image_id": image_id, "host_mounted": image is None}
+
+
 def container_name(mark: str, copy: int) -> str:
     """A copy's container name: unique per attempt (from its mark) and copy, in Docker's alphabet."""
     return f"chaos-job-{hashlib.sha1(mark.encode()).hexdigest()[:16]}-c{copy}"
@@ -253,5 +266,5 @@ def start_error(rc: int | None, log: str) -> str | None:
     return first if first.startswith(("docker:", "[FATAL tini")) else None
 
 
-__all__ = ["HOST_ONLY", "LABEL_ATTEMPT", "check", "container_name", "image_env", "mounts", "returncode",
+__all__ = ["HOST_ONLY", "LABEL_ATTEMPT", "check", "container_name", "describe", "image_env", "mounts", "returncode",
            "start_error", "stop", "tracer_mounts", "wrap"]

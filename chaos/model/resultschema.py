@@ -159,7 +159,10 @@ SCHEMA: dict[str, Any] = {
         "schema_version": _INT,
         "summary": _object(values=_INT),
         "environment": _object({"chaos": _maybe("string"), "torch": _maybe("string"), "python": _maybe("string"),
-                                "platform": _maybe("string"), "packages": _object(values=_STR)}),
+                                "platform": _maybe("string"), "packages": _object(values=_STR),
+                                # --launcher docker: the engine's url and version, the image and its id
+                                "docker": _object({"url": _STR, "engine": _maybe("string"), "image": _STR,
+                                                   "image_id": _STR, "host_mounted": {"type": "boolean"}})}),
         "scenarios": _array(_SCENARIO),
         "job": _JOB,
         "campaign": _maybe("object"),

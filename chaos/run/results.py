@@ -105,8 +105,13 @@ def job_results_document(job: JobSpec, exploration: Exploration | None, results:
     if exploration is not None:
         job_doc.update(exploration.to_dict())
     interrupted = {INTERRUPTED: outcomes[INTERRUPTED]} if outcomes.get(INTERRUPTED) else None
+    environment: dict[str, Any] = {"packages": job_packages(job)}
+    if job.launcher == "docker":  # which engine and which image (by id: a tag moves) the copies ran on
+        from chaos.launch.containers import describe
+
+        environment["docker"] = describe(job.image)
     return _document([r.verdict.verdict for r in results], [r.to_dict() for r in results],
-                     {"packages": job_packages(job)}, interrupted, job=job_doc)
+                     environment, interrupted, job=job_doc)
 
 
 def write_results(path: str | Path, doc: dict[str, Any]) -> None:
