@@ -386,6 +386,15 @@ def test_a_job_in_its_own_image_fails_as_it_does_on_the_host(python_image, docke
     from chaos.model.resultschema import load_results
 
     load_results(image_json)  # what chaos report / replay / findings read
+    dry_run = [sys.executable, "-m", "chaos.cli.main", "replay", "--dry-run", str(image_json)]
+    replay = subprocess.run(dry_run, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert replay.returncode == 0 and "now; the recorded run was on" not in replay.stderr, replay.stderr
+    image_id, doc = ran_on["image_id"], docs["image"]
+    doc["environment"]["docker"]["image_id"] = "sha256:" + "0" * 64  # as if the tag were rebuilt since
+    image_json.write_text(json.dumps(doc))
+    replay = subprocess.run(dry_run, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (f"note: image {python_image} is {image_id} now; the recorded run was on sha256:000"
+            in replay.stderr), replay.stderr + replay.stdout
     replays = json.dumps([s["replay"] for s in docs["image"]["scenarios"]])
     assert f"--launcher docker --image {python_image}" in replays
     assert _ours(docker_engine.client()) == []

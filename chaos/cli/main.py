@@ -246,10 +246,34 @@ def _replay_job(args: argparse.Namespace, doc: dict[str, Any]) -> int:
 
     argv, cwd = replay_argv(doc, args.scenario, args.results)
     extra = output_options(args)
+    moved = _image_moved(doc)
+    if moved:
+        print(f"chaos: note: {moved}", file=sys.stderr)
     where = f"in {cwd}" if cwd else "here"
     if not _confirm(args, doc, [f"{where}: {shlex.join(['chaos', 'run', *extra, *argv])}"]):
         return 0
     return job_main([*extra, *argv], cwd=cwd)
+
+
+def _image_moved(doc: dict[str, Any]) -> str | None:
+    """Where a ``--launcher docker`` run's image is no longer the one its points ran on: the replay
+    runs the image as it is now (a rebuilt one, to check a fix), and says so."""
+    from chaos.model.jobspec import IMAGE_REF
+
+    ran_on = (doc.get("environment") or {}).get("docker")
+    if (not isinstance(ran_on, dict) or not isinstance(ran_on.get("image_id"), str) or ran_on.get("host_mounted")
+            or not isinstance(ran_on.get("image"), str) or not IMAGE_REF.fullmatch(ran_on["image"])):
+        return None  # the host-mounted empty image is made per engine: the host's files are what ran
+    from chaos.launch.containers import describe
+
+    try:
+        now = describe(ran_on["image"])
+    except ConfigError:
+        return None  # no engine now: the replay itself says so
+    if now.get("image_id") == ran_on["image_id"]:
+        return None
+    return (f"image {ran_on.get('image')} is {now.get('image_id') or 'not on the engine'} now; the recorded run "
+            f"was on {ran_on['image_id']}")
 
 
 def _load_replay(args: argparse.Namespace, doc: dict[str, Any]) -> list[Scenario]:
