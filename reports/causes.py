@@ -118,6 +118,11 @@ KINDS: dict[str, Kind] = {
                             "the recovery is not crash-safe — never remove or overwrite a checkpoint before its "
                             "replacement is durable (a temp file, fsync, rename, directory fsync); a restart must "
                             "survive a kill anywhere, as a save must"),
+    "recovery_not_durable": Kind("a power cut inside the resume's own recovery loses {file}, which the first crash "
+                                 "left intact",
+                                 "the recovery rewrites a checkpoint without making it durable — fsync the new file "
+                                 "before it replaces the old one (then the directory), or leave the old one alone; a "
+                                 "restart must survive a power cut anywhere, as a save must"),
     "errno_swallowed": Kind("an I/O error ({detail}) in the save of {file} is not handled",
                             "the save counts as done though it failed — check every write, fsync and close, and fail "
                             "or retry the save"),
@@ -538,13 +543,28 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
     return family, "unknown", "", family, landed
 
 
+def _second_lost(sc: dict[str, Any]) -> str:
+    """The first file a second fault's power cut lost (``lost`` of its record), or ""."""
+    evidence = _d(_d(_d(sc.get("oracles")).get("liveness")).get("evidence"))
+    lost = _l(_d(evidence.get("second_fault")).get("lost"))
+    first = _d(lost[0]) if lost else {}
+    return _s(first.get("path") or first.get("file") or first.get("name"))
+
+
 def _point(index: int, sc: dict[str, Any], files: _Files) -> Point:
     outcome = _s(sc.get("outcome"))
     line = exception_line(sc) if outcome == "hard_failure" else ""
     family, kind, file, detail, landed = _classify(sc, files, line)
-    if any(_d(f).get("attempt") for f in _l(sc.get("faults"))[1:]):  # struck again inside its resume
-        landed += "; then a kill inside its restart"
-        if outcome == "lost_work" and kind in ("ignores_newest", "unknown"):  # the first crash alone lost nothing
+    again = [_d(f) for f in _l(sc.get("faults"))[1:] if _d(f).get("attempt")]
+    power_again = bool(again) and again[0].get("kind") == "powerloss"
+    if again:  # struck again inside its resume: a kill, or a power cut the harness made
+        landed += f"; then {'a power cut' if power_again else 'a kill'} inside its restart"
+        if power_again and outcome in ("lost_work", "hard_failure"):
+            # the restart got past the first fault (it reached the cut's event), the next one failed:
+            # the cut took what the recovery had not made durable
+            lost = _second_lost(sc)
+            kind, file, detail = "recovery_not_durable", lost or "a checkpoint", ""
+        elif outcome == "lost_work" and kind in ("ignores_newest", "unknown"):  # the first crash alone lost nothing
             kind, file, detail = "recovery_unsafe", "", ""
     if outcome == "hard_failure":
         if line:

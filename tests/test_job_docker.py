@@ -439,6 +439,25 @@ def test_sigterm_to_the_harness_leaves_no_container_and_no_process(docker_engine
     assert "interrupted after 0 of 1 points (SIGTERM)" in out
 
 
+def test_second_faults_strike_a_container_s_restart_as_a_process_s(docker_engine, tmp_path: Path) -> None:
+    """A kill and a power cut inside the restart (the restart a fresh container too)."""
+    from test_job_power_in_restart import RENORMALIZING
+
+    job = tmp_path / "renorm.py"
+    job.write_text(textwrap.dedent(RENORMALIZING))
+    out = tmp_path / "r.json"
+    proc = _chaos("--launcher", "docker", "--point", "rank0:step5:kill+rank0:op6:power", "--point",
+                  "rank0:step5:kill+rank0:op6:after", "--result-file", "final.json", "--scratch", str(tmp_path),
+                  "--json", str(out), "--", sys.executable, str(job), "{out}", "nosync")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    points = {s["id"]: s for s in json.loads(out.read_text())["scenarios"]}
+    assert points["rank0:step5:kill+rank0:op6:power"]["outcome"] == "hard_failure"
+    assert points["rank0:step5:kill+rank0:op6:after"]["outcome"] == "pass"
+    attempts = points["rank0:step5:kill+rank0:op6:power"]["oracles"]["liveness"]["evidence"]["attempts"]
+    assert len(attempts) == 3 and all(len(a["containers"]) == 1 for a in attempts)
+    assert _ours(docker_engine.client()) == []
+
+
 @pytest.mark.slow  # 85 s: two ranks importing torch in fresh containers at every attempt
 def test_a_two_rank_torch_job_passes_every_default_family_in_containers(docker_engine, tmp_path: Path) -> None:
     out = tmp_path / "r.json"

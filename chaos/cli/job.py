@@ -87,7 +87,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--point", action="append", default=[], metavar="ID",
                    help="run only this point (a replay; repeatable): rank0:op17:before, rank0:step5:kill "
-                        "(or kill:rank=0,step=5), disk:full:8192, ...")
+                        "(or kill:rank=0,step=5), disk:full:8192, ...; +rankR:opN:MODE after it strikes its "
+                        "restart too, at that restart's event N: a kill (before, after, torn) or a power cut "
+                        "(power), e.g. rank0:step5:kill+rank0:op6:power")
     p.add_argument("--materialize", action=argparse.BooleanOptionalAction, default=True,
                    help="rebuild a point's first attempt from the fault-free trace (its files as they were "
                         "at the event) and run only the resume, where the trace says it all: one-process jobs, "
@@ -218,6 +220,10 @@ def _check_second_faults(args: argparse.Namespace, job: JobSpec) -> None:
     if args.resume_points and args.point:
         raise ConfigError("--resume-points samples points to strike again; --point runs exactly the points given "
                           "(write one with its second fault: --point rank0:op17:after+rank0:op4:before)")
+    if job.torchrun and any((then := parse_point(p).then) is not None and then.mode == "power" for p in args.point):
+        raise ConfigError("a power cut in a resume (+rankR:opN:power) with a torchrun COMMAND: its agent restarts "
+                          "the workers by itself, before the harness could cut the power; a kill (before, after, "
+                          "torn) can strike its restart")
     if args.executor == "slurm":
         raise ConfigError("a second fault in a resume with --executor slurm: the array's tasks run one fault a "
                           "point, and the second faults are chosen from the first points' resumes, which they do "

@@ -192,13 +192,15 @@ def describe_fault(finding: Finding) -> str:
     if second is not None:  # a second fault, inside that restart (chaos run --resume-points)
         p2 = dict(second.get("params") or {})
         fired = next((x for x in finding.entry.get("fired") or [] if isinstance(x, dict) and x.get("attempt")
-                      and x.get("action") == "kill"), None)  # a replayed point names no event: what fired does
+                      and x.get("action") in ("kill", "halt")), None)  # a replayed point names no event: what fired does
         if fired is not None and not p2.get("event"):
             p2.update(event=fired.get("op"), path=fired.get("path"))
         who2 = f"rank {second.get('rank')}" if finding.spec.world_size > 1 else "the job"
         again = "its agent restarted the workers again" if finding.spec.torchrun else "restarted once more"
-        restarted += (f"; inside that restart (its recovery), {_killed_at(who2, p2)} of the restart's own trace; "
-                      f"then {again}")
+        struck = (f"power was lost right after {_where(p2)} of the restart's own trace: data and directory "
+                  "entries not yet fsynced were gone" if second.get("kind") == "powerloss"
+                  else f"{_killed_at(who2, p2)} of the restart's own trace")
+        restarted += f"; inside that restart (its recovery), {struck}; then {again}"
     return f"{done}; then {restarted}"
 
 

@@ -394,7 +394,7 @@ def relied_on(job: JobSpec, golden: Golden, rec: PointRecord) -> list[Relied]:
     announced before its files were written. Without, each file the job relied on that is no
     result file and was not appended to; its step comes from the trace only."""
     applied = rec.applied
-    cut = applied.cut_ts if applied is not None else None
+    cuts = _cuts(rec)
     excluded = list(applied.excluded) if applied is not None else []
     root = os.path.realpath(rec.out)
     pattern = job.checkpoint_glob
@@ -405,9 +405,9 @@ def relied_on(job: JobSpec, golden: Golden, rec: PointRecord) -> list[Relied]:
     versions: list[_Version] = []
     struck = _struck(rec)
     for (rank, a), recs in sorted(rec.traces.items()):
-        if a in struck:  # a power cut's moment is attempt 0's; a second fault is a kill
+        if a in struck:  # up to a power cut's moment where one cut that attempt (_cuts)
             announces = any((i := _probe(r)) is not None and i.get("kind") in STEP_KINDS for r in recs)
-            versions += _track(rank, recs, root, cut if a == 0 else None, announces, unit)
+            versions += _track(rank, recs, root, cuts.get(a), announces, unit)
     # A corrupted file spoils its whole save: every file its rank wrote for the same step
     # (ckpt-6.pt corrupted, ckpt-6.pt.sha256 beside it is no checkpoint to rely on either).
     spoiled = {(v.rank, v.step) for v in versions if v.step is not None and _holds(v.path, excluded)}
@@ -452,13 +452,16 @@ def _finished(v: _Version) -> str:
 def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
     """Per rank: each rank's restart must start at or after the newest checkpoint *it* could rely on."""
     applied = rec.applied
-    cut = applied.cut_ts if applied is not None else None
+    cuts = _cuts(rec)
     excluded = list(applied.excluded) if applied is not None else []
     saving = _saving_step(rec) if excluded else None
     damaged = set(applied.ranks) if applied is not None and applied.ranks else {rec.point.rank}
     evidence: dict[str, Any] = {}
-    if cut is not None:
-        evidence["acknowledged_before"] = {"cut_ts": cut, "why": "a power loss: later acknowledgements never happened"}
+    if cuts:
+        evidence["acknowledged_before"] = {"cut_ts": cuts.get(0, max(cuts.values())),
+                                           **({"cut_ts_by_attempt": {str(a): t for a, t in sorted(cuts.items())}}
+                                              if set(cuts) != {0} else {}),
+                                           "why": "a power loss: later acknowledgements never happened"}
     if excluded:
         evidence["not_relied_on"] = {"files": excluded, "acknowledged_from_step": saving,
                                      "ranks": sorted(damaged),
@@ -476,7 +479,7 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
             continue
         acked = [r["info"]["n"] for r in recs if r.get("event") == "phase" and r.get("name") == "chaos.probe"
                  and r.get("info", {}).get("kind") == "saved"
-                 and (cut is None or a != 0 or r.get("ts", 0.0) <= cut)
+                 and (a not in cuts or r.get("ts", 0.0) <= cuts[a])
                  and not (a == 0 and saving is not None and rank in damaged and r["info"]["n"] >= saving)]
         if acked:
             offer(rank, max(acked), "chaos.probe.saved")
@@ -493,7 +496,7 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
         evidence["relied_on"] = [r.to_dict() for r in relied[-20:]]
     for r in relied:
         if r.step is not None:
-            what = "relied on " + ("before the power loss" if cut is not None else "when it was stopped")
+            what = "relied on " + ("before the power loss" if cuts else "when it was stopped")
             for rank in (ranks_seen if r.rank is None else {r.rank}):
                 offer(rank, r.step, f"{r.name} {what}: {r.since}; step {r.step}: {r.step_from}")
     if rec.untraced:
@@ -692,7 +695,22 @@ def _second(rec: PointRecord) -> str | None:
         return None
     f = next(r for r in rec.traces[(then.rank, struck[-1])] if r.get("event") == "fired")  # (_struck saw it)
     on = _short(f.get("path"), rec.out) if f.get("path") else "?"
+    if then.mode == "power":  # the harness's own cut, made once the restart halted (power.in_restart)
+        did = rec.second.what if rec.second is not None and not rec.second.skipped else "no power loss made"
+        return f"in the restart, after rank {then.rank}'s event {f.get('ord')} ({f.get('op')} of {on}): {did}"
     return f"in the restart, rank {then.rank} killed {then.mode} its event {f.get('ord')} ({f.get('op')} of {on})"
+
+
+def _cuts(rec: PointRecord) -> dict[int, float]:
+    """The moment of each power cut, by the attempt it cut: attempt 0's own (a power point), the
+    restart's (a second fault's, ``+rankR:opN:power``). Later acknowledgements never happened."""
+    out: dict[int, float] = {}
+    if rec.applied is not None and rec.applied.cut_ts is not None:
+        out[0] = rec.applied.cut_ts
+    struck = _struck(rec)
+    if rec.second is not None and rec.second.cut_ts is not None and len(struck) > 1:
+        out[struck[-1]] = rec.second.cut_ts
+    return out
 
 
 def _short(path: Any, out: str) -> str:
@@ -737,6 +755,9 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
                                 "waited (the restart made fewer file events, or exited early)",
                                 {"liveness": _liveness(job, rec)}, fault)
         what = f"{what}; {second}" if what else f"{_kill_line(p, fired)}; {second}"
+        if rec.second is not None and rec.second.skipped:  # the restart's power cut would have done nothing
+            return PointVerdict("skipped", rec.second.outcome, f"{what}: {rec.second.skipped}",
+                                {"liveness": _liveness(job, rec)}, fault)
     if p.family == "node" and what and not (applied is not None and applied.skipped):
         what = f"{what}; {nodes.outcome_phrase(rec)}"  # survived, or died and was relaunched
     if applied is not None and applied.skipped:
@@ -748,6 +769,8 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
     oracles = {"liveness": _liveness(job, rec)}
     if fault is not None:
         oracles["liveness"].evidence["fault"] = fault
+    if rec.second is not None:  # the power cut the harness made in the restart: what it lost
+        oracles["liveness"].evidence["second_fault"] = rec.second.to_dict()
     if rec.untraced:
         oracles["liveness"].evidence["untraced_changes"] = rec.untraced[:20]
     if p.mode == "payload":

@@ -42,7 +42,8 @@ _POINT_RE = re.compile(rf"rank(\d+):op(\d+):({'|'.join(OP_MODES)})(?::s(\d+)|:st
 _NODE_POINT = re.compile(rf"node(\d+):step(\d+):({'|'.join(NODE_MODES)})")
 
 
-_THEN = re.compile(rf"\+rank(\d+):op(\d+):({'|'.join(MODES)})$")
+THEN_MODES = (*MODES, "power")  # a second fault: a kill at the restart's event N, or a power cut right after it
+_THEN = re.compile(rf"\+rank(\d+):op(\d+):({'|'.join(THEN_MODES)})$")
 # families whose chain restarts the job with the harness's own launcher (explore._chain): a second
 # fault can strike their resume. A full disk, a network cut, a node or a Slurm action has a chain of its own.
 THEN_FAMILIES = ("kill", "term", "power", "errno", *AT_REST_FAMILIES)

@@ -50,9 +50,10 @@ class Point:
     count. ``op`` still names the point (``id``); :attr:`replay_id` adds the anchor.
 
     ``then``: a second fault, a kill (before / after / torn) at the resume's event ``then.op``
-    (``attempt`` 1, its ordinals those of the restart's own trace), after which the job is
-    restarted once more: the crash during recovery a first fault's restart may not survive
-    (``rank0:op17:after+rank0:op4:before``; chosen by ``chaos.plan.resumepoints``).
+    or a power cut right after it (``power``), in ``attempt`` 1, its ordinals those of the
+    restart's own trace, after which the job is restarted once more: the crash during recovery
+    a first fault's restart may not survive (``rank0:op17:after+rank0:op4:before``,
+    ``rank0:step5:kill+rank0:op6:power``; kills chosen by ``chaos.plan.resumepoints``).
     """
 
     rank: int
@@ -77,7 +78,8 @@ class Point:
     phase: str | None = None
     attempt: int = 0  # the attempt it fires in: 0, or 1 for the second fault of a point (``then``)
     # a second fault, in the restart the first one caused: a kill at the resume's event ``then.op``
-    # (``rank0:op17:after+rank0:op4:before``): a crash during recovery, then one more restart
+    # (``rank0:op17:after+rank0:op4:before``) or a power cut right after it (``...+rank0:op4:power``):
+    # a crash during recovery, then one more restart
     then: Point | None = None
 
     @property

@@ -64,10 +64,12 @@ def point_seed(seed: int, point: Point) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{point.own_id}".encode()).digest()[:4], "big")
 
 
-def halt_record(traces: dict[tuple[int, int], list[dict[str, Any]]], rank: int) -> dict[str, Any] | None:
-    """The ``halt`` record of rank ``rank`` in attempt 0 (the moment and event it stopped at)."""
-    return next((r for r in traces.get((rank, 0), []) if r.get("event") == "fired" and r.get("action") == "halt"),
-                None)
+def halt_record(traces: dict[tuple[int, int], list[dict[str, Any]]], rank: int,
+                attempt: int = 0) -> dict[str, Any] | None:
+    """The ``halt`` record of rank ``rank`` in ``attempt`` (the moment and event it stopped at): attempt 0,
+    or the restart a second fault halted (``power.in_restart``)."""
+    return next((r for r in traces.get((rank, attempt), []) if r.get("event") == "fired"
+                 and r.get("action") == "halt"), None)
 
 
 def target_file(point: Point, halt: dict[str, Any], out: str) -> str | None:

@@ -56,7 +56,8 @@ def _all_lost(model: CrashModel, seed: int) -> Any:
     raise FaultError("the crash model offered no all-pending-lost state of the last prefix")
 
 
-def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base: Snapshot, seed: int) -> Applied:
+def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base: Snapshot, seed: int,
+               attempts: tuple[int, ...] = (0,)) -> Applied:
     """Replace {out} by the all-pending-lost crash state at rank R's halt; skip if the model cannot.
 
     A file under {out} that changed in a way no traced event explains (written by a native
@@ -64,14 +65,17 @@ def power_loss(point: Point, out: str, scratch: str, halt: dict[str, Any], base:
     is no part of the model, whose state would silently drop it. It is left as it was at the
     cut — a state a power loss can leave whether or not its writer synced it — and named in
     the record (``untraced``) and in the line; where the crash state lost its directory, or
-    the traced entry that named it, it is gone with them, and the record says so."""
+    the traced entry that named it, it is gone with them, and the record says so.
+
+    ``attempts``: whose records, in order, lead from ``base`` to the cut: attempt 0 for a point's
+    own power cut; for one in a restart (:func:`in_restart`), every attempt since ``base``."""
     cut = halt.get("ts")
     s = point_seed(seed, point)
     record: dict[str, Any] = {"seed": s, "cut": {"rank": point.rank, "event": point.op, "op": halt.get("op"),
                                                 "ts": cut}, "choice": "all-pending-lost",
                               "base_files": sorted(base.files)}
     try:
-        every = merged_records(scratch, 0)
+        every = [r for a in attempts for r in merged_records(scratch, a)]  # each attempt ended before the next
         upto = [r for r in every if cut is None or r.get("ts", 0.0) <= cut]
         model = CrashModel(out, base, upto, seed=s)
         last = model.n_prefixes - 1
@@ -273,6 +277,25 @@ def prepare(out: str) -> Snapshot:
 
 def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int, prepared: Any = None) -> Applied:
     return power_loss(point, out, scratch, halt, prepared if prepared is not None else Snapshot(), seed)
+
+
+def in_restart(then: Point, out: str, scratch: str, traces: Traces, base: Snapshot, attempts: tuple[int, ...],
+               seed: int) -> Applied:
+    """A point's second fault, a power cut right after event ``then.op`` of its restart (``attempts[-1]``).
+
+    Called by ``chaos.run.explore`` once that restart halted, before the next one. A power cut
+    loses what is pending since ``base``, not only in the restart: what attempt 0 wrote and
+    never synced is lost too where the first fault left the page cache as it was (a kill, a
+    SIGTERM, an injected error: ``base`` is {out} before attempt 0, ``attempts`` 0 and 1); after
+    a first fault the harness made on {out} (a power loss, a corruption), ``base`` is {out} as
+    the restart found it and ``attempts`` the restart alone. A restart that never reached the
+    event is skipped as not reached."""
+    halt = atrest.halt_record(traces, then.rank, attempts[-1])
+    if halt is None:
+        return Applied("no power cut in the restart", {"event": then.op}, outcome="not_reached",
+                       skipped=f"the restart never reached rank {then.rank}'s event {then.op}, where the power cut "
+                               "was to be")
+    return power_loss(then, out, scratch, halt, base, seed, attempts)
 
 
 def notes(job: JobSpec, traces: Traces, facts: Facts, points: list[Point]) -> list[str]:

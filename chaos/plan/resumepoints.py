@@ -62,7 +62,7 @@ def why_not(job: JobSpec) -> str | None:
         if restarts < 2:
             return (f"torchrun --max-restarts {restarts}: its agent must restart the workers after the first fault "
                     "and again after the second (--max-restarts 2 or more)")
-    if job.launcher != "subprocess":
+    if job.launcher not in ("subprocess", "docker"):  # (docker: the harness restarts the containers)
         return f"--launcher {job.launcher} restarts the job itself"
     if job.max_restarts < 1:
         return "--max-restarts 0: a point is never resumed, so there is no resume to strike"

@@ -56,6 +56,7 @@ class PointRecord:
     before_fault: dict[str, dict[str, int]] | None = None
     # files under {out} that attempt 0 changed and no traced event explains (atrest.untraced_changes)
     untraced: list[dict[str, Any]] = field(default_factory=list)
+    second: Any = None  # atrest.Applied of a second fault the harness made in the restart (a power cut)
 
     def at_cut(self) -> dict[str, dict[str, int]] | None:
         """The --checkpoint-glob matches as the job left them, before any edit by the harness."""

@@ -73,7 +73,7 @@ from chaos.launch import preload, sbatch, spares, zygote
 from chaos.launch.output import cause, clip
 from chaos.launch.preload import Choice
 from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
-from chaos.nemesis import atrest, diskfull, family, netcut, nodes
+from chaos.nemesis import atrest, diskfull, family, netcut, nodes, power
 from chaos.nemesis.sites import event_keys
 from chaos.plan import pointset, resumepoints
 from chaos.plan.pointset import Facts
@@ -362,6 +362,9 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
         return _diskfull_chain(job, run, point)
     fam = _halting(point) if point is not None and point.mode in HALT_MODES else None
     prepared = fam.prepare(run.out) if fam is not None and fam.prepare is not None else None
+    power_then = point is not None and point.then is not None and point.then.mode == "power"
+    # a power cut in the restart loses what attempt 0 left pending too, unless the harness rewrote {out}
+    base = power.prepare(run.out) if power_then and fam is None else None
     before = _sizes(run.out)
     zero = None
     if run.replay_from is not None and point is not None:  # materialize.why_not said it can be
@@ -380,29 +383,45 @@ def _chain(job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecor
     if observe is not None and point is not None:  # what the launcher did: a cut, a node lost
         applied = observe(job, point, run.attempts, lambda: read_traces(run.scratch, run.out))
     after_kill = checkpoint_state(run.out, job.checkpoint_glob) if point is not None else None
+    seconds: list[atrest.Applied] = []  # what a second fault the harness makes did (a power cut in the restart)
     if point is not None and not (applied is not None and applied.skipped):
         watch = None if fam is None or fam.watch is None or applied is None else functools.partial(fam.watch, applied)
         states: list[dict[str, dict[str, int]] | None] = []
         if point.then is not None:
-            watch = _after_second(job, run, watch, states.append)
+            strike = None
+            if power_then:
+                then, since = point.then, (0, 1) if base is not None else (1,)
+                base = base if base is not None else power.prepare(run.out)  # {out} as the harness left it
+                strike = functools.partial(_power_in_restart, then, run, base, since, seed, seconds.append)
+            watch = _after_second(job, run, watch, states.append, strike)
         _restarts(job, run, point, watch)
         if states:  # the restart the second fault struck: what the last restart starts from is judged
             after_kill = states[0]
         if fam is not None and fam.settle is not None and applied is not None:
             fam.settle(applied, read_traces(run.scratch, run.out))
     return PointRecord(point or Point(0, "none"), run.out, run.attempts, read_traces(run.scratch, run.out),
-                       after_kill, applied, before_fault, untraced)
+                       after_kill, applied, before_fault, untraced, seconds[0] if seconds else None)
 
 
 def _after_second(job: JobSpec, run: Run, watch: Callable[[int], None] | None,
-                  keep: Callable[[dict[str, dict[str, int]] | None], None]) -> Callable[[int], None]:
-    """``watch``, and after attempt 1 (the one a second fault struck) ``keep`` of the checkpoints it left."""
+                  keep: Callable[[dict[str, dict[str, int]] | None], None],
+                  strike: Callable[[], None] | None = None) -> Callable[[int], None]:
+    """``watch``, and after attempt 1 (the one a second fault struck) ``strike`` (a power cut the
+    harness makes on {out} before the next restart) and ``keep`` of the checkpoints it left."""
     def both(attempt: int) -> None:
         if watch is not None:
             watch(attempt)
         if attempt == 1:
+            if strike is not None:
+                strike()
             keep(checkpoint_state(run.out, job.checkpoint_glob))
     return both
+
+
+def _power_in_restart(then: Point, run: Run, base: Any, since: tuple[int, ...], seed: int,
+                      keep: Callable[[atrest.Applied], None]) -> None:
+    """The power cut of a second fault (``+rankR:opN:power``), made on {out} once its restart halted."""
+    keep(power.in_restart(then, run.out, run.scratch, read_traces(run.scratch, run.out), base, since, seed))
 
 
 @dataclass
