@@ -233,6 +233,8 @@ def test_a_path_with_a_colon_is_never_split_into_another_mount(tmp_path: Path) -
     (odd / "etc:rw").mkdir(parents=True)
     with pytest.raises(ConfigError, match="cannot bind-mount"):
         containers.mounts(str(tmp_path), f"{odd}/etc:rw", ["true"], {})
+    with pytest.raises(ConfigError, match="cannot bind-mount"):  # an image's copies too
+        containers.wrap(["python3"], {}, None, f"{odd}/etc:rw", "mark", 0, image="any:1")
     job = odd / "etc:rw" / "job.py"
     job.write_text("")
     got = containers.mounts(str(tmp_path / "root"), str(tmp_path / "cwd"), ["python3", str(job)], {})

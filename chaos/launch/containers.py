@@ -200,6 +200,8 @@ def wrap(argv: list[str], env: dict[str, str], cwd: str | None, root: str, mark:
         volumes = mounts(root, workdir, argv, env)
         passed = sorted(env)
     else:
+        if ":" in root:  # (mounts() says why)
+            raise ConfigError(f"--launcher docker cannot bind-mount {root!r}: a path with ':' cannot be a volume")
         volumes = [(p, "ro") for p in tracer_mounts()] + [(os.path.abspath(root), "rw")]
         boot = env.get("PYTHONPATH", "").split(os.pathsep)[0]  # job_env puts the boot path first
         own = image_env(image).get("PYTHONPATH")
