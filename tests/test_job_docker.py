@@ -257,6 +257,8 @@ def test_exit_statuses_read_as_a_process_s_and_the_client_s_own_failures_are_tol
     assert containers.start_error(127, str(log)) is None  # a job that exits 127 by itself
     log.write_text('docker: Error response from daemon: invalid mount config for type "bind".\n')
     assert containers.start_error(125, str(log)).startswith("docker: Error response from daemon")
+    log.write_text("Error response from daemon: cannot start container\nError: failed to start containers: x\n")
+    assert containers.start_error(1, str(log)) == "Error response from daemon: cannot start container"
 
 
 @pytest.mark.parametrize(("argv", "said"), [
@@ -355,6 +357,29 @@ def test_an_attempt_stopped_at_its_timeout_leaves_no_container_and_no_process(do
     assert outcome.leftovers == [] and outcome.containers_removed == []
     assert "up" in Path(outcome.logs[0]).read_text()
     assert _ours(docker_engine.client()) == [] and marked_with("CHAOS_JOB_MARK", launch.attempt_mark(mark, 0)) == []
+
+
+def test_a_client_killed_while_the_engine_makes_its_container_leaves_none_behind(docker_engine,
+                                                                                 tmp_path: Path) -> None:
+    """The race a fresh-clone CI run met: an interrupt kills a copy's ``docker run`` client while the
+    engine is still making its container, which then exists, never started, where ``--rm`` never
+    applies. Killed at once after its start, each client's container is found and removed."""
+    import time
+
+    for attempt in range(6):
+        mark = f"race-{os.getpid()}-{attempt}"
+        argv, env = containers.wrap([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), None,
+                                    str(tmp_path), mark, 0)
+        client = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.02 * attempt)  # from before the request reaches the engine to a running container
+        client.kill()
+        client.wait()
+        seen: set[str] = set()
+        containers.stop(mark, seen)
+        unseen = [n for n in [containers.container_name(mark, 0)] if n not in seen]
+        containers.settle(unseen, within_s=1.5)
+        time.sleep(0.5)  # anything the engine was still making would show by now
+        assert _ours(docker_engine.client()) == [], attempt
 
 
 def test_a_command_the_container_cannot_run_is_a_usage_error(docker_engine, tmp_path: Path) -> None:

@@ -34,14 +34,19 @@ is not explored (``JobSpec.net_unavailable``), nor simulated nodes or Slurm.
 
 Clean-up: a ``docker run`` client that is SIGKILLed leaves its container running, so
 :func:`stop` kills an attempt's containers through the engine before the harness reaps
-their clients. Each container's processes also carry the attempt's ``CHAOS_JOB_MARK``
+their clients, and looks again once they are gone: a client killed while the engine was
+still making its container (an interrupt as the attempt starts; a fresh-clone CI run met
+one) leaves it made but never started, where ``--rm`` never applies. :func:`sweep` removes
+whatever of this process's attempts is still on the engine when an exploration ends. Each container's processes also carry the attempt's ``CHAOS_JOB_MARK``
 and run as the harness's uid, so ``reaper`` finds and kills them from the host after an
 interrupt; ``--rm`` then removes the container, and :func:`stop` removes (and reports)
 any container of the attempt still on the engine.
 
 Who calls what: ``cli.job.build`` calls :func:`check` (a missing client, engine or image is a
 ConfigError before anything runs); ``job.run_attempt`` calls :func:`wrap` for every copy
-(``job._plan``), :func:`stop` in its clean-up, then :func:`returncode` and :func:`start_error`.
+(``job._plan``), :func:`stop` in its clean-up (before and after the clients are reaped), then
+:func:`returncode` and :func:`start_error`; ``job.kill_all`` calls :func:`sweep` when an
+exploration ends or is interrupted.
 """
 
 from __future__ import annotations
@@ -50,11 +55,13 @@ import functools
 import hashlib
 import os
 import shutil
+import time
 from typing import Any
 
 from chaos.errors import ConfigError
 from chaos.launch.drivers import engine
 
+SETTLE_S = 3.0  # settle(): how long a container whose client was killed mid-start may take to appear
 LABEL_ATTEMPT = "chaos.job.attempt"  # the attempt's CHAOS_JOB_MARK: stop() finds its containers by it
 START_FAILED = 125  # docker run's own status when the daemon could not create or start the container
 NOT_RUN = (126, 127)  # the COMMAND was found but could not be run, or was not found
@@ -191,6 +198,7 @@ def wrap(argv: list[str], env: dict[str, str], cwd: str | None, root: str, mark:
     Every variable is passed by name (the client's environment holds the values, with
     ``DOCKER_HOST``), so no value appears on a command line."""
     client_env = dict(env)
+    _marks.add(mark)
     cmd = ["docker", "run", "--rm", "--init", "--name", container_name(mark, copy),
            "--label", f"{engine.LABEL}=job", "--label", f"{LABEL_ATTEMPT}={mark}",
            "--network", "host", "--user", f"{os.getuid()}:{os.getgid()}", "--log-driver", "none"]
@@ -216,9 +224,52 @@ def wrap(argv: list[str], env: dict[str, str], cwd: str | None, root: str, mark:
     return [*cmd, image or engine.EMPTY_IMAGE, *argv], client_env
 
 
-def stop(mark: str) -> list[str]:
+_marks: set[str] = set()  # every attempt this process made containers for (wrap): what sweep() looks for
+
+
+def sweep() -> list[str]:
+    """Remove every container of this process's attempts still on the engine, whatever its state; the
+    names removed. Called by ``job.kill_all`` (an exploration's end, an interrupt); nothing where no
+    attempt ran as a container."""
+    if not _marks:
+        return []
+    marks = sorted(_marks)
+    _marks.clear()
+    import docker
+
+    try:
+        api = _engine(os.environ.get("DOCKER_HOST"))[0].api
+        found = api.containers(all=True, filters={"label": LABEL_ATTEMPT})
+    except (ConfigError, docker.errors.DockerException):
+        return []  # no engine now: nothing of ours can be on it
+    return [next(iter(c.get("Names") or []), c["Id"]).lstrip("/") for c in found
+            if (c.get("Labels") or {}).get(LABEL_ATTEMPT) in marks and _remove(api, c["Id"])]
+
+
+def _remove(api: Any, cid: str) -> bool:
+    """Force-remove one container; False where the engine had it gone or going already (``--rm``
+    at work: a 409 "removal ... already in progress", or not found), True where this removed it."""
+    import docker
+
+    try:
+        api.remove_container(cid, force=True)
+        return True
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:  # its own --rm is removing it: wait until it is gone
+            try:
+                api.wait(cid, timeout=10, condition="removed")
+            except Exception:  # noqa: BLE001 - gone (NotFound), or the wait itself failed: nothing more to do
+                pass
+            return False
+        raise
+
+
+def stop(mark: str, seen: set[str] | None = None) -> list[str]:
     """Kill the attempt's containers still running, wait until the engine has removed them all;
-    the names of those it had to remove itself (their ``--rm`` had not, within 10 s).
+    the names of those it had to remove itself (their ``--rm`` had not, within 10 s). ``seen``
+    gets the name of every container of the attempt found on the engine.
 
     Through the engine's low-level calls, each of which may find its container already gone
     (``--rm`` removes it the moment it exits): the SDK's ``containers.list`` inspects every
@@ -234,17 +285,40 @@ def stop(mark: str) -> list[str]:
             pass  # it exited (or was removed) meanwhile
     left: list[str] = []
     for c in api.containers(all=True, filters=flt):
+        name = next(iter(c.get("Names") or []), c["Id"]).lstrip("/")
+        if seen is not None:
+            seen.add(name)
+        if c.get("State") == "created":  # made, never started (the attempt ended first): --rm never applies
+            _remove(api, c["Id"])
+            continue
         try:
             api.wait(c["Id"], timeout=10, condition="removed")
         except docker.errors.NotFound:
             continue  # removed before the wait began
         except Exception:  # noqa: BLE001 - still there after 10 s (or the wait failed): remove it
-            try:
-                api.remove_container(c["Id"], force=True)
-            except docker.errors.NotFound:
-                continue
-            left.append(next(iter(c.get("Names") or []), c["Id"]).lstrip("/"))
+            if _remove(api, c["Id"]):
+                left.append(name)
     return left
+
+
+def settle(names: list[str], within_s: float = SETTLE_S) -> list[str]:
+    """Wait up to ``within_s`` for containers whose client was killed before the engine showed them
+    (an interrupt as the attempt started: the engine may still be making them) and remove each that
+    appears; the names removed. Called by ``job.run_attempt`` only for such clients."""
+    if not names:
+        return []
+    api = _engine(os.environ.get("DOCKER_HOST"))[0].api
+    wanted, removed = set(names), []
+    deadline = time.monotonic() + within_s
+    while wanted and time.monotonic() < deadline:
+        for c in api.containers(all=True, filters={"label": LABEL_ATTEMPT}):
+            name = next(iter(c.get("Names") or []), c["Id"]).lstrip("/")
+            if name in wanted:
+                wanted.discard(name)
+                if _remove(api, c["Id"]):
+                    removed.append(name)
+        time.sleep(0.05)
+    return removed
 
 
 def returncode(rc: int | None) -> int | None:
@@ -254,9 +328,9 @@ def returncode(rc: int | None) -> int | None:
 
 def start_error(rc: int | None, log: str) -> str | None:
     """Why a copy's container never ran its COMMAND, in the words of the engine (a ``docker:``
-    line) or of its init (``[FATAL tini ...] exec X failed``), or None: only a status of
-    :data:`START_FAILED` or :data:`NOT_RUN` whose log begins so."""
-    if rc not in (START_FAILED, *NOT_RUN):
+    or ``Error response from daemon:`` line) or of its init (``[FATAL tini ...] exec X failed``),
+    or None: only a status of 1, :data:`START_FAILED` or :data:`NOT_RUN` whose log begins so."""
+    if rc not in (1, START_FAILED, *NOT_RUN):  # 1: docker start's own status where the engine refused
         return None
     try:
         with open(log, errors="replace") as f:
@@ -265,8 +339,10 @@ def start_error(rc: int | None, log: str) -> str | None:
         return None
     first = next((line for line in head.splitlines() if line.strip()), "")
     first = first.strip()
-    return first if first.startswith(("docker:", "[FATAL tini")) else None
+    if rc == 1:  # docker start's own status: only where the engine refused to start the container
+        return first if first.startswith("Error response from daemon:") else None
+    return first if first.startswith(("docker:", "[FATAL tini", "Error response from daemon:")) else None
 
 
 __all__ = ["HOST_ONLY", "LABEL_ATTEMPT", "check", "container_name", "describe", "image_env", "mounts", "returncode",
-           "start_error", "stop", "tracer_mounts", "wrap"]
+           "settle", "start_error", "stop", "sweep", "tracer_mounts", "wrap"]

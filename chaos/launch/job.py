@@ -525,8 +525,9 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         if outcome.term is not None:
             outcome.term["killed_after_grace"] = list(outcome.stopped)
             outcome.term["exited_within_grace"] = [i for i in range(len(procs)) if i not in outcome.stopped]
+        seen: set[str] = set()
         if docker:  # a client SIGKILLed below would leave its container running
-            outcome.containers_removed = containers.stop(mark)
+            outcome.containers_removed = containers.stop(mark, seen)
         for p in procs:
             reaper.killpg(p.pid)
         for p in procs:
@@ -535,6 +536,12 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             except subprocess.TimeoutExpired:
                 pass
         outcome.leftovers = reaper.kill_marked(mark)
+        if docker and outcome.containers is not None:
+            # a client killed while the engine was still making its container (an interrupt as the attempt
+            # started) leaves it made later, never started: wait for it where no container was seen
+            unseen = [n for n, p in zip(outcome.containers, procs, strict=False)
+                      if n not in seen and p.returncode is not None and p.returncode < 0]
+            outcome.containers_removed += containers.stop(mark) + containers.settle(unseen)
         if outcome.net is not None:
             netcut.restore(lab if in_lab else None, outcome.net)  # every copy is gone: the link back up
         reaper.forget(*procs)
@@ -638,3 +645,4 @@ def kill_all() -> None:
     spares.drop_all()
     zygote.close_all()
     reaper.kill_all()
+    containers.sweep()  # --launcher docker: any container of this process's attempts still on the engine
