@@ -92,3 +92,19 @@ def test_a_model_only_checkpointer_run_as_a_job_diverges_naming_the_leaf(tmp_pat
     assert (point["id"], point["verdict"], point["outcome"]) == ("rank0:step3:kill", "fail", "silent_divergence")
     assert "fingerprint.data/position" in point["summary"]
     assert "--point rank0:step3:kill -- " in point["replay"] and " -m chaos.target.workload " in point["replay"]
+
+
+@pytest.mark.slow  # 30 s: two ranks importing torch in fresh containers at every attempt
+def test_the_workload_runs_as_a_job_in_containers_with_the_docker_driver(docker_engine, tmp_path: Path) -> None:
+    results = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--as-job", "--driver", "docker", "--scratch",
+                           str(tmp_path), "--json", str(results), "--checkpointer", MODEL_ONLY, "--steps", "4",
+                           "--save-every", "2", "--fault", "rank0:step3:kill"], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(results.read_text())
+    [point] = doc["scenarios"]
+    assert (point["id"], point["outcome"]) == ("rank0:step3:kill", "silent_divergence")  # as with processes
+    attempts = point["oracles"]["liveness"]["evidence"]["attempts"]
+    assert all(len(a["containers"]) == 2 for a in attempts)  # each rank a container
+    assert doc["job"]["spec"]["launcher"] == "docker" and doc["environment"]["docker"]["host_mounted"] is True
