@@ -67,8 +67,18 @@ START_FAILED = 125  # docker run's own status when the daemon could not create o
 NOT_RUN = (126, 127)  # the COMMAND was found but could not be run, or was not found
 
 
+def _engine() -> tuple[Any, str]:
+    """(client, url) of the engine ``DOCKER_HOST`` names now (a test session's private engine sets it)."""
+    return _reach(os.environ.get("DOCKER_HOST"))
+
+
+def _name(c: dict[str, Any]) -> str:
+    """A container's name from the engine's low-level listing (``/name``), else its id."""
+    return str(next(iter(c.get("Names") or []), c["Id"])).lstrip("/")
+
+
 @functools.lru_cache(maxsize=4)
-def _engine(docker_host: str | None) -> tuple[Any, str]:
+def _reach(docker_host: str | None) -> tuple[Any, str]:
     """(client, url) of the engine, its empty image made; once per ``DOCKER_HOST`` in a process."""
     try:
         client, url = engine.locate()
@@ -83,7 +93,7 @@ def check(image: str | None = None) -> str:
     (never pulled here: a run must not depend on a registry); the engine's URL."""
     if shutil.which("docker") is None:
         raise ConfigError("--launcher docker needs the docker client on PATH (it runs each copy as `docker run`)")
-    client, url = _engine(os.environ.get("DOCKER_HOST"))
+    client, url = _engine()
     if image is not None:
         import docker
 
@@ -99,8 +109,14 @@ def check(image: str | None = None) -> str:
 
 def describe(image: str | None) -> dict[str, Any]:
     """The engine and image a run's copies ran on, for the results' ``environment.docker``: a tag
-    can move, so the image's id says which one the points ran against."""
-    client, url = _engine(os.environ.get("DOCKER_HOST"))
+    can move, so the image's id says which one the points ran against. Asked of the engine once
+    per process (``cli.job`` rewrites the results after every point): what the run started on."""
+    return dict(_described(image, os.environ.get("DOCKER_HOST")))
+
+
+@functools.lru_cache(maxsize=4)
+def _described(image: str | None, docker_host: str | None) -> dict[str, Any]:
+    client, url = _reach(docker_host)
     name = image or engine.EMPTY_IMAGE
     try:
         version = client.version().get("Version")
@@ -182,7 +198,7 @@ def tracer_mounts() -> list[str]:
 
 def image_env(image: str) -> dict[str, str]:
     """The image's own environment (its ``ENV`` lines), as the engine has it."""
-    client, _ = _engine(os.environ.get("DOCKER_HOST"))
+    client, _ = _engine()
     pairs = client.images.get(image).attrs.get("Config", {}).get("Env") or []
     return dict(p.split("=", 1) for p in pairs if "=" in p)
 
@@ -220,7 +236,7 @@ def wrap(argv: list[str], env: dict[str, str], cwd: str | None, root: str, mark:
     for key in passed:
         cmd += ["--env", key]
     # the engine reached (and the empty image made) before a copy names them
-    client_env["DOCKER_HOST"] = _engine(os.environ.get("DOCKER_HOST"))[1]
+    client_env["DOCKER_HOST"] = _engine()[1]
     return [*cmd, image or engine.EMPTY_IMAGE, *argv], client_env
 
 
@@ -238,11 +254,11 @@ def sweep() -> list[str]:
     import docker
 
     try:
-        api = _engine(os.environ.get("DOCKER_HOST"))[0].api
+        api = _engine()[0].api
         found = api.containers(all=True, filters={"label": LABEL_ATTEMPT})
     except (ConfigError, docker.errors.DockerException):
         return []  # no engine now: nothing of ours can be on it
-    return [next(iter(c.get("Names") or []), c["Id"]).lstrip("/") for c in found
+    return [_name(c) for c in found
             if (c.get("Labels") or {}).get(LABEL_ATTEMPT) in marks and _remove(api, c["Id"])]
 
 
@@ -276,7 +292,7 @@ def stop(mark: str, seen: set[str] | None = None) -> list[str]:
     container it lists, and raises for one removed in between."""
     import docker
 
-    api = _engine(os.environ.get("DOCKER_HOST"))[0].api
+    api = _engine()[0].api
     flt = {"label": f"{LABEL_ATTEMPT}={mark}"}
     for c in api.containers(filters=flt):  # running ones
         try:
@@ -285,7 +301,7 @@ def stop(mark: str, seen: set[str] | None = None) -> list[str]:
             pass  # it exited (or was removed) meanwhile
     left: list[str] = []
     for c in api.containers(all=True, filters=flt):
-        name = next(iter(c.get("Names") or []), c["Id"]).lstrip("/")
+        name = _name(c)
         if seen is not None:
             seen.add(name)
         if c.get("State") == "created":  # made, never started (the attempt ended first): --rm never applies
@@ -307,12 +323,12 @@ def settle(names: list[str], within_s: float = SETTLE_S) -> list[str]:
     appears; the names removed. Called by ``job.run_attempt`` only for such clients."""
     if not names:
         return []
-    api = _engine(os.environ.get("DOCKER_HOST"))[0].api
+    api = _engine()[0].api
     wanted, removed = set(names), []
     deadline = time.monotonic() + within_s
     while wanted and time.monotonic() < deadline:
         for c in api.containers(all=True, filters={"label": LABEL_ATTEMPT}):
-            name = next(iter(c.get("Names") or []), c["Id"]).lstrip("/")
+            name = _name(c)
             if name in wanted:
                 wanted.discard(name)
                 if _remove(api, c["Id"]):
