@@ -157,39 +157,6 @@ def python_image(docker_engine) -> str:
     return IMAGE
 
 
-# Saves its step atomically (temp file, fsync, rename, directory fsync) every 2 steps into the
-# directory argv[2], acknowledges each save, resumes from it; writes {out}/final.json at the end.
-KEEPER_JOB = """
-    import json, os, sys
-    from chaos import probe
-    out, keep = sys.argv[1], sys.argv[2]
-    os.makedirs(out, exist_ok=True)
-    os.makedirs(keep, exist_ok=True)
-    path = os.path.join(keep, "state.json")
-    start, w = 0, 0.0
-    if os.path.exists(path):
-        with open(path) as f:
-            saved = json.load(f)
-        start, w = saved["step"], saved["w"]
-        probe.resumed(start)
-    for step in range(start + 1, 9):
-        w = w * 0.5 + step
-        probe.step(step, loss=w)
-        if step % 2 == 0:
-            with open(path + ".tmp", "w") as f:
-                json.dump({"step": step, "w": w}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
-            fd = os.open(keep, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
-            probe.saved(step)
-    with open(os.path.join(out, "final.json"), "w") as f:
-        json.dump({"w": w}, f)
-"""
-
-
 def _chaos(*argv: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", *argv], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, env=env)
@@ -438,11 +405,14 @@ def test_an_image_the_engine_lacks_is_a_usage_error(docker_engine, tmp_path: Pat
 def test_a_checkpoint_kept_in_the_container_s_own_files_is_lost_at_the_restart(docker_engine, tmp_path: Path,
                                                                                keep: str, outcome: str) -> None:
     """A save that is durable on a host is gone in a container that is replaced: only mounts outlive it."""
+    # saves carefully; with "fsync" its restart's rewrite of the checkpoint is durable too
+    from test_job_power_in_restart import RENORMALIZING
+
     job = tmp_path / "keeper.py"
-    job.write_text(textwrap.dedent(KEEPER_JOB))
+    job.write_text(textwrap.dedent(RENORMALIZING))
     out = tmp_path / "r.json"
     proc = _chaos("--launcher", "docker", "--point", "rank0:step5:kill", "--result-file", "final.json", "--scratch",
-                  str(tmp_path), "--json", str(out), "--", sys.executable, str(job), "{out}", keep)
+                  str(tmp_path), "--json", str(out), "--", sys.executable, str(job), "{out}", "fsync", keep)
     assert proc.returncode == (1 if outcome != "pass" else 0), proc.stdout[-2000:] + proc.stderr[-2000:]
     (point,) = json.loads(out.read_text())["scenarios"]
     assert point["outcome"] == outcome, point["summary"]

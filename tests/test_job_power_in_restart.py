@@ -27,15 +27,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 # argv: {out} and how the restart rewrites the loaded checkpoint: "nosync" (no fsync of the new
 # file before its rename; a checkpoint it cannot read fails the job), "tolerant" (the same, but
-# an unreadable checkpoint is started over from) or "fsync" (the file fsynced first). Its events
-# in a restart: 0 mkdir, 1 open of ckpt.json.tmp, 2 write, [fsync,] close, rename, open of
-# {out}, fsync of {out} (6 without the file's fsync, 7 with it), close.
+# an unreadable checkpoint is started over from) or "fsync" (the file fsynced first); then, if
+# given, the directory it keeps its checkpoint in (default {out}; tests/test_job_docker.py gives
+# a container's own /ckpt). Its events in a restart, in {out}: 0 mkdir, 1 open of ckpt.json.tmp,
+# 2 write, [fsync,] close, rename, open of {out}, fsync of {out} (6 without the file's fsync, 7
+# with it), close.
 RENORMALIZING = """
     import json, os, sys
     from chaos import probe
     out, mode = sys.argv[1], sys.argv[2]
+    keep = sys.argv[3] if len(sys.argv) > 3 else out
     os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "ckpt.json")
+    if keep != out:
+        os.makedirs(keep, exist_ok=True)
+    path = os.path.join(keep, "ckpt.json")
 
     def save(state, sync_file=True):
         with open(path + ".tmp", "w") as f:
@@ -44,7 +49,7 @@ RENORMALIZING = """
             if sync_file:
                 os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
-        fd = os.open(out, os.O_RDONLY)
+        fd = os.open(keep, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
 
