@@ -56,11 +56,11 @@ OUTCOME_ORDER = ("code_execution", "hard_failure", "silent_divergence", "lost_wo
 FAMILY = {"crash": "kill", "kill": "kill", "corrupt": "corrupt", "powerloss": "power", "ioerror": "errno",
           "term": "term", "diskfull": "diskfull", "netcut": "net", "node_loss": "node", "stale": "stale",
           "swap": "swap", "payload": "payload", "reorder": "reorder", "sched": "sched",
-          "rendezvous_host_loss": "node", "node_link_cut": "node"}
+          "rendezvous_host_loss": "node", "node_link_cut": "node", "stop": "stop"}
 # Which family's point best shows a cause: a plain kill replays with nothing else going on.
 REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "reorder", "corrupt", "stale", "swap", "payload",
-                        "net", "node", "sched")
-FAMILY_ORDER = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node", "sched")  # as chaos.model.jobspec lists them
+                        "net", "node", "sched", "stop")
+FAMILY_ORDER = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node", "sched", "stop")  # as chaos.model.jobspec lists them
 POINTS_SHOWN = 8  # point ids a console block lists before "and N more"
 NO_FIX = "no fix known for this kind: see the representative's evidence"
 
@@ -129,6 +129,11 @@ KINDS: dict[str, Kind] = {
     "state_missing": Kind("the resumed run differs from an uninterrupted one",
                           "the checkpoint misses state the run needs — save and restore the RNG states, the "
                           "data-loader position, the LR scheduler and the optimizer with the model"),
+    "commit_past_hung_rank": Kind("the checkpoint is committed while a hung rank's {file} is unfinished",
+                                  "one rank's commit does not wait for every rank's part to be complete — commit "
+                                  "only once each rank has reported its files fsynced (a barrier or an "
+                                  "acknowledgement after the fsync, or each shard's hash in the manifest), never "
+                                  "because a file exists"),
     "term_exit0": Kind("a SIGTERMed job exits 0 before its last step",
                        "no supervisor restarts a job that exited 0 — on SIGTERM save, then exit non-zero (143)"),
 }
@@ -139,7 +144,7 @@ _FAMILY_WORDS = {"kill": "a kill", "corrupt": "a corruption", "power": "a power 
                  "term": "a SIGTERM", "diskfull": "a full disk", "net": "a network cut", "node": "a node fault",
                  "stale": "a stale copy", "swap": "a swap of two ranks' files", "payload": "a planted payload",
                  "reorder": "writes reordered before a power cut",
-                 "sched": "a Slurm requeue, preemption or node loss"}
+                 "sched": "a Slurm requeue, preemption or node loss", "stop": "a hung process (SIGSTOP)"}
 
 # A line of output that quotes an exception (``[rank0]: ValueError: ...``); its type (``EOFError`` too).
 # Every pattern here runs in time linear in its input: a results file is untrusted.
@@ -423,7 +428,7 @@ def _power(sc: dict[str, Any], outcome: str, files: _Files, line: str) -> tuple[
 _MODE_KIND = {"before": "crash", "after": "crash", "torn": "crash", "bitflip": "corrupt", "truncate": "corrupt",
               "zero": "corrupt", "delete": "corrupt", "power": "powerloss", "enospc": "ioerror", "eio": "ioerror",
               "kill": "kill", "term": "term", "net": "netcut", "requeue": "sched", "preempt": "sched", "node": "sched",
-              "stale": "stale", "swap": "swap", "payload": "payload", "reorder": "reorder"}
+              "stale": "stale", "swap": "swap", "payload": "payload", "reorder": "reorder", "stop": "stop"}
 
 
 def _from_id(pid: str, anchored: str) -> tuple[str, dict[str, Any]]:
@@ -516,6 +521,11 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
         if outcome in ("lost_work", "silent_divergence"):
             return family, "errno_swallowed", key, code, landed
         return unknown(landed)
+    if family == "stop" and event and event != "step":  # a process hung right after a file event of a save
+        landed = f"hang after {event} of {key}"
+        if outcome in ("hard_failure", "silent_divergence") and path:
+            return family, "commit_past_hung_rank", key, "", landed
+        return unknown(landed)
     if family == "sched" and event:  # Slurm struck right after a file event: the middle of a save
         landed = f"Slurm {when or 'requeue'} after {event} of {key}"
         if outcome == "hard_failure":
@@ -531,7 +541,7 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
     elif family == "kill" and params.get("phase"):  # at a phase the checkpointer announced (chaos.phases)
         landed = f"kill at the {_s(params.get('phase'))} phase of a save"
     else:
-        landed = {"kill": "kill between saves", "term": "SIGTERM",
+        landed = {"kill": "kill between saves", "term": "SIGTERM", "stop": "hang between saves",
                   "sched": f"Slurm {when or 'requeue'} between saves"}.get(family, f"{family} fault")
     if family == "term" and outcome == "hard_failure" and "preemption_exit" in _failing_oracles(sc):
         return family, "term_exit0", "", "", landed

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from chaos.model.jobspec import FAULT_KINDS, HALT_FAMILIES, JobSpec
+from chaos.model.jobspec import DEFAULT_STOP_SILENCE_S, FAULT_KINDS, HALT_FAMILIES, JobSpec
 from chaos.nemesis import diskfull, family, ioerror, kill, netcut, nodes, term
 from chaos.plan import pointset
 
@@ -99,7 +99,11 @@ def test_what_a_point_records_and_whether_the_harness_restarts_torchrun_come_fro
     bitflip = parse_point("rank0:op3:bitflip")
     assert recorded("rank0:op3:bitflip") == {"seed": point_seed(5, bitflip)}
     assert recorded("rank0:op3:after") == {} and recorded("rank0:op3:eio") == {}
+    assert recorded("rank1:step2:stop") == {"silence_s": DEFAULT_STOP_SILENCE_S}
+    assert found["stop"].recorded(JobSpec(command=job.command, hang_timeout_s=4.0), parse_point("rank1:step2:stop"),
+                                  5) == {"silence_s": 4.0}
     # a torchrun agent restarts its workers itself after a kill, an I/O error or a cut; the harness
-    # relaunches it where the agent was stopped too, or gave up (a full disk, a lost node)
-    assert {k for k, f in found.items() if f.restarts_torchrun} == {*HALT_FAMILIES, "term", "diskfull", "node"}
+    # relaunches it where the agent was stopped too, or gave up (a full disk, a lost node), or where
+    # every copy was SIGKILLed once a hung worker's peers had nothing left to do (stop)
+    assert {k for k, f in found.items() if f.restarts_torchrun} == {*HALT_FAMILIES, "term", "diskfull", "node", "stop"}
     assert [k for k, f in found.items() if f.preempts] == ["term"]

@@ -182,6 +182,11 @@ def describe_fault(finding: Finding) -> str:
         done = what or f"the job's output directory was a {size}-byte disk (real ENOSPC when full)"
     elif kind == "netcut":
         done = _net_cut(finding, who, step, params, applied if isinstance(applied, dict) else {})
+    elif kind == "stop":  # a hung process: the rest of the job ran on (chaos.nemesis.stop)
+        at = f"at training step {step}" if step is not None else f"right after {_where(params)}"
+        done = (f"{who} was frozen (SIGSTOP) {at}, where it hung while the rest of the job ran on; every "
+                "process was SIGKILLed once nothing of the job could go on, it was silent, or a copy failed")
+        done += f" ({what})" if what else ""
     else:
         done = what or f"fault {f.get('spec') or finding.point}"
     second = faults[1] if len(faults) > 1 and isinstance(faults[1], dict) and faults[1].get("attempt") else None
@@ -263,7 +268,9 @@ def _short_fault(finding: Finding) -> str:
             "ioerror": f"{str(when).upper()} on {target}",
             "netcut": f"a network cut at step {f.get('step')}" if f.get("step") is not None
                       else f"a network cut right after {target}",
-            "diskfull": "a full disk"}.get(kind, finding.point)
+            "diskfull": "a full disk",
+            "stop": f"a hang at step {f.get('step')}" if f.get("step") is not None else f"a hang right after {target}",
+            }.get(kind, finding.point)
 
 
 def versions(finding: Finding, script: JobScript | None) -> list[tuple[str, str]]:

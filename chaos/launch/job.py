@@ -17,7 +17,9 @@ the rank's link down, ``netcut.cut``; the copies go on for up to ``--net-hold``
 seconds, failing by themselves or SIGKILLed when the hold is over, and the link is
 back up before the attempt returns; once one copy has failed in the cut, the others
 get ``NET_SETTLE_S`` to fail by themselves — they wait in the same collective — before
-they are stopped as above).
+they are stopped as above) and *stop* (the rank has sent itself SIGSTOP: the rest of the
+job runs on until a copy fails by itself, nothing of it can run any more, or it has been
+silent for the stop's limit; then every copy is SIGKILLed, ``chaos.nemesis.stop``).
 
 An interrupt (``cancel``) ends every running attempt at its next poll, marks it
 ``interrupted`` and starts no other (``Cancelled``); ``Interrupt`` is the
@@ -50,7 +52,7 @@ from chaos.launch import containers, preload, reaper, silence, spares, zygote
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
-from chaos.nemesis import family, netcut
+from chaos.nemesis import family, netcut, stop
 from chaos.scratch import cache_root
 from faults import shim
 from faults.errors import Unsupported
@@ -65,6 +67,7 @@ HALT_SETTLE_S = 5.0  # a halted point whose family waits (a swap's other rank's 
 HALT_READY_POLL_S = 0.025  # while it waits, how often it asks whether the file is there
 NET_SETTLE_S = 1.0  # in a network cut, after one copy failed, how long the others get to fail by themselves
 ARMED_POLL_S = 0.002  # an armed point's rank leaves a request file and waits: look often (10 ms after 1 s)
+FROZEN_POLL_S = 0.05  # once a stop point's process stopped: how often /proc is read for what can still run
 IDLE_POLL_S = 0.05    # otherwise the loop wakes when a copy exits; this bounds the deadline / cancel checks
 
 
@@ -85,6 +88,7 @@ class AttemptOutcome:
     term: dict[str, Any] | None = None    # a term request answered: SIGTERM sent, who exited within the grace
     net: dict[str, Any] | None = None     # a net request answered: the cut, the hold, how each copy ended
     node: dict[str, Any] | None = None    # a node point answered (--nodes, nodes.py): the loss or cut, each agent's end
+    stop: dict[str, Any] | None = None    # a stop point's process stopped itself: where, how the attempt ended
     slurm: dict[str, Any] | None = None   # --launcher sbatch (sbatch.py): the Slurm job, its run, a sched point's action
     prestarted: bool = False  # its copies were spares started ahead, held at the gate until it began
     forked: bool = False  # its copies were forked by the exploration's zygote (zygote.py), modules loaded
@@ -102,6 +106,8 @@ class AttemptOutcome:
     def describe(self) -> str:
         if self.interrupted:
             return "stopped by the harness: the run was interrupted"
+        if self.stop is not None:
+            return stop.describe(self.stop)
         if self.timed_out:
             return "timed out"
         if self.hung is not None:
@@ -161,6 +167,8 @@ class AttemptOutcome:
             d["net"] = self.net
         if self.node is not None:
             d["node"] = self.node
+        if self.stop is not None:
+            d["stop"] = self.stop
         if self.slurm is not None:
             d["slurm"] = self.slurm
         if self.prestarted:
@@ -461,13 +469,17 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             procs.append(proc)
             exits.watch(proc)
         deadline = started + job.timeout_s
-        armed = point is not None and attempt == point.attempt and (point.mode in S.HALT_MODES or point.mode in ("term", "net"))
+        armed = point is not None and attempt == point.attempt and (point.mode in S.HALT_MODES
+                                                                    or point.mode in ("term", "net", "stop"))
         grace_end: float | None = None
         hold_end: float | None = None
         halted_at = next_ready = 0.0
         ready: Callable[[S.Point, str, str], bool] | None = None
         settle_end: float | None = None
         quiet = None if job.hang_timeout_s is None else silence.Silence(job.hang_timeout_s, trace_dir, outcome.logs, started)
+        stop_quiet: silence.Silence | None = None  # a stop point's: the rest of the job's silence since the stop
+        stop_ended = "exited"
+        next_frozen = 0.0
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
@@ -490,7 +502,20 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                     outcome.net = netcut.cut(lab if in_lab else None, req[0], job.net_hold_s, trace_dir, out)
                     if "down" in outcome.net:
                         hold_end = time.monotonic() + job.net_hold_s
+                if point.mode == "stop" and outcome.stop is None and (req := requests(trace_dir, S.STOP_REQUEST)):
+                    outcome.stop = stop.begin(req[0], job)
+                    stop_quiet = silence.Silence(outcome.stop["silence_s"], trace_dir, outcome.logs, time.monotonic())
             failed = any(c not in (None, 0) for c in codes)
+            if outcome.stop is not None and stop_quiet is not None and not failed:
+                now = time.monotonic()
+                if now >= next_frozen:
+                    next_frozen = now + FROZEN_POLL_S
+                    if stop.frozen(outcome.stop.get("pid"), [p.pid for p in procs], mark):
+                        stop_ended = "frozen"
+                        break  # nothing of the attempt can run: every copy is killed below
+                if stop_quiet.hung(now) is not None:
+                    stop_ended = "silent"
+                    break
             if grace_end is not None:
                 if time.monotonic() > grace_end:
                     break  # the grace is over: SIGKILL below
@@ -504,12 +529,14 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                     if time.monotonic() > settle_end:
                         break
             elif failed:
+                stop_ended = "failed"
                 break  # one rank failed: stop the others, as torchrun's agent does
             if time.monotonic() > deadline:
                 outcome.timed_out = True
+                stop_ended = "timeout"
                 break
             if (quiet is not None and grace_end is None and hold_end is None and outcome.halted is None
-                    and quiet.hung(time.monotonic()) is not None):
+                    and outcome.stop is None and quiet.hung(time.monotonic()) is not None):
                 outcome.hung = quiet.limit_s  # every copy is killed below
                 break
             if _cancelled.is_set():
@@ -554,10 +581,13 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
         outcome.returncodes = [containers.returncode(rc) for rc in outcome.returncodes]
     if _cancelled.is_set() and not all(rc == 0 for rc in outcome.returncodes):
         outcome.interrupted = True  # cancel() may have killed the copies before the loop saw it
-    if outcome.net is not None:
+    if outcome.net is not None or outcome.stop is not None:  # how each copy that failed by itself said why
         causes = {i: netcut.clean_cause(log_cause(outcome.logs[i])) for i, rc in enumerate(outcome.returncodes)
                   if rc is not None and rc > 0 and i not in outcome.stopped}
-        netcut.finish(outcome.net, outcome.returncodes, outcome.stopped, causes, held_out, outcome.timed_out)
+        if outcome.net is not None:
+            netcut.finish(outcome.net, outcome.returncodes, outcome.stopped, causes, held_out, outcome.timed_out)
+        if outcome.stop is not None:
+            stop.finish(outcome.stop, stop_ended, outcome.returncodes, outcome.stopped, causes)
     return outcome
 
 

@@ -37,12 +37,14 @@ HALT_MODES = tuple(m for modes in HALT_FAMILIES.values() for m in modes)
 # A scheduler's fault (``chaos.nemesis.sched``, ``--launcher sbatch``): Slurm requeues the job, preempts it,
 # or loses its node, at a step or right after a file event; the rank asks, the sbatch launcher acts.
 SCHED_MODES = ("requeue", "preempt", "node")
-OP_MODES = (*MODES, *HALT_MODES, *ERRNO_MODES, "net", *SCHED_MODES)
-STEP_MODES = ("kill", "term", "net", *SCHED_MODES)
-# ``--faults``: the families a job is explored with (default: every one that applies here).
-FAULT_KINDS = ("kill", *HALT_FAMILIES, "errno", "term", "diskfull", "net", "sched")
+OP_MODES = (*MODES, *HALT_MODES, *ERRNO_MODES, "net", *SCHED_MODES, "stop")
+STEP_MODES = ("kill", "term", "net", *SCHED_MODES, "stop")
+# ``--faults``: the families a job is explored with (default: every one that applies here; ``stop`` only
+# when asked for, ``chaos.nemesis.stop``).
+FAULT_KINDS = ("kill", *HALT_FAMILIES, "errno", "term", "diskfull", "net", "sched", "stop")
 DEFAULT_GRACE_S = 5.0
 DEFAULT_NET_HOLD_S = 5.0  # --net-hold: how long a cut rank's link stays down before the copies are SIGKILLed
+DEFAULT_STOP_SILENCE_S = 10.0  # a stop point without --hang-timeout: the silence after which the attempt is hung
 
 # Set by the harness for every process of a job; read by the boot path.
 ENV_OUT = "CHAOS_JOB_OUT"                # the job's {out}: the interposer traces under it
@@ -83,6 +85,7 @@ NET_REQUEST = "net-request"    # cut this rank's link (a net point fired); the r
 NET_DOWN = "net-down"          # the launcher's answer: the link is down (or why it is not)
 SCHED_REQUEST = "sched-request"  # have Slurm requeue / preempt the job or down its node (a sched point fired)
 SCHED_DONE = "sched-done"        # the sbatch launcher's answer: what Slurm was told (or why nothing was)
+STOP_REQUEST = "stop-request"    # this rank stops itself (SIGSTOP) right after leaving it: watch for the hang
 
 
 def loss_groups(regex: str) -> tuple[int | str, int | str]:

@@ -201,12 +201,12 @@ _IO = ("crash", "eio", "enospc", "fsyncfail", "shortwrite", "slowio")
 _REST = ("truncate", "bitflip", "zero", "delete", "stale", "swap", "payload")
 _PLACE = re.compile(r"(rank\d+|node\d+|disk|ckpt|all):")
 _KEYVALUE = re.compile(r"[a-z]+(:|$)")  # KIND:key=value (a built-in fault's older spelling), or KIND alone
-_JOB_KINDS = {"kill": "kill", "term": "term", "netdrop": "net"}  # what a job takes in the older spelling
+_JOB_KINDS = {"kill": "kill", "term": "term", "netdrop": "net", "stop": "stop"}  # what a job takes in the older spelling
 # the one setting a job's point takes: a step kill at a named phase of the save (chaos.phases)
 _PHASE_NAME = re.compile(r"[A-Za-z_][\w.-]*")
 _PHASE_KILL = re.compile(rf"rank(\d+):step(\d+):kill,phase=({_PHASE_NAME.pattern})")
-_POINT_FORMS = ("rankR:opN:MODE, rankR:stepN:kill|term|net (or kill:rank=R,step=N, term:rank=R,step=N, "
-                "netdrop:rank=R,step=N), disk:full:BYTES or nodeN:stepS:MODE")
+_POINT_FORMS = ("rankR:opN:MODE, rankR:stepN:kill|term|net|stop (or kill:rank=R,step=N, term:rank=R,step=N, "
+                "netdrop:rank=R,step=N, stop:rank=R,step=N), disk:full:BYTES or nodeN:stepS:MODE")
 
 
 def parse_fault(text: str) -> Fault:

@@ -38,6 +38,7 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     CORRUPT_FAMILIES,
     DEFAULT_GRACE_S,
     DEFAULT_NET_HOLD_S,
+    DEFAULT_STOP_SILENCE_S,
     ENV_ATTEMPT,
     ENV_BOOTED,
     ENV_CHILDREN,
@@ -73,6 +74,7 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     SCHED_REQUEST,
     STEP_KINDS,
     STEP_MODES,
+    STOP_REQUEST,
     TERM_REQUEST,
     TERM_SENT,
     TORCHRUN_STRIDE,
@@ -184,6 +186,9 @@ class JobSpec:
             raise ConfigError(f"--net-hold must be a positive number of seconds, got {self.net_hold_s:g}")
         if self.faults is not None and "net" in self.faults and self.net_unavailable:
             raise ConfigError(f"--faults net: {self.net_unavailable}")
+        if self.faults is not None and "stop" in self.faults and self.nodes is not None:
+            raise ConfigError("--faults stop with --nodes: a node's agent restarts its own workers, and the "
+                              "simulated nodes' launcher does not watch for a stopped one")
         if self.step_regex is not None:
             try:
                 rx = re.compile(self.step_regex)

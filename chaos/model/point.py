@@ -131,8 +131,8 @@ class Point:
             return "diskfull"
         if self.mode == "term":
             return "term"
-        if self.mode == "net":
-            return "net"
+        if self.mode in ("net", "stop"):
+            return self.mode
         if self.mode in SCHED_MODES:
             return "sched"
         for family, modes in AT_REST_FAMILIES.items():
@@ -176,9 +176,9 @@ class Point:
         if fam == "node":
             return _node_fault(self, extra)
         kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
-                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut", "sched": "sched",
+                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut", "sched": "sched", "stop": "stop",
                 **{k: k for k in AT_REST_KINDS}}[fam]  # an at-rest family's kind is its name
-        when = None if fam in ("power", "diskfull", "net", *AT_REST_KINDS) else self.mode
+        when = None if fam in ("power", "diskfull", "net", "stop", *AT_REST_KINDS) else self.mode
         params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
                                     ("path", self.path), ("seq", self.seq), ("nth", self.nth),
                                     ("size_bytes", self.size), ("at_step", self.at_step), ("phase", self.phase))

@@ -66,7 +66,7 @@ from chaos.nemesis.sites import Facts, Traces
 # The order a job's points are enumerated in, family by family (and so the order a seeded
 # sample draws from): the in-rank families, the halting ones in the contract's order, then
 # those the launcher carries out.
-ORDER = ("kill", "term", "errno", *HALT_FAMILIES, "diskfull", "net", "node", "sched")
+ORDER = ("kill", "term", "errno", *HALT_FAMILIES, "diskfull", "net", "node", "sched", "stop")
 
 
 @dataclass(frozen=True, kw_only=True)

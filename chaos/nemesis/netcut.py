@@ -47,7 +47,7 @@ from chaos.launch.output import clip
 from chaos.model import jobspec as S
 from chaos.nemesis.atrest import Applied
 from chaos.nemesis.family import Family
-from chaos.nemesis.sites import Anchors, Facts, Traces, announced_steps, event_keys
+from chaos.nemesis.sites import Facts, Traces, mid_save_points
 from chaos.scratch import claim_netns
 from faults import FaultError
 from faults.network import NetworkLab, can_use_netns
@@ -252,18 +252,7 @@ def describe(net: dict[str, Any]) -> str:
 def _points(job: S.JobSpec, traces: Traces, facts: Facts | None) -> list[S.Point]:
     """A rank's link cut in the middle of its saves (right after the first write to a file since it
     was opened, and after each rename), then at each step it announced."""
-    if job.net_unavailable is not None:
-        return []
-    anchors = Anchors(traces, facts.stable if facts is not None else None)
-    opened: set[tuple[int, str]] = set()  # (rank, path) opened and not yet written since
-    ops: list[S.Point] = []
-    for rank, r, path, nth in event_keys(traces):
-        if r["op"] == "open":
-            opened.add((rank, path))
-        elif r["op"] == "rename" or r["op"] == "write" and (rank, path) in opened:
-            opened.discard((rank, path))
-            ops.append(anchors.at_event(rank, r, path, nth, "net"))
-    return ops + [S.Point(rank, "net", step=n) for rank, steps in announced_steps(traces) for n in steps]
+    return [] if job.net_unavailable is not None else mid_save_points(traces, facts, "net")
 
 
 def _notes(job: S.JobSpec, traces: Traces, facts: Facts, points: list[S.Point]) -> list[str]:

@@ -110,6 +110,22 @@ def step_announcements(traces: Traces) -> dict[int, tuple[list[float], list[int]
     return out
 
 
+def mid_save_points(traces: Traces, facts: Facts | None, mode: str) -> list[Point]:
+    """``mode`` points in the middle of every save, then at every announced step: right after the first
+    write to a file since it was opened, and after each rename. Where a fault that leaves the rest of
+    the job running strikes (``net``: a rank's link cut, ``stop``: a rank hung)."""
+    anchors = Anchors(traces, facts.stable if facts is not None else None)
+    opened: set[tuple[int, str]] = set()  # (rank, path) opened and not yet written since
+    ops: list[Point] = []
+    for rank, r, path, nth in event_keys(traces):
+        if r["op"] == "open":
+            opened.add((rank, path))
+        elif r["op"] == "rename" or r["op"] == "write" and (rank, path) in opened:
+            opened.discard((rank, path))
+            ops.append(anchors.at_event(rank, r, path, nth, mode))
+    return ops + [Point(rank, mode, step=n) for rank, steps in announced_steps(traces) for n in steps]
+
+
 def announced_steps(traces: Traces) -> list[tuple[int, list[int]]]:
     """(rank, the steps it announced in attempt 0, sorted) for each rank in order: where the
     step points of ``kill``, ``term`` and ``net`` strike."""

@@ -46,6 +46,10 @@ subclassing, not by editing it:
   reached the job: its own handler ran (the wait relays the signal to it and sees it), or
   the default action ended the process. The point lands exactly there, in attempt 0 only
   (a rerun after Slurm's requeue is attempt 1 and more: ``sbatchwrap``);
+- a ``stop`` point (at an announced step, or right after event N) records it, leaves a
+  request for the launcher and stops this process with SIGSTOP: a hung process, whose
+  threads all freeze where they are while its peers and children run on
+  (``chaos.nemesis.stop``). The launcher ends the attempt once nothing of it can go on;
 - ``chaos.probe`` calls and lines of the job's stdout/stderr matching
   ``--step-regex`` become ``{"event":"phase","name":"chaos.probe",...}`` records in the
   same trace, in order with the file events; a step point fires at such a record.
@@ -139,6 +143,7 @@ class JobInterposer(Interposer):
         self._errored = False  # an enospc / eio point fired: kill at the next announced step
         self._net_fired = False  # a net point fires once
         self._sched_fired = False  # a sched point fires once
+        self._stop_fired = False  # a stop point fires once (a SIGCONT from outside lets the job go on)
         self._deferred: tuple[str, dict[str, Any]] | None = None  # a corruption waiting for its step (at_step)
         self._requests = os.path.dirname(trace_path)
         self._imports: tuple[frozenset[str], dict[str, str]] | None = None  # (modules, environ) at install
@@ -328,6 +333,8 @@ class JobInterposer(Interposer):
                     self._deferred = (kind, {"ord": self._cur, **fields})
             elif self._target("net"):
                 self._net({"op": kind, "ord": self._cur, "path": fields.get("path"), "dst": fields.get("dst")})
+            elif self._target("stop"):
+                self._stop({"op": kind, "ord": self._cur, "path": fields.get("path"), "dst": fields.get("dst")})
             elif self._target(*S.SCHED_MODES):
                 self._sched({"op": kind, "ord": self._cur, "path": self._rel(fields["path"]) if fields.get("path")
                              else None})
@@ -396,6 +403,9 @@ class JobInterposer(Interposer):
         if p.get("mode") in S.SCHED_MODES:
             self._sched({"op": "step", "step_n": p["step"], "source": info.get("kind")})
             return
+        if p.get("mode") == "stop":
+            self._stop({"op": "step", "step_n": p["step"], "source": info.get("kind")})
+            return
         self._enter()
         try:
             self._emit({"event": "fired", "action": "kill", "op": "step", "when": "kill", "step_n": p["step"],
@@ -451,6 +461,24 @@ class JobInterposer(Interposer):
         finally:
             self._leave()
 
+
+    def _stop(self, where: dict[str, Any]) -> None:
+        """Record the stop, tell the launcher, then SIGSTOP this whole process (every thread) right here.
+
+        The record and the request are on disk before the signal: the launcher and the judge
+        learn where the process froze from them, never from the frozen process."""
+        if self._stop_fired:
+            return
+        self._stop_fired = True
+        import signal
+
+        self._enter()
+        try:
+            rec = self._emit({"event": "fired", "action": "stop", "when": "stop", **where})
+            self._request(S.STOP_REQUEST, {"rank": self.rank, "pid": os.getpid(), **where, "ts": rec["ts"]})
+        finally:
+            self._leave()
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     def _sched(self, where: dict[str, Any]) -> None:
         """Ask the sbatch launcher to have Slurm strike the job, and wait until its SIGTERM is here."""

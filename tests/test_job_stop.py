@@ -1,0 +1,233 @@
+"""The ``stop`` family of ``chaos run -- COMMAND``: one process of the job hangs (SIGSTOP).
+
+Unit tests for the points (both spellings, where the family offers them, when it is
+explored) and for the launcher's test that nothing of an attempt can run any more, on
+real stopped processes. Then real jobs through the CLI:
+
+- two pure-Python ranks, rank 0 committing a checkpoint once rank 1's shard file merely
+  *exists*: rank 1 hung right after the first write of its shard lets rank 0 commit a
+  torn shard (the restart fails), where a kill at the same event passes — the launcher
+  stops every copy the moment rank 1 dies, before rank 0 gets there. This is what a stop
+  finds and a kill cannot;
+- one process hung at a step: the attempt ends at once (every process of it is stopped,
+  nothing is waited for) and the restart resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos.errors import ConfigError
+from chaos.model.contract import DEFAULT_STOP_SILENCE_S
+from chaos.model.jobspec import JobSpec, parse_point
+from chaos.nemesis import stop
+from chaos.nemesis.family import families
+from chaos.plan.pointset import kinds_to_explore
+
+REPO = Path(__file__).resolve().parent.parent
+CAREFUL = REPO / "chaos" / "examples" / "careful_job.py"
+
+# Two ranks (RANK from --ranks 2); every 3rd step each writes its shard in two writes and fsyncs it;
+# rank 0 then "checks its own shard" (0.5 s) and commits (latest, a temp file renamed over) as soon
+# as rank 1's shard file exists — complete or not: the bug. Rank 1 waits for that commit. A resume
+# reads latest and loads its own shard of that step.
+EAGER = """
+    import json, os, sys, time
+    from chaos import probe
+
+    out, steps, every = sys.argv[1], 12, 3
+    rank = int(os.environ["RANK"])
+
+    def shard(s, r):
+        return os.path.join(out, f"ckpt-{s}-shard{r}.json")
+
+    w, step = [0.0, 1.0], 0
+    latest = os.path.join(out, "latest")
+    if os.path.exists(latest):
+        with open(latest) as f:
+            step = int(f.read())
+        with open(shard(step, rank)) as f:
+            w = json.load(f)["w"]
+        probe.resumed(step)
+    while step < steps:
+        step += 1
+        w = [x * 0.9 + 0.1 * (i + rank + step) for i, x in enumerate(w)]
+        probe.step(step, sum(w))
+        if step % every == 0:
+            text = json.dumps({"w": w, "step": step})
+            with open(shard(step, rank), "w") as f:
+                f.write(text[: len(text) // 2])
+                f.flush()
+                f.write(text[len(text) // 2:])
+                f.flush()
+                os.fsync(f.fileno())
+            if rank == 0:
+                time.sleep(0.5)
+                while not os.path.exists(shard(step, 1)):
+                    time.sleep(0.01)
+                with open(latest + ".tmp", "w") as f:
+                    f.write(str(step))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(latest + ".tmp", latest)
+            else:
+                while not (os.path.exists(latest) and open(latest).read() == str(step)):
+                    time.sleep(0.01)
+            probe.saved(step)
+    with open(os.path.join(out, f"final-{rank}.json"), "w") as f:
+        json.dump(w, f)
+"""
+
+
+def _chaos(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    results = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(tmp_path), "--json",
+                           str(results), "--timeout", "120", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert results.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(results.read_text())
+
+
+def test_a_stop_point_reads_in_both_spellings_and_is_its_own_family() -> None:
+    at_step = parse_point("rank1:step6:stop")
+    assert (at_step.family, at_step.rank, at_step.step, at_step.id) == ("stop", 1, 6, "rank1:step6:stop")
+    assert parse_point("stop:rank=1,step=6") == at_step  # the built-in fault's spelling (chaos run --as-job)
+    at_event = parse_point("rank0:op17:stop")
+    assert (at_event.family, at_event.op) == ("stop", 17)
+    assert at_event.to_fault()["kind"] == "stop" and "when" not in at_event.to_fault()["params"]
+    with pytest.raises(ConfigError, match="nothing else"):
+        parse_point("stop:rank=1,step=6,linger=2")  # the built-in's linger has no meaning for a job
+
+
+def test_hangs_are_explored_only_when_asked_for_and_never_on_simulated_nodes() -> None:
+    job = JobSpec(command=(sys.executable, "job.py", "{out}"))
+    assert "stop" not in kinds_to_explore(job)[0]
+    assert not any("stop" in note or "hang" in note for note in kinds_to_explore(job)[1])
+    assert "stop" in kinds_to_explore(JobSpec(command=job.command, faults=("stop",)))[0]
+    with pytest.raises(ConfigError, match="--faults stop with --nodes"):
+        JobSpec(command=("torchrun", "--nproc-per-node=1", "job.py", "{out}"), nodes=2, faults=("stop",))
+    with pytest.raises(ConfigError, match="--launcher sbatch"):
+        JobSpec(command=job.command, launcher="sbatch", faults=("stop",))
+
+
+def _op(rank: int, ord_: int, op: str, rel: str) -> dict:
+    return {"event": "op", "op": op, "ord": ord_, "rel": rel, "path": f"/o/{rel}", "rank": rank}
+
+
+def _step(n: int) -> dict:
+    return {"event": "phase", "name": "chaos.probe", "info": {"kind": "step", "n": n}}
+
+
+def test_the_points_are_a_hang_in_the_middle_of_each_save_and_at_each_step() -> None:
+    traces = {(0, 0): [_step(1), _op(0, 0, "open", "ckpt.tmp"), _op(0, 1, "write", "ckpt.tmp"),
+                       _op(0, 2, "write", "ckpt.tmp"), _op(0, 3, "close", "ckpt.tmp"),
+                       _op(0, 4, "rename", "ckpt"), _step(2)]}
+    job = JobSpec(command=(sys.executable, "job.py", "{out}"), faults=("stop",))
+    points = families()["stop"].points(job, traces, None)
+    assert [p.id for p in points] == ["rank0:op1:stop", "rank0:op4:stop", "rank0:step1:stop", "rank0:step2:stop"]
+    assert families()["stop"].recorded(job, points[0], 0) == {"silence_s": DEFAULT_STOP_SILENCE_S}
+
+
+def test_frozen_means_the_stopped_process_and_everything_else_of_the_attempt_is_stopped() -> None:
+    # a session of two: the shell (the copy, its session's leader) and a sleep it started
+    copy = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not (children := _children(copy.pid)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [child] = children
+        os.kill(child, signal.SIGSTOP)
+        _wait_state(child, "T")
+        assert not stop.frozen(child, [copy.pid], "no-such-mark"), "the copy itself can still run"
+        os.kill(copy.pid, signal.SIGSTOP)
+        _wait_state(copy.pid, "T")
+        assert stop.frozen(child, [copy.pid], "no-such-mark")
+        assert not stop.frozen(None, [copy.pid], "no-such-mark")  # no stopped process named: never frozen
+        os.kill(child, signal.SIGCONT)
+        _wait_state(child, "S")
+        assert not stop.frozen(child, [copy.pid], "no-such-mark")  # the named process runs again
+    finally:
+        os.killpg(copy.pid, signal.SIGKILL)
+        copy.wait()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(b")") + 2:].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _wait_state(pid: int, state: str) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        if stat[stat.rfind(b")") + 2:][:1].decode() == state:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never reached state {state}")
+
+
+def test_a_hung_rank_lets_its_peer_commit_a_torn_shard_where_a_kill_is_caught(tmp_path: Path) -> None:
+    script = tmp_path / "eager.py"
+    script.write_text(textwrap.dedent(EAGER))
+    at = "@write:ckpt-6-shard1.json:1"  # rank 1's first write of its shard of step 6
+    proc, doc = _chaos(tmp_path, "--ranks", "2", "--hang-timeout", "2", "--result-file", "final-*.json",
+                       "--point", f"rank1:op0:stop{at}", "--point", f"rank1:op0:after{at}", "--",
+                       sys.executable, str(script), "{out}")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    by_id = {s["id"]: s for s in doc["scenarios"]}
+    hung, killed = by_id["rank1:op0:stop"], by_id["rank1:op0:after"]
+    assert killed["outcome"] == "pass", killed["summary"]
+    assert hung["outcome"] == "hard_failure", hung["summary"]
+    assert "JSONDecodeError" in hung["summary"]
+    first = hung["attempts"][0]["stop"]
+    assert first["rank"] == 1 and first["op"] == "write" and first["ended"] == "silent" and first["silence_s"] == 2.0
+    assert {c["copy"]: c["ended"] for c in first["copies"]} == {0: "killed", 1: "killed"}
+    assert hung["summary"].startswith("rank 1 stopped (SIGSTOP) right after its event ")
+    assert hung["faults"][0]["kind"] == "stop" and hung["fired"][0]["action"] == "stop"
+    assert "the checkpoint is committed while a hung rank's ckpt-*-shard*.json is unfinished" in proc.stdout
+    assert f"--point rank1:op0:stop{at}" in hung["replay"]
+
+
+def test_one_hung_process_ends_its_attempt_at_once_and_the_job_resumes(tmp_path: Path) -> None:
+    proc, doc = _chaos(tmp_path, "--result-file", "final.json", "--point", "rank0:step5:stop", "--",
+                       sys.executable, str(CAREFUL), "--out", "{out}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [point] = doc["scenarios"]
+    assert point["outcome"] == "pass" and len(point["attempts"]) == 2, point["summary"]
+    first = point["attempts"][0]
+    assert first["stop"]["ended"] == "frozen", first  # nothing was left to run: no silence waited out
+    assert first["stop"]["step_n"] == 5 and first["returncodes"] == [-signal.SIGKILL]
+    assert "nothing of the job could go on (every process stopped)" in point["summary"]
+
+
+@pytest.mark.slow  # two torch ranks, three runs: 25 s
+def test_the_built_in_hung_rank_runs_as_a_job_and_its_peer_refuses_to_acknowledge(tmp_path: Path) -> None:
+    # the built-in spelling through the job pipeline (chaos run --as-job): rank 1 frozen at step 10, rank 0's
+    # save times out in its collective, and the reference checkpointer acknowledges nothing of step 10
+    proc, doc = _chaos(tmp_path, "--as-job", "--fault", "stop:rank=1,step=10", "--workload",
+                       "collective_timeout_s=4")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [point] = doc["scenarios"]
+    assert point["id"] == "rank1:step10:stop" and point["outcome"] == "pass", point["summary"]
+    first = point["attempts"][0]["stop"]
+    assert first["ended"] == "failed", first  # rank 0 gave up by itself, long before the 60 s silence
+    copy0 = first["copies"][0]
+    assert copy0["ended"] == "exited" and copy0["returncode"] == 1 and "nothing acknowledged" in copy0["cause"]
+    assert "resumed at or after the newest complete checkpoint: rank 0 at step 5" in point["summary"]
