@@ -77,19 +77,21 @@ RENORMALIZING = """
 """
 
 
-def _run(tmp_path: Path, mode: str, *points: str, status: int) -> tuple[dict[str, dict], str]:
+def _run(tmp_path: Path, mode: str, *points: str, status: int, options: tuple[str, ...] = ()
+         ) -> tuple[dict[str, dict], str]:
+    """The points of the run by id, and its console output followed by its notes (results JSON)."""
     job = tmp_path / "renorm.py"
     job.write_text(textwrap.dedent(RENORMALIZING))
     results = tmp_path / f"{mode}.json"
     argv = [sys.executable, "-m", "chaos.cli.main", "run", "--result-file", "final.json", "--scratch", str(tmp_path),
-            "--json", str(results)]
+            "--json", str(results), *options]
     for p in points:
         argv += ["--point", p]
     proc = subprocess.run([*argv, "--", sys.executable, str(job), "{out}", mode], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(results.read_text())
-    return {s["id"]: s for s in doc["scenarios"]}, proc.stdout
+    return {s["id"]: s for s in doc["scenarios"]}, "\n".join([proc.stdout, *doc["job"]["reference"]["notes"]])
 
 
 def test_only_a_power_cut_in_the_restart_finds_a_rewrite_that_is_not_durable(tmp_path: Path) -> None:
@@ -109,6 +111,21 @@ def test_only_a_power_cut_in_the_restart_finds_a_rewrite_that_is_not_durable(tmp
     assert ("a power cut inside the resume's own recovery loses ckpt.json, which the first crash left intact"
             in out), out
     assert "at: kill between saves; then a power cut inside its restart" in out
+
+
+def test_sampled_second_faults_cut_the_power_in_every_second_resume_and_find_the_rewrite(tmp_path: Path) -> None:
+    # --resume-points 2: the first a kill in its resume, the second a power cut, drawn up to the fsync
+    # after the resume's first rename; seed 5 draws event 6 (the directory fsync) of the rewrite
+    points, out = _run(tmp_path, "nosync", status=1, options=("--faults", "kill", "--max-points", "4",
+                                                                "--resume-points", "2", "--seed", "5"))
+    seconds = {i: p for i, p in points.items() if "+" in i}
+    assert len(seconds) == 2 and sum(i.endswith(":power") for i in seconds) == 1, sorted(seconds)
+    [cut] = [p for i, p in seconds.items() if i.endswith("+rank0:op6:power")]
+    assert cut["outcome"] == "hard_failure", cut["summary"]
+    assert "power loss right after rank 0's event 6: ckpt.json: " in cut["summary"], cut["summary"]
+    assert all(p["outcome"] == "pass" for i, p in points.items() if i not in seconds)  # every single fault passes
+    assert "a power cut inside the resume's own recovery loses ckpt.json" in out
+    assert "2 point(s) tried again with a kill or (1 of them) a power cut inside their resume" in out
 
 
 def test_a_restart_that_starts_over_after_the_cut_loses_the_work_it_had_acknowledged(tmp_path: Path) -> None:

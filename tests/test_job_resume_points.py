@@ -128,6 +128,25 @@ def test_second_faults_come_from_the_resume_up_to_its_first_save() -> None:
     assert modes == {"before", "after"}
 
 
+def test_every_second_sampled_fault_is_a_power_cut_drawn_on_to_the_fsync_after_the_first_rename() -> None:
+    resume = [_op(0, "unlink", "ckpt.json"), _op(1, "open", "ckpt.json.tmp"), _op(2, "write", "ckpt.json.tmp", length=8),
+              _op(3, "rename"), _op(4, "open", "."), _op(5, "fsync", "."), _op(6, "write", "late", length=3)]
+    done = [Resumed(parse_point(f"rank0:op{i}:after"), True, True, {0: resume}, from_checkpoint=True)
+            for i in range(8)]
+    kills, mixed = choose(done, 6, seed=3), choose(done, 6, seed=3, power=True)
+    assert [p.own_id for p in kills] == [p.own_id for p in mixed]  # the same points struck again
+    for i, (k, m) in enumerate(zip(kills, mixed, strict=True)):
+        assert k.then is not None and m.then is not None
+        if i % 2 == 0:
+            assert m.then == k.then  # the kills drawn as without power cuts
+        else:
+            assert m.then.mode == "power" and m.then.attempt == 1 and m.then.op <= 5
+    cut_at = {p.then.op for seed in range(30) for p in choose(done, 6, seed, power=True)[1::2] if p.then}
+    assert cut_at == {0, 1, 2, 3, 4, 5}  # on past the rename (3) to the directory's fsync (5), never beyond
+    kill_at = {p.then.op for seed in range(30) for p in choose(done, 6, seed)[::2] if p.then}
+    assert kill_at == {0, 1, 2, 3}  # a kill's window still ends at the first rename
+
+
 @pytest.mark.parametrize(("kw", "says"), [({"max_restarts": 0}, "--max-restarts 0"),
                                           ({"launcher": "sbatch"}, "--launcher sbatch")])
 def test_a_job_whose_resume_the_harness_does_not_start_takes_no_second_fault(kw: dict[str, Any], says: str) -> None:
@@ -209,8 +228,12 @@ def test_the_careful_job_survives_a_kill_inside_its_resume(tmp_path: Path, ranks
     assert rc == 0, out
     seconds = [s for s in doc["scenarios"] if "+" in s["id"]]
     assert len(seconds) == 3 and all(s["verdict"] == "pass" for s in seconds), [s["summary"] for s in seconds]
-    for s in seconds:  # the second fault fired in the restart, and a third attempt finished the job
-        assert any(f["attempt"] == 1 and f.get("action") == "kill" for f in s["fired"]), s["fired"]
+    # the second fault fired in the restart (every second one a power cut: a halt, then the cut), and a third
+    # attempt finished the job
+    assert sorted(s["id"].rsplit(":", 1)[1] == "power" for s in seconds) == [False, False, True]
+    for s in seconds:
+        action = "halt" if s["id"].endswith(":power") else "kill"
+        assert any(f["attempt"] == 1 and f.get("action") == action for f in s["fired"]), s["fired"]
         assert len(s["attempts"]) == 3 and s["attempts"][-1]["outcome"] == "exited 0"
 
 

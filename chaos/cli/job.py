@@ -74,7 +74,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=None, metavar="S", help="start no point after S seconds")
     p.add_argument("--resume-points", type=int, default=0, metavar="N",
                    help="then N points more: passing points tried again with a kill inside their resume (its "
-                        "load, cleanup or first save), and one restart more (rankR:opN:MODE+rankR:opM:MODE)")
+                        "load, cleanup or first save), every second one a power cut there instead (not for a "
+                        "torchrun COMMAND), and one restart more (rankR:opN:MODE+rankR:opM:MODE)")
     p.add_argument("--jobs", type=int, default=1, metavar="J",
                    help="points run concurrently (--executor slurm: the array's tasks, each a share of the points)")
     p.add_argument("--executor", choices=("local", "slurm"), default="local",

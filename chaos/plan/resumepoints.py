@@ -1,4 +1,4 @@
-"""Second faults: a kill inside the resume of a point the job survived (``--resume-points N``).
+"""Second faults: a kill or a power cut inside the resume of a point the job survived (``--resume-points N``).
 
 Why: a checkpointer's recovery is code that runs right after a crash, on the leftovers of
 one: it loads, cleans up temp files and half-written checkpoints, applies retention, writes
@@ -15,9 +15,13 @@ each one's resume did (:class:`Resumed`) and :func:`choose` picks up to N of the
 points whose resume started from a checkpoint first, one of every family before a second
 of any), and for each a seeded kill at one event of its resume, among those up to the end
 of the resume's first save (its first rename, or its first ``chaos.probe.saved``), where
-recovery and its first save happen; among all its events where neither is seen. The chain
-is then the first point's, the second fault armed in its restart (``Point.then``), and
-one restart more.
+recovery and its first save happen; among all its events where neither is seen. Every
+second one of them (the 2nd, 4th ... chosen) is a power cut instead (``+rankR:opN:power``,
+``chaos.nemesis.power.in_restart``), where the job can take one (not a torchrun COMMAND): a
+recovery can survive a kill anywhere and still not be durable, and a kill's page cache
+hides that. Its event is drawn on past the first rename, up to the fsync after it, where
+a rewrite whose directory is synced before its data loses the file. The chain is then the first point's, the second fault armed
+in its restart (``Point.then``), and one restart more.
 
 A torchrun COMMAND takes them too: its agent restarts the workers
 (``TORCHELASTIC_RESTART_COUNT``), so the second fault rides in the launch's environment
@@ -69,9 +73,11 @@ def why_not(job: JobSpec) -> str | None:
     return None
 
 
-def _window(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The resume's events up to the end of its first save (see the module docstring)."""
-    ops = []
+def _window(recs: list[dict[str, Any]], durable: bool = False) -> list[dict[str, Any]]:
+    """The resume's events up to the end of its first save (see the module docstring); with ``durable``
+    (a power cut's), on past its first rename up to the fsync after it, where the save becomes durable."""
+    ops: list[dict[str, Any]] = []
+    renamed = False
     for r in recs:
         if r.get("event") == "phase" and r.get("name") == "chaos.probe" and (r.get("info") or {}).get("kind") == "saved":
             if ops:
@@ -79,15 +85,18 @@ def _window(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r.get("event") != "op" or r.get("ord") is None or r.get("error"):
             continue
         ops.append(r)
-        if r.get("op") == "rename":
+        if r.get("op") == "rename" and not durable or renamed and r.get("op") == "fsync":
             return ops
+        renamed = renamed or r.get("op") == "rename"
     return ops
 
 
-def choose(done: list[Resumed], n: int, seed: int) -> list[Point]:
+def choose(done: list[Resumed], n: int, seed: int, power: bool = False) -> list[Point]:
     """Up to ``n`` points with a second fault: passing points whose resume ran, those that resumed
     from a checkpoint first, one of each family before a second of any, each with a seeded kill at
-    one event of its resume's first save."""
+    one event of its resume's first save; with ``power`` (the job can take a power cut in its
+    resume), every second one a power cut right after that event instead. The draws are the same
+    either way: only the mode of every second point changes."""
     rng = random.Random(f"resume-points:{seed}")
     windows = {id(d): {r: w for r, recs in d.events.items() if (w := _window(recs))} for d in done}
     able = [d for d in done if d.passed and d.resumed and d.point.then is None and d.point.family in THEN_FAMILIES
@@ -104,10 +113,13 @@ def choose(done: list[Resumed], n: int, seed: int) -> list[Point]:
                 if by_family[fam]:
                     order.append(by_family[fam].pop(0))
     out = []
-    for d in order[:n]:
+    for i, d in enumerate(order[:n]):
         rank = rng.choice(sorted(windows[id(d)]))
         event = rng.choice(windows[id(d)][rank])
         mode = rng.choice(modes_at(event, MODES))
+        if power and i % 2 == 1:  # drawn apart, so that the kills' draws stay what they were
+            mode = "power"
+            event = random.Random(f"resume-power:{seed}:{d.point.id}").choice(_window(d.events[rank], durable=True))
         then = Point(rank, mode, op=int(event["ord"]), kind=event.get("op"), path=event.get("rel"),
                      seq=event.get("seq"), attempt=1)
         out.append(replace(d.point, then=then))

@@ -771,7 +771,7 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
                                       on_result)
             if resume_points and only is None:
                 second = resumepoints.choose([_resumed(r) for r in results if r.verdict.outcome != INTERRUPTED],
-                                             resume_points, seed)
+                                             resume_points, seed, power=not job.torchrun)
                 ref.notes.append(_second_note(second, resume_points))
                 _run_points(job, ref, second, root, seed, budget_s, jobs, keep, started, results, on_result,
                             first=len(chosen))
@@ -817,7 +817,9 @@ def _second_note(second: list[Point], asked: int) -> str:
     if not second:
         return (f"--resume-points {asked}: no point passed with a resume to strike (a resume that ran, exited 0 "
                 "and made a file event), so no second fault was tried")
-    return (f"--resume-points {asked}: {len(second)} point(s) tried again with a kill inside their resume "
+    cuts = sum(1 for p in second if p.then is not None and p.then.mode == "power")
+    what = f"a kill or ({cuts} of them) a power cut" if cuts else "a kill"
+    return (f"--resume-points {asked}: {len(second)} point(s) tried again with {what} inside their resume "
             f"(+rankR:opN: the restart's own event N), then one restart more: {', '.join(p.id for p in second)}")
 
 
