@@ -163,8 +163,10 @@ def _chaos(*argv: str, env: dict[str, str] | None = None, timeout: float = 300) 
 
 
 def _ours(client) -> list[str]:
-    """Our job containers still on the engine (low level: ``containers.list`` races with ``--rm``)."""
-    return [c["Names"][0] for c in client.api.containers(all=True, filters={"label": f"{engine.LABEL}=job"})]
+    """Our job containers and networks still on the engine (low level: ``containers.list`` races with ``--rm``)."""
+    flt = {"label": f"{engine.LABEL}=job"}
+    return ([c["Names"][0] for c in client.api.containers(all=True, filters=flt)]
+            + [n["Name"] for n in client.api.networks(filters=flt)])
 
 
 def _attempts(doc: dict) -> list[dict]:
@@ -229,8 +231,7 @@ def test_exit_statuses_read_as_a_process_s_and_the_client_s_own_failures_are_tol
 
 
 @pytest.mark.parametrize(("argv", "said"), [
-    (["--faults", "net", "--ranks", "2"], "--faults net: with --launcher docker each copy is a container on the "
-                                          "host's network"),
+    (["--faults", "net"], "--faults net: a network cut between ranks needs at least two"),
     (["--executor", "slurm"], "--executor slurm with --launcher docker"),
     (["--launcher", "subprocess", "--image", "x:1"], "--image needs --launcher docker"),
 ])
@@ -259,12 +260,16 @@ def test_no_engine_is_a_usage_error_naming_where_it_looked(tmp_path: Path) -> No
     assert "--launcher docker: no Docker engine reachable (DOCKER_HOST" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_net_is_left_out_of_the_default_families_with_the_reason() -> None:
+def test_net_is_a_default_family_of_ranks_in_containers_without_network_namespaces(monkeypatch) -> None:
+    from chaos.nemesis import netcut
     from chaos.plan.pointset import kinds_to_explore
 
+    # the engine's own networks: no namespace, veth or root needed on this side
+    monkeypatch.setattr(netcut, "available", lambda: (False, "no iproute2"))
     kinds, notes = kinds_to_explore(JobSpec(command=(sys.executable, "j.py", "{out}"), ranks=2, launcher="docker"))
-    assert "net" not in kinds and "kill" in kinds
-    assert any("with --launcher docker each copy is a container on the host's network" in n for n in notes)
+    assert "net" in kinds and not any("network" in n for n in notes), notes
+    one, _ = kinds_to_explore(JobSpec(command=(sys.executable, "j.py", "{out}"), launcher="docker"))
+    assert "net" not in one  # one copy has no ranks to cut apart
 
 
 # -- on a real engine -----------------------------------------------------------------------------
@@ -455,6 +460,33 @@ def test_second_faults_strike_a_container_s_restart_as_a_process_s(docker_engine
     assert _ours(docker_engine.client()) == []
 
 
+# Two ranks train with DDP over gloo (tests/test_job_net.py's job): argv OUT STEPS COLLECTIVE_TIMEOUT_S.
+def _net_job() -> str:
+    from test_job_net import JOB
+
+    return JOB
+
+
+def test_a_rank_s_container_cut_off_its_network_fails_its_peers_and_the_job_resumes(docker_engine,
+                                                                                  tmp_path: Path) -> None:
+    script = tmp_path / "ddp_net.py"
+    script.write_text(_net_job())
+    out = tmp_path / "r.json"
+    proc = _chaos("--launcher", "docker", "--ranks", "2", "--point", "rank1:step3:net", "--net-hold", "20",
+                  "--result-file", "final.json", "--scratch", str(tmp_path), "--json", str(out), "--",
+                  sys.executable, str(script), "{out}", "6", "3", timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [point] = json.loads(out.read_text())["scenarios"]
+    assert point["outcome"] == "pass", point["summary"]
+    net = point["attempts"][0]["net"]
+    assert net["down"]["call"] == "network disconnect --force" and net["down"]["container"].endswith("-c1"), net
+    assert net["lab"]["bridge"].startswith("chaos-jobnet-") and net["lab"]["addresses"] == ["rank0", "rank1"]
+    assert net["failed_by_itself"], net  # the collectives raised at their 3 s timeout, long before the hold
+    assert point["summary"].startswith("rank 1's link down at its step 3 for a hold of 20 s: "), point["summary"]
+    assert "resumed at or after the newest complete checkpoint" in point["summary"], point["summary"]
+    assert _ours(docker_engine.client()) == []  # the run chain's network is gone with its containers
+
+
 @pytest.mark.slow  # 85 s: two ranks importing torch in fresh containers at every attempt
 def test_a_two_rank_torch_job_passes_every_default_family_in_containers(docker_engine, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
@@ -464,7 +496,9 @@ def test_a_two_rank_torch_job_passes_every_default_family_in_containers(docker_e
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     kinds = {s["id"].split(":")[-1] if s["id"].startswith("disk") else s["faults"][0]["kind"] for s in doc["scenarios"]}
-    assert len(doc["scenarios"]) == 8 and all(s["outcome"] == "pass" for s in doc["scenarios"])
-    assert len(kinds) >= 4, kinds
+    # every point held; a payload the resume never read tested nothing (skipped, no_effect), never a pass
+    assert len(doc["scenarios"]) == 8 and all(s["outcome"] in ("pass", "no_effect") for s in doc["scenarios"])
+    assert sum(s["outcome"] == "pass" for s in doc["scenarios"]) >= 6
+    assert len(kinds) >= 4 and "netcut" in kinds, kinds  # net: the containers on a network of the engine
     assert all(len(a["containers"]) == 2 for a in _attempts(doc))
     assert _ours(docker_engine.client()) == []

@@ -461,7 +461,9 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
         if job.nodes:
             mode = f"{job.nodes} nodes, a torchrun agent each in its own network namespace"
         if ref.netlab:
-            mode += " (the second run, as every network-cut point, with each copy in its own network namespace)"
+            mode += (" (the second run, as every network-cut point, with each copy on a network of the engine)"
+                     if ref.net_engine else
+                     " (the second run, as every network-cut point, with each copy in its own network namespace)")
         _say(f"fault-free runs: {mode}, {sum(ref.events.values())} file event(s) traced, "
              f"{len(ref.points)} point(s) found, {ref.seconds:.1f} s")
         _say("  points by kind: " + (", ".join(f"{n} {k}" for k, n in by_kind(ref.points).items()) or "none"))

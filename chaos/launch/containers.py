@@ -88,6 +88,11 @@ def _reach(docker_host: str | None) -> tuple[Any, str]:
     return client, url
 
 
+def engine_client() -> Any:
+    """The Docker SDK client of the engine ``DOCKER_HOST`` names now (ConfigError where none answers)."""
+    return _engine()[0]
+
+
 def check(image: str | None = None) -> str:
     """ConfigError unless a ``docker`` client is on PATH, an engine answers and has ``image``
     (never pulled here: a run must not depend on a registry); the engine's URL."""
@@ -204,7 +209,7 @@ def image_env(image: str) -> dict[str, str]:
 
 
 def wrap(argv: list[str], env: dict[str, str], cwd: str | None, root: str, mark: str, copy: int,
-         image: str | None = None) -> tuple[list[str], dict[str, str]]:
+         image: str | None = None, network: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
     """``docker run`` of one copy, and the environment to start that client with.
 
     Without ``image``: ``argv`` in ``cwd`` with ``env``, in a container of the empty image with
@@ -212,12 +217,14 @@ def wrap(argv: list[str], env: dict[str, str], cwd: str | None, root: str, mark:
     :data:`HOST_ONLY` and the boot path put before the image's own ``PYTHONPATH``; only this
     project's packages (read-only, :func:`tracer_mounts`) and ``root`` (read-write) are mounted.
     Every variable is passed by name (the client's environment holds the values, with
-    ``DOCKER_HOST``), so no value appears on a command line."""
+    ``DOCKER_HOST``), so no value appears on a command line. ``network``: the ``docker run``
+    options of a run chain's own network (``containernet.ContainerNetwork.run_options``), in
+    place of the host's."""
     client_env = dict(env)
     _marks.add(mark)
     cmd = ["docker", "run", "--rm", "--init", "--name", container_name(mark, copy),
            "--label", f"{engine.LABEL}=job", "--label", f"{LABEL_ATTEMPT}={mark}",
-           "--network", "host", "--user", f"{os.getuid()}:{os.getgid()}", "--log-driver", "none"]
+           *(network or ["--network", "host"]), "--user", f"{os.getuid()}:{os.getgid()}", "--log-driver", "none"]
     if image is None:
         workdir = os.path.abspath(cwd or os.getcwd())
         cmd += ["--workdir", workdir]
@@ -360,5 +367,5 @@ def start_error(rc: int | None, log: str) -> str | None:
     return first if first.startswith(("docker:", "[FATAL tini", "Error response from daemon:")) else None
 
 
-__all__ = ["HOST_ONLY", "LABEL_ATTEMPT", "check", "container_name", "describe", "image_env", "mounts", "returncode",
+__all__ = ["HOST_ONLY", "LABEL_ATTEMPT", "check", "container_name", "engine_client", "describe", "image_env", "mounts", "returncode",
            "settle", "start_error", "stop", "sweep", "tracer_mounts", "wrap"]

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, ConfigError
-from chaos.launch import containers, preload, reaper, silence, spares, zygote
+from chaos.launch import containernet, containers, preload, reaper, silence, spares, zygote
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
@@ -59,6 +59,8 @@ from faults.errors import Unsupported
 
 if TYPE_CHECKING:
     from faults.network import NetworkLab
+
+    Lab = NetworkLab | containernet.ContainerNetwork  # a run chain's network: namespaces, or the engine's (docker)
 
 BOOT_DIR = str(Path(__file__).resolve().parents[1] / "target" / "job" / "boot")  # the job target's boot path
 _cancelled = threading.Event()  # set by cancel(): no attempt starts, running ones end (an interrupt)
@@ -317,7 +319,7 @@ def attempt_mark(mark: str, attempt: int) -> str:
 
 
 def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None, mark: str,
-          lab: NetworkLab | None, port: int) -> list[spares.Copy]:
+          lab: Lab | None, port: int) -> list[spares.Copy]:
     """Every copy of an attempt exactly as it is started (its folders made)."""
     trace_dir = os.path.join(scratch, "trace")
     tmp = os.path.join(scratch, "tmp")
@@ -343,9 +345,11 @@ def _plan(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point |
                 env.update(lab.rank_env(rank, port))  # type: ignore[union-attr]
         elif not job.torchrun:
             env[S.ENV_RANK] = "0"
-        cmd = netcut.in_netns(lab, rank, argv) if in_lab else argv  # type: ignore[arg-type]
         if job.launcher == "docker":  # the copy's docker run client in its place (containers.py)
-            cmd, env = containers.wrap(argv, env, job.cwd, _exploration(scratch), mark, rank, job.image)
+            network = lab.run_options(rank) if in_lab else None  # type: ignore[union-attr]
+            cmd, env = containers.wrap(argv, env, job.cwd, _exploration(scratch), mark, rank, job.image, network)
+        else:
+            cmd = netcut.in_netns(lab, rank, argv) if in_lab else argv  # type: ignore[arg-type]
         plan.append(spares.Copy(tuple(cmd), tuple(sorted(env.items())),
                                 os.path.join(logs_dir, f"attempt{attempt}-copy{rank}.log"), job.cwd))
     return plan
@@ -404,14 +408,14 @@ def _exploration(scratch: str) -> str:
     return os.path.dirname(os.path.abspath(scratch))
 
 
-def can_prestart(job: S.JobSpec, lab: NetworkLab | None = None) -> bool:
+def can_prestart(job: S.JobSpec, lab: Lab | None = None) -> bool:
     """Whether an attempt's copies may be started ahead of it (``spares.py`` says when)."""
     return (lab is None and not job.torchrun and job.launcher == "subprocess"
             and spares.is_python(job.argv("", resume=False)[0]))
 
 
 def prestart(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None, mark: str,
-             lab: NetworkLab | None = None) -> bool:
+             lab: Lab | None = None) -> bool:
     """Start attempt ``attempt``'s copies now, held at the gate until ``run_attempt`` takes them.
 
     Called by ``explore.py`` while another attempt runs; False (nothing started) where
@@ -426,7 +430,7 @@ def prestart(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Poin
 
 
 def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.Point | None,
-                mark: str, lab: NetworkLab | None = None) -> AttemptOutcome:
+                mark: str, lab: Lab | None = None) -> AttemptOutcome:
     """Run attempt ``attempt`` to its end (or ``job.timeout_s``); nothing of it survives the call.
 
     ``lab``: each copy of ``--ranks N`` runs in its rank's namespace of it (a net point cuts there).
@@ -436,6 +440,8 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     trace_dir = os.path.join(scratch, "trace")
     argv = job.argv(out, resume=attempt > 0)
     port = spares.port_of(scratch, attempt) or free_port()
+    if isinstance(lab, containernet.ContainerNetwork):
+        lab.mark = mark  # a cut disconnects this attempt's container of the rank
     plan = _plan(job, out, scratch, attempt, point, mark, lab, port)
     outcome = AttemptOutcome(attempt, argv)
     outcome.logs = [c.log for c in plan]
@@ -446,7 +452,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
     if _cancelled.is_set():
         raise Cancelled("the exploration was interrupted: no attempt is started")
     in_lab = lab is not None and job.ranks is not None
-    if in_lab and not netcut.command_exists(argv[0], job.cwd, dict(plan[0].env).get("PATH")):
+    if in_lab and not docker and not netcut.command_exists(argv[0], job.cwd, dict(plan[0].env).get("PATH")):
         raise ConfigError(f"cannot start COMMAND {argv[0]!r}: No such file or directory")
     held_out = False
     exits = _Exits()
@@ -676,3 +682,4 @@ def kill_all() -> None:
     zygote.close_all()
     reaper.kill_all()
     containers.sweep()  # --launcher docker: any container of this process's attempts still on the engine
+    containernet.sweep()  # ... and any network a run chain made for its network cuts (containernet.py)

@@ -213,11 +213,9 @@ class JobSpec:
         """Why network cuts between ranks cannot apply to this job at all (None: they can, given root).
 
         The harness puts each copy in its own network namespace, so it must start the copies
-        itself: ``--ranks N``, N >= 2. torchrun starts its workers itself, in its own namespace.
-        A container of ``--launcher docker`` is on the host's network, which the harness does not cut."""
-        if self.launcher == "docker":
-            return ("with --launcher docker each copy is a container on the host's network, whose link the "
-                    "harness does not cut; run with --launcher subprocess to explore network cuts")
+        itself: ``--ranks N``, N >= 2 (with ``--launcher docker``, each copy's container on a network
+        of the engine, ``chaos.launch.containernet``). torchrun starts its workers itself, in its own
+        namespace."""
         if self.torchrun:
             return ("a torchrun COMMAND starts its workers itself, so the harness cannot put each rank in its "
                     "own network namespace; run the training script with --ranks N instead")

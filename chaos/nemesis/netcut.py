@@ -25,6 +25,11 @@ namespace per rank on a private veth bridge) and adds only what a job needs:
   line for the verdict ("rank 1's link down at its step 6 for a 3 s hold: copies 0
   and 1 raised (RuntimeError: ...)").
 
+With ``--launcher docker`` the lab is a network of the engine instead
+(``chaos.launch.containernet.ContainerNetwork``, the same calls): every copy's container
+joins it under its rank's alias, and the cut disconnects the rank's container from it; no
+namespace, veth or iproute2 is needed on this side.
+
 A torchrun COMMAND starts its workers itself, so the harness cannot put them in
 namespaces: ``--faults net`` is a ConfigError there (``JobSpec.net_unavailable``), and
 the default leaves the family out with that reason. Without root the family is left
@@ -43,6 +48,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from chaos.launch.containernet import ContainerNetwork
 from chaos.launch.output import clip
 from chaos.model import jobspec as S
 from chaos.nemesis.atrest import Applied
@@ -68,22 +74,27 @@ def available() -> tuple[bool, str]:
 
 def usable(job: S.JobSpec) -> tuple[bool, str]:
     """Whether this job's ranks can be cut apart here, and why not: the job's shape first
-    (``--ranks N >= 2``, not torchrun), then this machine (root, iproute2)."""
+    (``--ranks N >= 2``, not torchrun), then this machine (root, iproute2; with ``--launcher
+    docker`` the engine's own networks, whose engine the command line has already reached)."""
     why = job.net_unavailable
     if why is not None:
         return False, why
+    if job.launcher == "docker":
+        return True, "each run chain's containers on a network of the engine (containernet.py)"
     ok, why = available()
     return (True, why) if ok else (False, f"network namespaces cannot be made here: {why}")
 
 
 @contextlib.contextmanager
-def lab_for(n_ranks: int) -> Iterator[NetworkLab]:
-    """A set-up lab of ``n_ranks`` namespaces for one run chain, torn down when the block ends.
+def lab_for(n_ranks: int, docker: bool = False) -> Iterator[NetworkLab | ContainerNetwork]:
+    """A set-up lab of ``n_ranks`` namespaces for one run chain (``docker``: a network of the engine
+    its containers join, ``chaos.launch.containernet``), torn down when the block ends.
 
     FaultError / OSError if it cannot be set up (``NetworkLab.setup`` has removed what it made).
     """
-    lab = NetworkLab(n_ranks)
-    claim_netns(lab.suffix)  # swept by the next harness if this one is killed
+    lab: NetworkLab | ContainerNetwork = ContainerNetwork(n_ranks) if docker else NetworkLab(n_ranks)
+    if not docker:
+        claim_netns(lab.suffix)  # swept by the next harness if this one is killed
     with _labs_lock:
         _labs[lab.suffix] = lab
     try:
@@ -140,7 +151,7 @@ def _short(path: Any, out: str) -> Any:
     return path
 
 
-def cut(lab: NetworkLab | None, req: dict[str, Any], hold_s: float, trace_dir: str, out: str) -> dict[str, Any]:
+def cut(lab: NetworkLab | ContainerNetwork | None, req: dict[str, Any], hold_s: float, trace_dir: str, out: str) -> dict[str, Any]:
     """Answer a rank's net request: its link down now, the answer left for the waiting rank.
 
     The returned record (``AttemptOutcome.net``) carries ``down`` (the link_down record) or
@@ -167,7 +178,7 @@ def cut(lab: NetworkLab | None, req: dict[str, Any], hold_s: float, trace_dir: s
     return net
 
 
-def restore(lab: NetworkLab | None, net: dict[str, Any]) -> None:
+def restore(lab: NetworkLab | ContainerNetwork | None, net: dict[str, Any]) -> None:
     """The link back up (after every copy was stopped): the restart runs with the network back."""
     if lab is None or "down" not in net or "up" in net:
         return

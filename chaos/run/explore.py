@@ -311,7 +311,7 @@ def run_chain(job: JobSpec, run: Run, point: Point | None, seed: int = 0, netlab
 def _chain_in_lab(size: int, job: JobSpec, run: Run, point: Point | None, seed: int) -> PointRecord:
     """:func:`_chain` with every attempt in a NetworkLab of ``size`` namespaces (a rank's or a node's
     each), torn down after; FaultError where the lab cannot be made."""
-    with netcut.lab_for(size) as lab:
+    with netcut.lab_for(size, docker=job.launcher == "docker") as lab:
         run.lab = lab
         try:
             return _chain(job, run, point, seed)
@@ -445,6 +445,7 @@ class Reference:
     native_trace: bool = False  # faults/chaosio.c was preloaded: native writes and child processes traced
     # preload.choose's answer: zygote_only modules with their variables, and why spares preload nothing then
     preload_choice: Choice = field(default_factory=Choice)
+    net_engine: bool = False  # --launcher docker: a lab is a network of the engine, not namespaces (containernet)
 
     def lookup(self, job: JobSpec, point: Point) -> Point:
         """A replayed point with what the fault-free run did there (any kind, asked for or not).
@@ -472,7 +473,10 @@ class Reference:
                 "native_trace": self.native_trace,
                 "file_events": {str(r): n for r, n in sorted(self.events.items())},
                 "peak_out_bytes": self.facts.peak or None,
-                "network": "each rank in its own network namespace (a NetworkLab per run) for the network-cut "
+                "network": "each rank's container on a network of the engine (a ContainerNetwork per run) for the "
+                           "network-cut points and the second fault-free run; the host's for the others"
+                if self.netlab and self.net_engine
+                else "each rank in its own network namespace (a NetworkLab per run) for the network-cut "
                            "points and the second fault-free run; the host's for the others" if self.netlab
                 else "each node's torchrun agent in its own network namespace (a NetworkLab per run)"
                 if self.nodes else "the host's"}
@@ -591,7 +595,7 @@ def reference(job: JobSpec, root: str, jobs: int, seed: int = 0, netlab: bool | 
                      "stand for every run; every point runs to the point")
     return Reference(golden, points, notes, time.monotonic() - started, untraced, events, kinds, bool(netlab),
                      traces, facts, job.nodes, changes, pre.modules, same,
-                     job.native_trace and native is None, pre), runs[0]
+                     job.native_trace and native is None, pre, job.launcher == "docker"), runs[0]
 
 
 def _size(n: Any) -> str:
