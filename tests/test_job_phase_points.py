@@ -67,7 +67,7 @@ def test_a_phase_kill_reads_in_both_spellings_and_keeps_its_phase(text: str) -> 
 
 @pytest.mark.parametrize(("text", "says"), [("rank1:step23:term,phase=vote", "takes no KEY=VALUE settings"),
                                             ("kill:rank=1,step=3,phase=2x", "is no phase name"),
-                                            ("kill:rank=1,step=3,lost=true", "a kill may add phase=NAME")])
+                                            ("kill:rank=1,step=3,lost=true", "a kill, stop or netdrop may add phase=NAME")])
 def test_other_settings_and_bad_phase_names_are_refused(text: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         parse_point(text)

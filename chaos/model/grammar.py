@@ -64,9 +64,10 @@ def _read_point(text: str) -> Point:
 
 
 def _read_one(text: str) -> Point:
-    """One point: a kill at a named phase (``rank1:step23:kill,phase=vote``), else any place (:func:`_read_place`)."""
-    if (m := _PHASE_KILL.fullmatch(text.strip())) is not None:
-        return Point(int(m.group(1)), "kill", step=int(m.group(2)), phase=m.group(3))
+    """One point: a kill, hang or cut at a named phase (``rank1:step23:kill,phase=vote``), else any place
+    (:func:`_read_place`)."""
+    if (m := _PHASE_POINT.fullmatch(text.strip())) is not None:
+        return Point(int(m.group(1)), m.group(3), step=int(m.group(2)), phase=m.group(4))
     return _read_place(text)
 
 
@@ -202,9 +203,11 @@ _REST = ("truncate", "bitflip", "zero", "delete", "stale", "swap", "payload")
 _PLACE = re.compile(r"(rank\d+|node\d+|disk|ckpt|all):")
 _KEYVALUE = re.compile(r"[a-z]+(:|$)")  # KIND:key=value (a built-in fault's older spelling), or KIND alone
 _JOB_KINDS = {"kill": "kill", "term": "term", "netdrop": "net", "stop": "stop"}  # what a job takes in the older spelling
-# the one setting a job's point takes: a step kill at a named phase of the save (chaos.phases)
+# the one setting a job's point takes: a step kill, hang or network cut at a named phase of the save
+# (chaos.phases), where the checkpointer announces it
 _PHASE_NAME = re.compile(r"[A-Za-z_][\w.-]*")
-_PHASE_KILL = re.compile(rf"rank(\d+):step(\d+):kill,phase=({_PHASE_NAME.pattern})")
+PHASE_MODES = ("kill", "stop", "net")
+_PHASE_POINT = re.compile(rf"rank(\d+):step(\d+):({'|'.join(PHASE_MODES)}),phase=({_PHASE_NAME.pattern})")
 _POINT_FORMS = ("rankR:opN:MODE, rankR:stepN:kill|term|net|stop (or kill:rank=R,step=N, term:rank=R,step=N, "
                 "netdrop:rank=R,step=N, stop:rank=R,step=N), disk:full:BYTES or nodeN:stepS:MODE")
 
@@ -262,7 +265,7 @@ def parse_point(text: str) -> Point:
     stripped = text.strip()
     if _PLACE.match(stripped) or not _KEYVALUE.match(stripped):
         one = _THEN.sub("", stripped)  # (a second fault takes no setting either)
-        if "," in one.partition("@")[0] and _PLACE.match(one) and not _PHASE_KILL.fullmatch(one):
+        if "," in one.partition("@")[0] and _PLACE.match(one) and not _PHASE_POINT.fullmatch(one):
             raise ConfigError(f"--point {text!r}: a job's point takes no KEY=VALUE settings (a SIGTERM's grace is "
                               "--grace, a cut's length --net-hold); settings are for a built-in fault (--fault)")
         return _read_point(text)
@@ -273,11 +276,11 @@ def parse_point(text: str) -> Point:
     if kind not in _JOB_KINDS:
         raise ConfigError(f"malformed --point {text!r}: expected {_POINT_FORMS}")
     fault = _read_fault(stripped)
-    phase = fault.param("phase") if kind == "kill" else None
+    phase = fault.param("phase") if _JOB_KINDS[kind] in PHASE_MODES else None
     if {k for k, _v in fault.params} - ({"phase"} if phase else set()) or fault.attempt or fault.rank is None or fault.step is None:
         raise ConfigError(f"--point {text!r}: a job's {kind} is {kind}:rank=R,step=N with nothing else "
-                          "(rankR:stepN:" + _JOB_KINDS[kind] + "; a kill may add phase=NAME); other settings are "
-                          "the built-in workload's")
+                          "(rankR:stepN:" + _JOB_KINDS[kind] + "; a kill, stop or netdrop may add phase=NAME); other "
+                          "settings are the built-in workload's")
     if phase is not None and not _PHASE_NAME.fullmatch(str(phase)):
         raise ConfigError(f"--point {text!r}: phase={phase!r} is no phase name (letters, digits, _ . -)")
     return Point(fault.rank, _JOB_KINDS[kind], step=fault.step, phase=None if phase is None else str(phase))

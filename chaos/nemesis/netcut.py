@@ -139,7 +139,8 @@ def command_exists(cmd: str, cwd: str, path: str | None) -> bool:
 def where(net: dict[str, Any]) -> str:
     """Where the cut landed: ``at its step 6`` or ``at its event 17 (write of ckpt.pt.tmp)``."""
     if net.get("step") is not None:
-        return f"at its step {net['step']}"
+        phase = f", in the {net['phase']} phase of its save" if net.get("phase") else ""
+        return f"at its step {net['step']}{phase}"
     what = f" ({net['op']} of {net['path']})" if net.get("op") and net.get("path") else ""
     return f"at its event {net.get('ord')}{what}"
 
@@ -160,6 +161,7 @@ def cut(lab: NetworkLab | ContainerNetwork | None, req: dict[str, Any], hold_s: 
     net: dict[str, Any] = {"rank": req.get("rank"), "step": req.get("step_n"), "ord": req.get("ord"),
                            "op": None if req.get("op") == "step" else req.get("op"),
                            "path": _short(req.get("path"), out), "hold_s": hold_s, "side": "host",
+                           **({"phase": req["phase"]} if req.get("phase") else {}),
                            "requested_ts": req.get("ts")}
     if lab is None:
         net["error"] = "the copies were not started in network namespaces"
@@ -246,7 +248,7 @@ def describe(net: dict[str, Any]) -> str:
     head = f"rank {net.get('rank')}'s link"
     if net.get("error"):
         return f"{head} was not cut {where(net)}: {net['error']}"
-    head += f" down {where(net)} for a hold of {net.get('hold_s', 0):g} s"
+    head += f" down {where(net)}{',' if net.get('phase') else ''} for a hold of {net.get('hold_s', 0):g} s"
     copies = net.get("copies")
     if not copies:
         return head

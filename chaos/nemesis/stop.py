@@ -57,7 +57,7 @@ FROZEN_STATES = frozenset("TtZX")  # /proc state letters of a process that canno
 
 def begin(req: dict[str, Any], job: JobSpec) -> dict[str, Any]:
     """The attempt's record of the stop, from the rank's request: where, which process, the silence limit."""
-    where = {k: req.get(k) for k in ("op", "ord", "path", "step_n") if req.get(k) is not None}
+    where = {k: req.get(k) for k in ("op", "ord", "path", "step_n", "phase") if req.get(k) is not None}
     limit = job.hang_timeout_s if job.hang_timeout_s is not None else DEFAULT_STOP_SILENCE_S
     return {"signal": "SIGSTOP", "rank": req.get("rank"), "pid": req.get("pid"), **where, "silence_s": limit}
 
@@ -104,7 +104,8 @@ def finish(stop: dict[str, Any], ended: str, returncodes: list[int | None], stop
 def where(stop: dict[str, Any]) -> str:
     """Where the process stopped, as the verdict says it."""
     if stop.get("op") == "step" or stop.get("step_n") is not None and stop.get("ord") is None:
-        return f"at its step {stop.get('step_n')}"
+        phase = f", in the {stop['phase']} phase of its save" if stop.get("phase") else ""
+        return f"at its step {stop.get('step_n')}{phase}"
     on = f" of {os.path.basename(str(stop['path']))}" if stop.get("path") else ""
     return f"right after its event {stop.get('ord')} ({stop.get('op')}{on})"
 

@@ -89,8 +89,8 @@ def _rules(point: dict[str, Any] | None) -> list[IORule]:
     """The interposer rules a point needs; ``_match`` decides when they fire. A kill at a named phase
     of a step's save is the interposer's own phase rule (the checkpointer announces it, chaos.phases)."""
     mode = point.get("mode") if point else None
-    if point is not None and point.get("phase"):
-        return [IORule("kill", phase=point["phase"], step=point.get("step"))]
+    if point is not None and point.get("phase"):  # (a hang or a cut at a phase: JobInterposer._on_phase)
+        return [IORule("kill", phase=point["phase"], step=point.get("step"))] if mode == "kill" else []
     if mode == "torn":
         return [IORule("short_write", op="write", keep=None, then="kill", times=None)]
     if mode == "enospc":
@@ -379,6 +379,14 @@ class JobInterposer(Interposer):
     def _on_phase(self, name: str, info: dict[str, Any]) -> None:
         super()._on_phase(name, info)
         p = self.point
+        if (p is not None and p.get("phase") == name and p.get("mode") in ("stop", "net") and not self._busy()
+                and info.get("step") == p.get("step")):  # a hang or a cut where the checkpointer says it is
+            where = {"op": "step", "step_n": p["step"], "phase": name, "source": "phase"}
+            if p["mode"] == "stop":
+                self._stop(where)
+            else:
+                self._net(where)
+            return
         if p is None or name != "chaos.probe" or info.get("kind") not in S.STEP_KINDS:
             return
         if self._errored:  # still running after the injected error: crash it at its next step
