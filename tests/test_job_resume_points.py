@@ -227,7 +227,11 @@ def test_the_careful_job_survives_a_kill_inside_its_resume(tmp_path: Path, ranks
                         result="final-rank*.json" if ranks else "final.json")
     assert rc == 0, out
     seconds = [s for s in doc["scenarios"] if "+" in s["id"]]
-    assert len(seconds) == 3 and all(s["verdict"] == "pass" for s in seconds), [s["summary"] for s in seconds]
+    # the kills pass; the power cut passes, or did nothing where nothing was pending at its event (which event
+    # it is follows the ranks' race, on two ranks): skipped as no_effect, never passed
+    assert len(seconds) == 3 and all(s["verdict"] == "pass" or s["id"].endswith(":power") and
+                                     (s["verdict"], s["outcome"]) == ("skipped", "no_effect") for s in seconds), \
+        [s["summary"] for s in seconds]
     # the second fault fired in the restart (every second one a power cut: a halt, then the cut), and a third
     # attempt finished the job
     assert sorted(s["id"].rsplit(":", 1)[1] == "power" for s in seconds) == [False, False, True]
