@@ -36,6 +36,14 @@ LABEL_NETWORK = "chaos.job.network"  # a run chain's network: its suffix
 _made: set[str] = set()  # networks this process made and has not removed (sweep)
 
 
+def _api() -> Any:
+    """The engine's low-level client; FaultError where it no longer answers (it went away under the run)."""
+    try:
+        return containers.engine_client().api
+    except ConfigError as exc:
+        raise FaultError(str(exc)) from None
+
+
 def alias(rank: int) -> str:
     """A rank's name on the network: every attempt's copy of that rank answers to it."""
     return f"rank{rank}"
@@ -50,19 +58,12 @@ class ContainerNetwork:
         self.bridge = f"chaos-jobnet-{self.suffix}"  # the network's name (a NetworkLab's bridge)
         self.mark: str | None = None  # the attempt whose containers are on it (job.run_attempt)
 
-    @staticmethod
-    def _api() -> Any:
-        try:
-            return containers.engine_client().api
-        except ConfigError as exc:  # the engine went away under the run
-            raise FaultError(str(exc)) from None
-
     def setup(self) -> None:
         """Make the network; FaultError if the engine refuses."""
         import docker
 
         try:
-            self._api().create_network(self.bridge, driver="bridge", internal=True,
+            _api().create_network(self.bridge, driver="bridge", internal=True,
                                        labels={engine.LABEL: "job", LABEL_NETWORK: self.suffix})
         except docker.errors.DockerException as exc:
             raise FaultError(f"the engine could not make network {self.bridge}: {exc}") from None
@@ -70,7 +71,7 @@ class ContainerNetwork:
 
     def teardown(self) -> None:
         """Remove the network (its containers are gone with their attempts; any left is disconnected)."""
-        _remove(self._api(), self.bridge)
+        _remove(_api(), self.bridge)
 
     def ns_name(self, rank: int) -> str:
         return alias(rank)
@@ -98,7 +99,7 @@ class ContainerNetwork:
         name = self._container(rank)
         ts = time.monotonic()
         try:
-            self._api().disconnect_container_from_network(name, self.bridge, force=True)
+            _api().disconnect_container_from_network(name, self.bridge, force=True)
         except docker.errors.DockerException as exc:
             raise FaultError(f"container {name} could not be disconnected from {self.bridge}: {exc}") from None
         return {"ts": ts, "container": name, "network": self.bridge, "call": "network disconnect --force"}
@@ -109,7 +110,7 @@ class ContainerNetwork:
 
         name = self._container(rank)
         try:
-            self._api().connect_container_to_network(name, self.bridge, aliases=[alias(rank)])
+            _api().connect_container_to_network(name, self.bridge, aliases=[alias(rank)])
         except docker.errors.NotFound:
             return {"ts": time.monotonic(), "container": name, "gone": True}
         except docker.errors.DockerException as exc:
@@ -144,8 +145,8 @@ def sweep() -> list[str]:
     import docker
 
     try:
-        api = containers.engine_client().api
-    except Exception:  # noqa: BLE001 - no engine now: nothing of ours can be on it
+        api = _api()
+    except Exception:  # noqa: BLE001 - no engine now, or none answering: nothing of ours can be on it
         return []
     removed = []
     for name in sorted(_made):

@@ -512,11 +512,11 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                     outcome.stop = stop.begin(req[0], job)
                     stop_quiet = silence.Silence(outcome.stop["silence_s"], trace_dir, outcome.logs, time.monotonic())
             failed = any(c not in (None, 0) for c in codes)
-            if outcome.stop is not None and stop_quiet is not None and not failed:
+            if stop_quiet is not None and not failed:  # (set with outcome.stop, once its rank stopped)
                 now = time.monotonic()
                 if now >= next_frozen:
                     next_frozen = now + FROZEN_POLL_S
-                    if stop.frozen(outcome.stop.get("pid"), [p.pid for p in procs], mark):
+                    if stop.frozen(outcome.stop.get("pid"), [p.pid for p in procs], mark):  # type: ignore[union-attr]
                         stop_ended = "frozen"
                         break  # nothing of the attempt can run: every copy is killed below
                 if stop_quiet.hung(now) is not None:

@@ -390,12 +390,8 @@ class JobInterposer(Interposer):
         if p is None or name != "chaos.probe" or info.get("kind") not in S.STEP_KINDS:
             return
         if self._errored:  # still running after the injected error: crash it at its next step
-            self._enter()
-            try:
-                self._emit({"event": "fired", "action": "kill", "op": "step", "when": "after_error",
-                            "step_n": info.get("n"), "source": info.get("kind")})
-            finally:
-                self._leave()
+            self._record({"event": "fired", "action": "kill", "op": "step", "when": "after_error",
+                          "step_n": info.get("n"), "source": info.get("kind")})
             self._die()
         if self._deferred is not None and info.get("n") == p.get("at_step"):
             self._enter()  # held until the copies are stopped: no thread writes past the halt
@@ -414,23 +410,32 @@ class JobInterposer(Interposer):
         if p.get("mode") == "stop":
             self._stop({"op": "step", "step_n": p["step"], "source": info.get("kind")})
             return
+        self._record({"event": "fired", "action": "kill", "op": "step", "when": "kill", "step_n": p["step"],
+                      "source": info.get("kind")})
+        self._die()
+
+    def _record(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Write one record to the trace under the interposer's lock (outside a traced event)."""
         self._enter()
         try:
-            self._emit({"event": "fired", "action": "kill", "op": "step", "when": "kill", "step_n": p["step"],
-                        "source": info.get("kind")})
+            return self._emit(rec)
         finally:
             self._leave()
-        self._die()
+
+    def _ask(self, fired: dict[str, Any], request: str, req: dict[str, Any]) -> None:
+        """Record that the point fired, then leave ``request`` for the launcher stamped with that record's
+        moment, both under the lock: the record is in the trace before the launcher can act on it."""
+        self._enter()
+        try:
+            rec = self._emit({"event": "fired", **fired})
+            self._request(request, {**req, "ts": rec["ts"]})
+        finally:
+            self._leave()
 
     def _term(self, step: int, source: Any) -> None:
         """Ask the launcher for SIGTERM and wait for it here, outside the lock (the job's handler runs)."""
-        self._enter()
-        try:
-            rec = self._emit({"event": "fired", "action": "term", "op": "step", "when": "term", "step_n": step,
-                              "source": source})
-            self._request(S.TERM_REQUEST, {"rank": self.rank, "step": step, "ts": rec["ts"]})
-        finally:
-            self._leave()
+        self._ask({"action": "term", "op": "step", "when": "term", "step_n": step, "source": source},
+                  S.TERM_REQUEST, {"rank": self.rank, "step": step})
         sent = os.path.join(self._requests, S.TERM_SENT)
         deadline = time.monotonic() + TERM_WAIT_S
         while time.monotonic() < deadline:
@@ -438,23 +443,14 @@ class JobInterposer(Interposer):
                 _let_sigterm_land()
                 return
             time.sleep(0.005)
-        self._enter()
-        try:
-            self._emit({"event": "note", "note": f"no SIGTERM came within {TERM_WAIT_S:g} s: the job carried on"})
-        finally:
-            self._leave()
+        self._record({"event": "note", "note": f"no SIGTERM came within {TERM_WAIT_S:g} s: the job carried on"})
 
     def _net(self, where: dict[str, Any]) -> None:
         """Ask the launcher to cut this rank's link and wait for the cut; then the job goes on."""
         if self._net_fired:
             return
         self._net_fired = True
-        self._enter()
-        try:
-            rec = self._emit({"event": "fired", "action": "net", "when": "net", **where})
-            self._request(S.NET_REQUEST, {"rank": self.rank, **where, "ts": rec["ts"]})
-        finally:
-            self._leave()
+        self._ask({"action": "net", "when": "net", **where}, S.NET_REQUEST, {"rank": self.rank, **where})
         answer = os.path.join(self._requests, S.NET_DOWN)
         deadline = time.monotonic() + NET_WAIT_S
         note = f"no network cut came within {NET_WAIT_S:g} s: the job carried on"
@@ -463,12 +459,7 @@ class JobInterposer(Interposer):
                 note = "the launcher answered the network cut request"
                 break
             time.sleep(0.005)
-        self._enter()
-        try:
-            self._emit({"event": "note", "note": note})
-        finally:
-            self._leave()
-
+        self._record({"event": "note", "note": note})
 
     def _stop(self, where: dict[str, Any]) -> None:
         """Record the stop, tell the launcher, then SIGSTOP this whole process (every thread) right here.
@@ -480,12 +471,8 @@ class JobInterposer(Interposer):
         self._stop_fired = True
         import signal
 
-        self._enter()
-        try:
-            rec = self._emit({"event": "fired", "action": "stop", "when": "stop", **where})
-            self._request(S.STOP_REQUEST, {"rank": self.rank, "pid": os.getpid(), **where, "ts": rec["ts"]})
-        finally:
-            self._leave()
+        self._ask({"action": "stop", "when": "stop", **where}, S.STOP_REQUEST,
+                  {"rank": self.rank, "pid": os.getpid(), **where})
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def _sched(self, where: dict[str, Any]) -> None:
@@ -493,20 +480,11 @@ class JobInterposer(Interposer):
         if self._sched_fired:
             return
         self._sched_fired = True
-        self._enter()
-        try:
-            rec = self._emit({"event": "fired", "action": "sched", "when": self.point["mode"], **where})  # type: ignore[index]
-            req = {"rank": self.rank, "ts": rec["ts"], "step": where.get("step_n"), "ord": where.get("ord"),
-                   "op": None if where.get("op") == "step" else where.get("op"), "path": where.get("path")}
-            self._request(S.SCHED_REQUEST, req)
-        finally:
-            self._leave()
+        self._ask({"action": "sched", "when": self.point["mode"], **where}, S.SCHED_REQUEST,  # type: ignore[index]
+                  {"rank": self.rank, "step": where.get("step_n"), "ord": where.get("ord"),
+                   "op": None if where.get("op") == "step" else where.get("op"), "path": where.get("path")})
         note = _await_sigterm(os.path.join(self._requests, S.SCHED_DONE), SCHED_WAIT_S)
-        self._enter()
-        try:
-            self._emit({"event": "note", "note": note})
-        finally:
-            self._leave()
+        self._record({"event": "note", "note": note})
 
 
 def _await_sigterm(answer: str, timeout_s: float) -> str:
