@@ -37,6 +37,16 @@ def _state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
+def state_and_session(pid: int | str) -> tuple[str, int] | None:
+    """``pid``'s state letter and session id (field 6 of /proc/PID/stat), None if gone. Read by
+    ``chaos.nemesis.stop.frozen``: whether anything of a job's attempt can still run."""
+    fields = _stat_fields(pid)
+    try:
+        return (fields[0], int(fields[3])) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
 def start_ticks(pid: int | str) -> int | None:
     """``pid``'s start time in clock ticks after boot (field 22 of /proc/PID/stat), None if gone.
 

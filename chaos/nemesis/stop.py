@@ -50,7 +50,7 @@ from chaos.model.jobspec import JobSpec, Point
 from chaos.nemesis.atrest import Applied
 from chaos.nemesis.family import Family
 from chaos.nemesis.sites import Facts, Traces, mid_save_points
-from faults.process import marked_with
+from faults.process import marked_with, state_and_session
 
 FROZEN_STATES = frozenset("TtZX")  # /proc state letters of a process that cannot go on by itself
 
@@ -62,33 +62,19 @@ def begin(req: dict[str, Any], job: JobSpec) -> dict[str, Any]:
     return {"signal": "SIGSTOP", "rank": req.get("rank"), "pid": req.get("pid"), **where, "silence_s": limit}
 
 
-def _stat(pid: int | str) -> tuple[str, int] | None:
-    """The one-letter state and the session id of ``pid`` (/proc/PID/stat), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2:].split()  # the command name may hold spaces and parentheses
-    try:
-        return fields[0].decode(), int(fields[3])
-    except (IndexError, ValueError, UnicodeDecodeError):
-        return None
-
-
 def frozen(pid: Any, sessions: list[int], mark: str) -> bool:
     """Whether nothing of the attempt can run any more: the stopped process ``pid`` is stopped, and so is
     (or gone) every other process of the attempt: those in the copies' sessions (``sessions``: each copy
     leads its own) and those marked ``mark``. A copy's ``docker run`` client or a torchrun agent sleeps,
     waiting for what it started: such an attempt is ended by the silence instead."""
-    if not isinstance(pid, int) or (_stat(pid) or ("X", 0))[0] not in ("T", "t"):
+    if not isinstance(pid, int) or (state_and_session(pid) or ("X", 0))[0] not in ("T", "t"):
         return False
     own = set(sessions)
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (st := _stat(entry.name)) is not None and st[1] in own:
+        if entry.name.isdigit() and (st := state_and_session(entry.name)) is not None and st[1] in own:
             if st[0] not in FROZEN_STATES:
                 return False
-    return all((_stat(p) or ("X", 0))[0] in FROZEN_STATES for p in marked_with(ENV_MARK, mark))
+    return all((state_and_session(p) or ("X", 0))[0] in FROZEN_STATES for p in marked_with(ENV_MARK, mark))
 
 
 def finish(stop: dict[str, Any], ended: str, returncodes: list[int | None], stopped: list[int],

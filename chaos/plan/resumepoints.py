@@ -95,8 +95,8 @@ def choose(done: list[Resumed], n: int, seed: int, power: bool = False) -> list[
     """Up to ``n`` points with a second fault: passing points whose resume ran, those that resumed
     from a checkpoint first, one of each family before a second of any, each with a seeded kill at
     one event of its resume's first save; with ``power`` (the job can take a power cut in its
-    resume), every second one a power cut right after that event instead. The draws are the same
-    either way: only the mode of every second point changes."""
+    resume), every second one a power cut instead, at an event drawn with a generator of its own on
+    the longer window of a cut: the points chosen and the kills' draws are the same either way."""
     rng = random.Random(f"resume-points:{seed}")
     windows = {id(d): {r: w for r, recs in d.events.items() if (w := _window(recs))} for d in done}
     able = [d for d in done if d.passed and d.resumed and d.point.then is None and d.point.family in THEN_FAMILIES
