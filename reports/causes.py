@@ -56,7 +56,9 @@ OUTCOME_ORDER = ("code_execution", "hard_failure", "silent_divergence", "lost_wo
 FAMILY = {"crash": "kill", "kill": "kill", "corrupt": "corrupt", "powerloss": "power", "ioerror": "errno",
           "term": "term", "diskfull": "diskfull", "netcut": "net", "node_loss": "node", "stale": "stale",
           "swap": "swap", "payload": "payload", "reorder": "reorder", "sched": "sched",
-          "rendezvous_host_loss": "node", "node_link_cut": "node", "stop": "stop"}
+          "rendezvous_host_loss": "node", "node_link_cut": "node", "stop": "stop",
+          # a built-in I/O fault run as a job's point (Point.io): its own kind
+          "shortwrite": "kill", "eio": "errno", "enospc": "errno", "fsyncfail": "errno", "slowio": "errno"}
 # Which family's point best shows a cause: a plain kill replays with nothing else going on.
 REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "reorder", "corrupt", "stale", "swap", "payload",
                         "net", "node", "sched", "stop")
@@ -513,7 +515,8 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
                                       "reorder": "reorder_accepted"}.get(family)}.get(outcome)
         return (family, kind, key, "", landed) if kind else unknown(landed)
     if family in ("errno", "diskfull"):
-        code = when.upper() if when in ("enospc", "eio") else (when or "errno")
+        code = when.upper() if when in ("enospc", "eio") else {"fsyncfail": "EIO of an fsync", "slowio": "delay"}.get(
+            when, when or "errno")
         landed = (f"full disk at {event} of {key}" if family == "diskfull" else f"{code} at {event} of {key}") \
             if event else f"{code}"
         if outcome == "hard_failure" and path:
@@ -531,7 +534,8 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
         if outcome == "hard_failure":
             return torn_file(landed)
     elif family == "kill" and event and event not in ("step", "phase"):  # a kill at a file event
-        word = {"before": "kill before", "after": "kill after", "torn": "torn"}.get(when, f"kill ({when})")
+        word = {"before": "kill before", "after": "kill after", "torn": "torn", "crash": "kill before",
+                "shortwrite": "torn"}.get(when, f"kill ({when})")
         landed = f"{word} {event} of {key}"
         if outcome == "hard_failure":
             return torn_file(landed)

@@ -15,7 +15,6 @@ real stopped processes. Then real jobs through the CLI:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from jobcli import run_json
 
 from chaos.errors import ConfigError
 from chaos.model.contract import DEFAULT_STOP_SILENCE_S
@@ -88,15 +88,6 @@ EAGER = """
     with open(os.path.join(out, f"final-{rank}.json"), "w") as f:
         json.dump(w, f)
 """
-
-
-def _chaos(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-    results = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(tmp_path), "--json",
-                           str(results), "--timeout", "120", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
-    assert results.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, json.loads(results.read_text())
 
 
 def test_a_stop_point_reads_in_both_spellings_and_is_its_own_family() -> None:
@@ -195,7 +186,7 @@ def test_a_hung_rank_lets_its_peer_commit_a_torn_shard_where_a_kill_is_caught(tm
     script = tmp_path / "eager.py"
     script.write_text(textwrap.dedent(EAGER))
     at = "@write:ckpt-6-shard1.json:1"  # rank 1's first write of its shard of step 6
-    proc, doc = _chaos(tmp_path, "--ranks", "2", "--hang-timeout", "2", "--result-file", "final-*.json",
+    proc, doc = run_json(tmp_path, "--ranks", "2", "--hang-timeout", "2", "--result-file", "final-*.json",
                        "--point", f"rank1:op0:stop{at}", "--point", f"rank1:op0:after{at}", "--",
                        sys.executable, str(script), "{out}")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -217,7 +208,7 @@ def test_a_hang_at_a_phase_the_job_announces_lands_there_and_an_unknown_phase_is
     script = tmp_path / "eager.py"
     script.write_text(textwrap.dedent(EAGER))
     common = ("--ranks", "2", "--hang-timeout", "2", "--result-file", "final-*.json")
-    proc, doc = _chaos(tmp_path, *common, "--point", "rank1:step6:stop,phase=shard_half", "--", sys.executable,
+    proc, doc = run_json(tmp_path, *common, "--point", "rank1:step6:stop,phase=shard_half", "--", sys.executable,
                        str(script), "{out}")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     [point] = doc["scenarios"]
@@ -234,7 +225,7 @@ def test_a_hang_at_a_phase_the_job_announces_lands_there_and_an_unknown_phase_is
 
 
 def test_one_hung_process_ends_its_attempt_at_once_and_the_job_resumes(tmp_path: Path) -> None:
-    proc, doc = _chaos(tmp_path, "--result-file", "final.json", "--point", "rank0:step5:stop", "--",
+    proc, doc = run_json(tmp_path, "--result-file", "final.json", "--point", "rank0:step5:stop", "--",
                        sys.executable, str(CAREFUL), "--out", "{out}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [point] = doc["scenarios"]
@@ -249,7 +240,7 @@ def test_one_hung_process_ends_its_attempt_at_once_and_the_job_resumes(tmp_path:
 def test_the_built_in_hung_rank_runs_as_a_job_and_its_peer_refuses_to_acknowledge(tmp_path: Path) -> None:
     # the built-in spelling through the job pipeline (chaos run --as-job): rank 1 frozen at step 10, rank 0's
     # save times out in its collective, and the reference checkpointer acknowledges nothing of step 10
-    proc, doc = _chaos(tmp_path, "--as-job", "--fault", "stop:rank=1,step=10", "--workload",
+    proc, doc = run_json(tmp_path, "--as-job", "--fault", "stop:rank=1,step=10", "--workload",
                        "collective_timeout_s=4")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [point] = doc["scenarios"]
@@ -264,7 +255,7 @@ def test_the_built_in_hung_rank_runs_as_a_job_and_its_peer_refuses_to_acknowledg
 @pytest.mark.slow  # two torch ranks, two points: 50 s
 def test_the_built_in_faults_at_a_phase_of_the_reference_s_save_run_as_a_job(tmp_path: Path) -> None:
     # the built-in docs' spellings through --as-job: a hang in write_shards, a network cut in the vote
-    proc, doc = _chaos(tmp_path, "--as-job", "--fault", "rank1:step10:stop,phase=write_shards", "--fault",
+    proc, doc = run_json(tmp_path, "--as-job", "--fault", "rank1:step10:stop,phase=write_shards", "--fault",
                        "rank1:step15:net,phase=vote", "--workload", "collective_timeout_s=4")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     by_id = {s["id"]: s for s in doc["scenarios"]}

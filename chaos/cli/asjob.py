@@ -15,7 +15,9 @@ Called by ``chaos.cli.main.main`` when ``run``'s arguments hold ``--as-job``; th
 and pass through. ``--hang-timeout`` keeps its built-in meaning (no progress for S seconds is a
 hang, 60 by default) through the job mode's own (``chaos.launch.silence``), and ``--driver docker``
 runs every rank as a container (``--launcher docker``, ``chaos.launch.containers``; with ``--image``
-its own Python, ``python3``, runs the workload there). Returns the job
+its own Python, ``python3``, runs the workload there). Each ``--fault`` becomes a ``--point`` as
+written: a kill, SIGTERM, hang or cut at a step or phase, or an I/O fault whose interposer rule
+the job's tracer fires (``chaos.model.grammar.parse_point``). Returns the job
 mode's argument list (``chaos.cli.job.main``). A built-in
 option the job pipeline cannot honour is refused in one line, never ignored.
 """

@@ -663,6 +663,9 @@ def _fault(rec: PointRecord, fired: list[dict[str, Any]]) -> tuple[str | None, d
         return rec.applied.what, rec.applied.to_dict()
     if p.mode == "term" and rec.attempts and rec.attempts[0].term is not None:
         return rec.attempts[0].describe, {"what": rec.attempts[0].describe, **rec.attempts[0].term}
+    if p.io is not None and fired:
+        what = _io_line(p, fired, rec.out)
+        return what, {"what": what, "fired": fired}
     if p.family == "errno" and fired:
         f = fired[0]
         code = {"enospc": errno.ENOSPC, "eio": errno.EIO, "fsync_fail": errno.EIO}.get(f.get("action"), errno.EIO)
@@ -677,6 +680,28 @@ def _fault(rec: PointRecord, fired: list[dict[str, Any]]) -> tuple[str | None, d
             what += f"; the job carried on and was killed at its next step ({after.get('step_n')})"
         return what, {"what": what, "fired": fired}
     return None, None
+
+
+def _io_line(p: Point, fired: list[dict[str, Any]], out: str) -> str:
+    """What a built-in I/O fault's rule did in the job (``Point.io``), in the words of the errno points'."""
+    f = fired[0]
+    spec = f.get("spec") if isinstance(f.get("spec"), dict) else {}
+    at = f"{f.get('op')} of {_short(f.get('path'), out)} (event {f.get('ord')})"
+    action = f.get("action")
+    if action == "kill":
+        did = (f"rank {p.rank} killed in its {at}, having written {f.get('written')} of its {f.get('length')} bytes"
+               if spec.get("byte") is not None else f"rank {p.rank} killed before its {at}")
+    elif action == "short_write":
+        did = f"rank {p.rank}'s {at} stored {f.get('written')} of its {f.get('length')} bytes, then the rank was killed"
+    elif action == "delay":
+        did = f"rank {p.rank}'s {at} was delayed {spec.get('delay_s')} s"
+    else:
+        did = f"rank {p.rank}'s {at} raised {'ENOSPC' if action == 'enospc' else 'EIO'}" + (
+            " (a failed fsync)" if action == "fsync_fail" else "")
+    after = next((x for x in fired[1:] if x.get("when") == "after_error"), None)
+    if after is not None:
+        did += f"; the job carried on and was killed at its next step ({after.get('step_n')})"
+    return did
 
 
 def _kill_line(p: Point, fired: list[dict[str, Any]]) -> str:
@@ -743,6 +768,8 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
                else "no trace from the killed attempt: the tracer was not installed (see the job's output)")
         if traced and p.step is not None:
             why = f"the point was not reached: rank {p.rank} announced no step {p.step} in the armed attempt"
+        if traced and p.io is not None:
+            why = f"the point was not reached: no file event of rank {p.rank} matched {p.io}"
         live = _liveness(job, rec)
         return PointVerdict("skipped" if traced else "error", "not_reached" if traced else "error", why,
                             {"liveness": live})

@@ -67,6 +67,9 @@ FAULT_KINDS: dict[str, FaultKind] = {
     "powerloss": FaultKind("powerloss", frozenset({"seed", "max_states"}), False, True,
                            "explore every crash state of the save at step N"),
 }
+# an ``io`` fault's kind -> the interposer's rule action (``Fault.io_rule``)
+IO_ACTIONS = {"crash": "kill", "eio": "eio", "enospc": "enospc", "fsyncfail": "fsync_fail",
+              "shortwrite": "short_write", "slowio": "delay"}
 PROCESS_SIGNALS = {"kill": "SIGKILL", "term": "SIGTERM", "stop": "SIGSTOP"}
 COMMON_KEYS = frozenset({"rank", "step", "attempt"})
 
@@ -87,6 +90,27 @@ class Fault:
     @property
     def family(self) -> str:
         return FAULT_KINDS[self.kind].family
+
+    def io_rule(self) -> dict[str, Any]:
+        """The interposer's rule (``faults.interposer.IORule`` as a dict) that carries out this ``io`` fault.
+
+        One translation for both targets: the built-in workload's environment hands it to its
+        ranks (``chaos.nemesis.environment.Environment.io_rules``), and a job's point made from
+        the same fault (``chaos.model.grammar.parse_point``: ``--as-job --fault
+        rank0:step4:crash,op=write,nth=1``) hands it to the job's tracer, which fires it
+        exactly as the built-in rank does. Its ``step`` restricts the rule to file events after
+        the most recent announcement of that step (a ``chaos.phases`` phase with ``step=S``; in a
+        job also ``chaos.probe.step(S)``). An impossible rule (a byte of an fsync) is a ConfigError.
+        """
+        from faults.interposer import IORule
+
+        if self.family != "io":
+            raise ValueError(f"{self.spec()} is no I/O fault")
+        action = IO_ACTIONS[self.kind]
+        return IORule(action, op=self.param("op"), nth=int(self.param("nth", 1)), path_glob=self.param("path"),
+                      byte=self.param("byte"), phase=self.param("phase"), step=self.step,
+                      delay_s=float(self.param("delay", 0.0)), keep=self.param("keep"),
+                      times=self.param("times", 1)).to_dict()
 
     def spec(self) -> str:
         """The fault in the one grammar (``chaos.model.grammar``): ``rank1:step11:kill,phase=vote``,

@@ -259,10 +259,43 @@ def _as_keyvalue(place: str, text: str) -> str:
     return f"{kind}:{','.join(k for k in (*keys, settings) if k)}"
 
 
+def _io_point(text: str) -> Point | None:
+    """A built-in workload's I/O fault as a job's point (``rank0:step4:crash,op=write,nth=1``,
+    ``eio:rank=0,op=fsync``): the job's tracer fires the very rule the built-in rank would
+    (``Fault.io_rule``), and its resume may take a second fault as any kill's
+    (``...+rank0:op4:before``). None where ``text`` is no I/O fault."""
+    head = text.partition(",")[0].partition("+")[0]
+    parts = head.split(":")
+    if _PLACE.match(text) and len(parts) == 3 and not re.fullmatch(r"step\d+", parts[1]):
+        return None  # a place in the job's trace: rank0:op3:eio is the job's own errno point
+    what = parts[-1] if _PLACE.match(text) else parts[0]
+    if what not in _IO:
+        return None
+    then = _THEN.search(text)
+    fault = parse_fault(text[:then.start()] if then else text)
+    if fault.attempt:
+        raise ConfigError(f"--point {text!r}: a job's I/O fault fires in the first attempt; attempt= is the "
+                          "built-in workload's")
+    try:
+        rule = fault.io_rule()
+    except ConfigError as exc:
+        raise ConfigError(f"--point {text!r}: {exc}") from None
+    point = Point(fault.rank, fault.kind, io=fault.spec(), rule=tuple(sorted(rule.items())))
+    if then is None:
+        return point
+    if point.family not in THEN_FAMILIES:
+        raise ConfigError(f"--point {text!r}: a second fault (+rankR:opN:MODE) follows a point of "
+                          f"{', '.join(THEN_FAMILIES)}, not of {point.family}")
+    return dataclasses.replace(point, then=Point(int(then.group(1)), then.group(3), op=int(then.group(2)), attempt=1))
+
+
 def parse_point(text: str) -> Point:
-    """A job's point in the grammar (``rank0:op17:before``, ``rank0:step5:kill``, ...), or a step
-    kill, SIGTERM or network cut in the built-in fault's spelling (``kill:rank=0,step=5``)."""
+    """A job's point in the grammar (``rank0:op17:before``, ``rank0:step5:kill``, ...), a step
+    kill, SIGTERM or network cut in the built-in fault's spelling (``kill:rank=0,step=5``), or a
+    built-in I/O fault in either spelling (:func:`_io_point`)."""
     stripped = text.strip()
+    if (io := _io_point(stripped)) is not None:
+        return io
     if _PLACE.match(stripped) or not _KEYVALUE.match(stripped):
         one = _THEN.sub("", stripped)  # (a second fault takes no setting either)
         if "," in one.partition("@")[0] and _PLACE.match(one) and not _PHASE_POINT.fullmatch(one):

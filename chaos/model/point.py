@@ -39,6 +39,10 @@ class Point:
     - ``size`` with mode ``diskfull``: {out} is a tmpfs of that many bytes for attempt 0.
     - ``step`` or ``op`` with mode ``requeue``, ``preempt`` or ``node`` (``sched``, ``--launcher sbatch``):
       Slurm requeues the job there, preempts it, or sets its node down (``chaos.nemesis.sched``).
+    - ``io`` with ``rule``: a built-in workload's I/O fault (``rank0:step4:crash,nth=1,op=write``, its
+      spec and the point's id; mode its kind: crash, shortwrite, eio, enospc, fsyncfail, slowio),
+      fired by the job's tracer through the interposer's own ``rule`` (``Fault.io_rule``) at the
+      exact op it names, counted as the built-in rank counts it: ``chaos run --as-job --fault ...``.
 
     ``kind``, ``path`` (relative to {out}; for a corruption the file corrupted), ``seq``
     (trace sequence number) and ``nth`` (how many events of this kind on this path came
@@ -76,6 +80,9 @@ class Point:
     # a step kill at a named phase of that step's save, as the checkpointer announces it through
     # ``chaos.phases`` (``rank1:step23:kill,phase=vote``: the built-in fault's spelling, as --as-job passes it)
     phase: str | None = None
+    # a built-in I/O fault (see above): its spec, and the interposer's rule that carries it out, as sorted items
+    io: str | None = None
+    rule: tuple[tuple[str, Any], ...] | None = None
     attempt: int = 0  # the attempt it fires in: 0, or 1 for the second fault of a point (``then``)
     # a second fault, in the restart the first one caused: a kill at the resume's event ``then.op``
     # (``rank0:op17:after+rank0:op4:before``) or a power cut right after it (``...+rank0:op4:power``):
@@ -113,6 +120,8 @@ class Point:
         (``atrest.point_seed``), so a point struck again in its resume does the same first."""
         if self.node is not None:
             return f"node{self.node}:step{self.step}:{self.mode}"
+        if self.io is not None:
+            return self.io
         if self.mode == "diskfull":
             return f"disk:full:{self.size}"
         if self.step is not None:
@@ -133,6 +142,8 @@ class Point:
             return "term"
         if self.mode in ("net", "stop"):
             return self.mode
+        if self.io is not None:  # a built-in I/O fault: a death at an exact op is a kill, the rest the errno kind's
+            return "kill" if self.mode in ("crash", "shortwrite") else "errno"
         if self.mode in SCHED_MODES:
             return "sched"
         for family, modes in AT_REST_FAMILIES.items():
@@ -163,6 +174,8 @@ class Point:
             env["attempt"] = self.attempt
         if self.phase is not None:
             env["phase"] = self.phase
+        if self.rule is not None:
+            env["rule"] = dict(self.rule)
         return env
 
     def to_fault(self, **extra: Any) -> dict[str, Any]:
@@ -178,6 +191,8 @@ class Point:
         kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
                 "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut", "sched": "sched", "stop": "stop",
                 **{k: k for k in AT_REST_KINDS}}[fam]  # an at-rest family's kind is its name
+        if self.io is not None:
+            return _io_fault(self, extra)
         when = None if fam in ("power", "diskfull", "net", "stop", *AT_REST_KINDS) else self.mode
         params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
                                     ("path", self.path), ("seq", self.seq), ("nth", self.nth),
@@ -186,6 +201,20 @@ class Point:
         params.update({k: v for k, v in extra.items() if v is not None})
         return {"kind": kind, "rank": None if fam == "diskfull" else self.rank, "step": self.step,
                 "attempt": self.attempt, "params": params, "spec": self.own_id}
+
+
+_RULE_KEYS = {"op": "op", "nth": "nth", "path_glob": "path", "byte": "byte", "phase": "phase", "delay_s": "delay",
+              "keep": "keep", "times": "times"}  # an interposer rule's settings -> the built-in fault's keys
+
+
+def _io_fault(point: Point, extra: dict[str, Any]) -> dict[str, Any]:
+    """A built-in I/O fault's point as the built-in fault's own entry (kind crash, eio, ...; its settings)."""
+    rule = dict(point.rule or ())
+    params = {key: rule[k] for k, key in _RULE_KEYS.items()
+              if rule.get(k) is not None and not (k == "delay_s" and not rule[k])}
+    params.update({k: v for k, v in extra.items() if v is not None})
+    return {"kind": point.mode, "rank": point.rank, "step": rule.get("step"), "attempt": point.attempt,
+            "params": {"when": point.mode, **params}, "spec": point.own_id}
 
 
 def _node_fault(point: Point, extra: dict[str, Any]) -> dict[str, Any]:

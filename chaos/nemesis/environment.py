@@ -113,13 +113,7 @@ class Environment:
         if fault.family == "disk":
             save_step = math.ceil(fault.step / self.save_every) * self.save_every if self.save_every else None
             return [IORule("enospc", byte=int(fault.param("free", 0)), past=True, times=None, step=save_step).to_dict()]
-        action = {"crash": "kill", "eio": "eio", "enospc": "enospc", "fsyncfail": "fsync_fail",
-                  "shortwrite": "short_write", "slowio": "delay"}[fault.kind]
-        rule = IORule(action, op=fault.param("op"), nth=int(fault.param("nth", 1)), path_glob=fault.param("path"),
-                      byte=fault.param("byte"), phase=fault.param("phase"), step=fault.step,
-                      delay_s=float(fault.param("delay", 0.0)), keep=fault.param("keep"),
-                      times=fault.param("times", 1))
-        return [rule.to_dict()]
+        return [fault.io_rule()]
 
     # -- supervisor-side actions -----------------------------------------------------
     def fill_disk(self, fault: Fault) -> dict[str, Any]:

@@ -89,6 +89,8 @@ def _rules(point: dict[str, Any] | None) -> list[IORule]:
     """The interposer rules a point needs; ``_match`` decides when they fire. A kill at a named phase
     of a step's save is the interposer's own phase rule (the checkpointer announces it, chaos.phases)."""
     mode = point.get("mode") if point else None
+    if point is not None and point.get("rule"):  # a built-in I/O fault: the rule the built-in rank would fire
+        return [IORule.from_dict(point["rule"])]
     if point is not None and point.get("phase"):  # (a hang or a cut at a phase: JobInterposer._on_phase)
         return [IORule("kill", phase=point["phase"], step=point.get("step"))] if mode == "kill" else []
     if mode == "torn":
@@ -290,6 +292,8 @@ class JobInterposer(Interposer):
             self._write_imports()  # (at once where nothing new was imported since the last event)
         if self._anchor is not None:
             self._count(kind, paths)
+        if self.point is not None and self.point.get("rule"):  # the rule counts its matches itself
+            return super()._match(kind, paths, offset, length)
         if self._target("torn"):
             if kind == "write" and length and length > 1:
                 return [0]  # _do_write keeps the first half (keep=None), records it, fires, dies
@@ -343,6 +347,8 @@ class JobInterposer(Interposer):
     def _fire(self, i: int, kind: str, paths: tuple[str, ...], **point: Any) -> dict[str, Any]:
         point.setdefault("ord", self._cur)
         point.setdefault("when", self.point.get("mode") if self.point else "torn")
+        if self.rules[i].action in ("eio", "enospc", "fsync_fail") and self.point and self.point.get("rule"):
+            self._errored = True  # a built-in I/O fault's error: as an errno point, killed at the next step
         return super()._fire(i, kind, paths, **point)
 
     def _request(self, name: str, info: dict[str, Any]) -> None:
@@ -389,6 +395,8 @@ class JobInterposer(Interposer):
             return
         if p is None or name != "chaos.probe" or info.get("kind") not in S.STEP_KINDS:
             return
+        if p.get("rule") and isinstance(info.get("n"), int):
+            self._step = info["n"]  # a rule's step=S: the events after the job announced step S (Fault.io_rule)
         if self._errored:  # still running after the injected error: crash it at its next step
             self._record({"event": "fired", "action": "kill", "op": "step", "when": "after_error",
                           "step_n": info.get("n"), "source": info.get("kind")})
