@@ -57,7 +57,7 @@ FAMILY = {"crash": "kill", "kill": "kill", "corrupt": "corrupt", "powerloss": "p
           "term": "term", "diskfull": "diskfull", "netcut": "net", "node_loss": "node", "stale": "stale",
           "swap": "swap", "payload": "payload", "reorder": "reorder", "sched": "sched",
           "rendezvous_host_loss": "node", "node_link_cut": "node", "stop": "stop",
-          # a built-in I/O fault run as a job's point (Point.io): its own kind
+          # a built-in I/O fault run as a job's point (Point.builtin): its own kind
           "shortwrite": "kill", "eio": "errno", "enospc": "errno", "fsyncfail": "errno", "slowio": "errno"}
 # Which family's point best shows a cause: a plain kill replays with nothing else going on.
 REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "reorder", "corrupt", "stale", "swap", "payload",

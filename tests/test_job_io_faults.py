@@ -95,7 +95,7 @@ def test_the_built_in_environment_and_the_job_fire_one_rule() -> None:
 def test_a_job_s_own_errno_point_at_an_event_stays_one() -> None:
     for text in ("rank0:op3:eio", "rank0:op3:enospc+rank0:op1:before"):
         point = parse_point(text)
-        assert (point.io, point.rule, point.op, point.family) == (None, None, 3, "errno") and point.id == text
+        assert (point.builtin, point.rule, point.op, point.family) == (None, None, 3, "errno") and point.id == text
 
 
 def test_an_io_point_takes_a_second_fault_in_its_resume() -> None:
@@ -176,3 +176,4 @@ def test_the_built_in_workload_takes_its_io_faults_as_a_job(tmp_path: Path) -> N
         assert (result["verdict"], result["outcome"]) == ("pass", "pass"), result["summary"]
     assert "raised EIO (a failed fsync)" in got["rank0:step10:fsyncfail,op=fsync"]["summary"]
     assert "rank 1 killed before its write of ckpt/" in got["rank1:step10:crash,nth=2,op=write"]["summary"]
+

@@ -399,6 +399,10 @@ def unreachable(job: JobSpec, ref: Reference, point: Point) -> str | None:
     """
     if point.anchored or point.node is not None or point.family == "diskfull":
         return None
+    if point.whole_save:  # the built-in all:stepS:power: the power points of that save, if it has any
+        from chaos.plan.translate import empty_why
+
+        return None if ref.expand(job, point) else empty_why(point, ref.traces)
     ranks = sorted({r for (r, a) in ref.traces if a == 0})
     if point.rank not in ranks:
         shown = ", ".join(map(str, ranks)) or "none"

@@ -280,7 +280,7 @@ def _io_point(text: str) -> Point | None:
         rule = fault.io_rule()
     except ConfigError as exc:
         raise ConfigError(f"--point {text!r}: {exc}") from None
-    point = Point(fault.rank, fault.kind, io=fault.spec(), rule=tuple(sorted(rule.items())))
+    point = Point(fault.rank, fault.kind, builtin=fault.spec(), rule=tuple(sorted(rule.items())))
     if then is None:
         return point
     if point.family not in THEN_FAMILIES:
@@ -289,13 +289,33 @@ def _io_point(text: str) -> Point | None:
     return dataclasses.replace(point, then=Point(int(then.group(1)), then.group(3), op=int(then.group(2)), attempt=1))
 
 
+def _save_power_point(text: str) -> Point | None:
+    """The built-in ``all:stepS:power[,max_states=K][,seed=N]`` (``powerloss:step=S,...``) as a job's
+    stand-in for the power cuts of the whole save at step S (``Point.whole_save``); None where
+    ``text`` is not that fault."""
+    if not (text.startswith("all:") or text.startswith("powerloss:")):
+        return None
+    if "+rank" in text:
+        raise ConfigError(f"--point {text!r}: the power cuts of a whole save take no second fault (+rankR:opN:MODE)")
+    fault = parse_fault(text)
+    if fault.kind != "powerloss":
+        return None
+    if fault.attempt or fault.rank is not None:
+        raise ConfigError(f"--point {text!r}: a job's power cuts of a save are all:stepS:power[,max_states=K,seed=N]; "
+                          "rank= and attempt= are the built-in workload's")
+    return Point(0, "power", step=fault.step, builtin=fault.spec())
+
+
 def parse_point(text: str) -> Point:
     """A job's point in the grammar (``rank0:op17:before``, ``rank0:step5:kill``, ...), a step
     kill, SIGTERM or network cut in the built-in fault's spelling (``kill:rank=0,step=5``), or a
-    built-in I/O fault in either spelling (:func:`_io_point`)."""
+    built-in I/O fault in either spelling (:func:`_io_point`), or the power cuts of a whole save
+    (``all:step8:power``, :func:`_save_power_point`)."""
     stripped = text.strip()
     if (io := _io_point(stripped)) is not None:
         return io
+    if (save := _save_power_point(stripped)) is not None:
+        return save
     if _PLACE.match(stripped) or not _KEYVALUE.match(stripped):
         one = _THEN.sub("", stripped)  # (a second fault takes no setting either)
         if "," in one.partition("@")[0] and _PLACE.match(one) and not _PHASE_POINT.fullmatch(one):

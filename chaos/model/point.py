@@ -39,10 +39,16 @@ class Point:
     - ``size`` with mode ``diskfull``: {out} is a tmpfs of that many bytes for attempt 0.
     - ``step`` or ``op`` with mode ``requeue``, ``preempt`` or ``node`` (``sched``, ``--launcher sbatch``):
       Slurm requeues the job there, preempts it, or sets its node down (``chaos.nemesis.sched``).
-    - ``io`` with ``rule``: a built-in workload's I/O fault (``rank0:step4:crash,nth=1,op=write``, its
-      spec and the point's id; mode its kind: crash, shortwrite, eio, enospc, fsyncfail, slowio),
-      fired by the job's tracer through the interposer's own ``rule`` (``Fault.io_rule``) at the
-      exact op it names, counted as the built-in rank counts it: ``chaos run --as-job --fault ...``.
+    - ``builtin``: a built-in workload's fault as written, which is the point's id (``chaos run
+      --as-job --fault ...``, or the replay of a built-in result):
+
+      - with ``rule``, an I/O fault (``rank0:step4:crash,nth=1,op=write``; mode its kind: crash,
+        shortwrite, eio, enospc, fsyncfail, slowio), fired by the job's tracer through the
+        interposer's own ``rule`` (``Fault.io_rule``) at the exact op it names, counted as the
+        built-in rank counts it;
+      - with mode ``power`` and ``step`` S, the power cuts of the whole save at step S
+        (``all:step8:power,max_states=60,seed=0``): a stand-in that never runs, replaced once the
+        fault-free run is traced by the ``power`` points of that save (:attr:`whole_save`).
 
     ``kind``, ``path`` (relative to {out}; for a corruption the file corrupted), ``seq``
     (trace sequence number) and ``nth`` (how many events of this kind on this path came
@@ -80,8 +86,8 @@ class Point:
     # a step kill at a named phase of that step's save, as the checkpointer announces it through
     # ``chaos.phases`` (``rank1:step23:kill,phase=vote``: the built-in fault's spelling, as --as-job passes it)
     phase: str | None = None
-    # a built-in I/O fault (see above): its spec, and the interposer's rule that carries it out, as sorted items
-    io: str | None = None
+    # a built-in fault (see above): as written, and for an I/O fault the interposer's rule, as sorted items
+    builtin: str | None = None
     rule: tuple[tuple[str, Any], ...] | None = None
     attempt: int = 0  # the attempt it fires in: 0, or 1 for the second fault of a point (``then``)
     # a second fault, in the restart the first one caused: a kill at the resume's event ``then.op``
@@ -120,8 +126,8 @@ class Point:
         (``atrest.point_seed``), so a point struck again in its resume does the same first."""
         if self.node is not None:
             return f"node{self.node}:step{self.step}:{self.mode}"
-        if self.io is not None:
-            return self.io
+        if self.builtin is not None:
+            return self.builtin
         if self.mode == "diskfull":
             return f"disk:full:{self.size}"
         if self.step is not None:
@@ -130,6 +136,12 @@ class Point:
         if self.at_step is not None:
             return f"rank{self.rank}:op{self.op}:{self.mode}:step{self.at_step}{on}"
         return f"rank{self.rank}:op{self.op}:{self.mode}" + (f":s{self.state}" if self.state is not None else "") + on
+
+    @property
+    def whole_save(self) -> bool:
+        """A stand-in for the power cuts of the whole save at ``step`` (the built-in ``all:stepS:power``):
+        ``chaos.plan.translate.points_for`` replaces it by that save's ``power`` points before any runs."""
+        return self.builtin is not None and self.rule is None and self.mode == "power"
 
     @property
     def family(self) -> str:
@@ -142,7 +154,7 @@ class Point:
             return "term"
         if self.mode in ("net", "stop"):
             return self.mode
-        if self.io is not None:  # a built-in I/O fault: a death at an exact op is a kill, the rest the errno kind's
+        if self.rule is not None:  # a built-in I/O fault: a death at an exact op is a kill, the rest the errno kind's
             return "kill" if self.mode in ("crash", "shortwrite") else "errno"
         if self.mode in SCHED_MODES:
             return "sched"
@@ -191,7 +203,7 @@ class Point:
         kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
                 "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut", "sched": "sched", "stop": "stop",
                 **{k: k for k in AT_REST_KINDS}}[fam]  # an at-rest family's kind is its name
-        if self.io is not None:
+        if self.rule is not None:
             return _io_fault(self, extra)
         when = None if fam in ("power", "diskfull", "net", "stop", *AT_REST_KINDS) else self.mode
         params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),

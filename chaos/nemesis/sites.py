@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.model.jobspec import STEP_KINDS, JobSpec, Point
+from chaos.probe import PHASE as PROBE_PHASE
 
 Traces = dict[tuple[int, int], list[dict[str, Any]]]
 
@@ -124,6 +125,35 @@ def mid_save_points(traces: Traces, facts: Facts | None, mode: str) -> list[Poin
             opened.discard((rank, path))
             ops.append(anchors.at_event(rank, r, path, nth, mode))
     return ops + [Point(rank, mode, step=n) for rank, steps in announced_steps(traces) for n in steps]
+
+
+def save_events(traces: Traces, step: int) -> set[tuple[int, int]]:
+    """(rank, ordinal) of every attempt-0 file event of the save at ``step``: what the built-in
+    ``all:stepS:power`` cuts at (``chaos.plan.translate``).
+
+    A rank's event belongs to the step its rank last announced before it: by a ``chaos.phases``
+    phase that names a step (a checkpointer's ``write_shards``, ``commit``, ``retention``; the
+    built-in workload's ``save``: its commit thread's work after training moved on included),
+    or, for a rank that announces no such phase, by ``chaos.probe.step`` (a job that saves right
+    after it announced the step).
+    """
+    out: set[tuple[int, int]] = set()
+    for (rank, attempt), recs in traces.items():
+        if attempt != 0:
+            continue
+        phased = any(r.get("event") == "phase" and r.get("name") != PROBE_PHASE
+                     and isinstance(r.get("info", {}).get("step"), int) for r in recs)
+        current: int | None = None
+        for r in recs:
+            info = r.get("info") if isinstance(r.get("info"), dict) else {}
+            if r.get("event") == "phase" and phased and r.get("name") != PROBE_PHASE and isinstance(info.get("step"), int):
+                current = info["step"]
+            elif (r.get("event") == "phase" and not phased and r.get("name") == PROBE_PHASE
+                  and info.get("kind") in STEP_KINDS and isinstance(info.get("n"), int)):
+                current = info["n"]
+            elif r.get("event") == "op" and current == step and isinstance(r.get("ord"), int):
+                out.add((rank, r["ord"]))
+    return out
 
 
 def announced_steps(traces: Traces) -> list[tuple[int, list[int]]]:

@@ -75,7 +75,7 @@ from chaos.launch.preload import Choice
 from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
 from chaos.nemesis import atrest, diskfull, family, netcut, nodes, power
 from chaos.nemesis.sites import event_keys
-from chaos.plan import pointset, resumepoints
+from chaos.plan import pointset, resumepoints, translate
 from chaos.plan.pointset import Facts
 from chaos.record.jobhistory import PointRecord, read_traces
 from chaos.run import materialize
@@ -464,6 +464,12 @@ class Reference:
             known = {p.id: p for p in pointset.enumerate_points(job, self.traces, self.facts, (point.family,))}
         return known.get(point.id, point)
 
+    def expand(self, job: JobSpec, point: Point) -> list[Point]:
+        """The points a ``--point`` runs: :meth:`lookup`'s one, or every point a built-in fault stands for
+        (``all:stepS:power``: the power cuts of that save, ``chaos.plan.translate``)."""
+        return [self.lookup(job, p) for p in translate.points_for(job, point, self.traces, self.facts, self.points,
+                                                                   self.kinds)]
+
     def to_dict(self) -> dict[str, Any]:
         return {"tolerance_mode": self.golden.tolerance, "result_files": self.golden.results,
                 "checkpoints": sorted(self.golden.checkpoints), "acknowledged_saves": self.golden.acks,
@@ -766,7 +772,7 @@ def explore(job: JobSpec, *, seed: int = 0, max_points: int | None = None, budge
             if on_reference:
                 on_reference(ref)
             if only is not None:  # a replay: exactly these points, in this order
-                chosen = [ref.lookup(job, p) for p in (only if isinstance(only, list) else [only])]
+                chosen = [q for p in (only if isinstance(only, list) else [only]) for q in ref.expand(job, p)]
             elif plan is None:
                 raise JobError(_no_point(job, ref))
             else:
