@@ -397,7 +397,7 @@ def unreachable(job: JobSpec, ref: Reference, point: Point) -> str | None:
     anchored point (it fires at its event wherever this run numbers it), a node point and
     a full disk are left to the run, and :func:`_run` refuses one that was not reached then.
     """
-    if point.anchored or point.node is not None or point.family == "diskfull":
+    if point.anchored or point.node is not None or point.family == "diskfull" and point.step is None:
         return None
     if point.whole_save:  # the built-in all:stepS:power: the power points of that save, if it has any
         from chaos.plan.translate import empty_why

@@ -52,7 +52,7 @@ from chaos.launch import containernet, containers, preload, reaper, silence, spa
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
-from chaos.nemesis import family, netcut, stop
+from chaos.nemesis import diskfull, family, netcut, stop
 from chaos.scratch import cache_root
 from faults import shim
 from faults.errors import Unsupported
@@ -91,6 +91,7 @@ class AttemptOutcome:
     net: dict[str, Any] | None = None     # a net request answered: the cut, the hold, how each copy ended
     node: dict[str, Any] | None = None    # a node point answered (--nodes, nodes.py): the loss or cut, each agent's end
     stop: dict[str, Any] | None = None    # a stop point's process stopped itself: where, how the attempt ended
+    fill: dict[str, Any] | None = None    # a disk filled at a step (disk:stepS:full): in use, the size set, free after
     slurm: dict[str, Any] | None = None   # --launcher sbatch (sbatch.py): the Slurm job, its run, a sched point's action
     prestarted: bool = False  # its copies were spares started ahead, held at the gate until it began
     forked: bool = False  # its copies were forked by the exploration's zygote (zygote.py), modules loaded
@@ -475,8 +476,9 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             procs.append(proc)
             exits.watch(proc)
         deadline = started + job.timeout_s
-        armed = point is not None and attempt == point.attempt and (point.mode in S.HALT_MODES
-                                                                    or point.mode in ("term", "net", "stop"))
+        armed = point is not None and attempt == point.attempt and (
+            point.mode in S.HALT_MODES or point.mode in ("term", "net", "stop")
+            or point.mode == "diskfull" and point.step is not None)
         grace_end: float | None = None
         hold_end: float | None = None
         halted_at = next_ready = 0.0
@@ -508,6 +510,8 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                     outcome.net = netcut.cut(lab if in_lab else None, req[0], job.net_hold_s, trace_dir, out)
                     if "down" in outcome.net:
                         hold_end = time.monotonic() + job.net_hold_s
+                if point.mode == "diskfull" and outcome.fill is None and (req := requests(trace_dir, S.FILL_REQUEST)):
+                    outcome.fill = diskfull.fill(out, int(point.size or 0), req[0], trace_dir)
                 if point.mode == "stop" and outcome.stop is None and (req := requests(trace_dir, S.STOP_REQUEST)):
                     outcome.stop = stop.begin(req[0], job)
                     stop_quiet = silence.Silence(outcome.stop["silence_s"], trace_dir, outcome.logs, time.monotonic())

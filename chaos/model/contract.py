@@ -86,6 +86,8 @@ NET_DOWN = "net-down"          # the launcher's answer: the link is down (or why
 SCHED_REQUEST = "sched-request"  # have Slurm requeue / preempt the job or down its node (a sched point fired)
 SCHED_DONE = "sched-done"        # the sbatch launcher's answer: what Slurm was told (or why nothing was)
 STOP_REQUEST = "stop-request"    # this rank stops itself (SIGSTOP) right after leaving it: watch for the hang
+FILL_REQUEST = "fill-request"    # fill {out}'s tmpfs now, leaving the point's bytes free (disk:stepS:full fired)
+FILL_DONE = "fill-done"          # the launcher's answer: the disk is full (or why it is not)
 
 
 def loss_groups(regex: str) -> tuple[int | str, int | str]:

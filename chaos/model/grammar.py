@@ -306,16 +306,33 @@ def _save_power_point(text: str) -> Point | None:
     return Point(0, "power", step=fault.step, builtin=fault.spec())
 
 
+def _disk_step_point(text: str) -> Point | None:
+    """The built-in ``disk:stepS:full,free=B`` (``diskfull:step=S,free=B``) as a job's point: {out}'s
+    tmpfs filled up when rank 0 announces step S, leaving B bytes; None where ``text`` is not that fault."""
+    if not (text.startswith("disk:step") or text.startswith("diskfull:")):
+        return None
+    if "+rank" in text:
+        raise ConfigError(f"--point {text!r}: a full disk takes no second fault (+rankR:opN:MODE)")
+    fault = parse_fault(text)
+    if fault.attempt:
+        raise ConfigError(f"--point {text!r}: a job's disk fills in the first attempt; attempt= is the built-in "
+                          "workload's")
+    return Point(0, "diskfull", step=fault.step, size=int(fault.param("free", 0)), builtin=fault.spec())
+
+
 def parse_point(text: str) -> Point:
     """A job's point in the grammar (``rank0:op17:before``, ``rank0:step5:kill``, ...), a step
     kill, SIGTERM or network cut in the built-in fault's spelling (``kill:rank=0,step=5``), or a
     built-in I/O fault in either spelling (:func:`_io_point`), or the power cuts of a whole save
-    (``all:step8:power``, :func:`_save_power_point`)."""
+    (``all:step8:power``, :func:`_save_power_point`), or a disk filled at a step
+    (``disk:step8:full,free=4096``, :func:`_disk_step_point`)."""
     stripped = text.strip()
     if (io := _io_point(stripped)) is not None:
         return io
     if (save := _save_power_point(stripped)) is not None:
         return save
+    if (disk := _disk_step_point(stripped)) is not None:
+        return disk
     if _PLACE.match(stripped) or not _KEYVALUE.match(stripped):
         one = _THEN.sub("", stripped)  # (a second fault takes no setting either)
         if "," in one.partition("@")[0] and _PLACE.match(one) and not _PHASE_POINT.fullmatch(one):

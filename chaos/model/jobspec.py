@@ -59,6 +59,8 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     ENV_ZYGOTE_ENV,
     ERRNO_MODES,
     FAULT_KINDS,
+    FILL_DONE,
+    FILL_REQUEST,
     HALT_FAMILIES,
     HALT_MODES,
     HALT_REQUEST,

@@ -36,7 +36,10 @@ class Point:
     - ``step`` with mode ``kill`` (SIGKILL) or ``term`` (SIGTERM, SIGKILL after the grace);
     - ``step`` or ``op`` with mode ``net``: the rank's network link is cut there (after the
       event, for an op) for ``--net-hold`` seconds while the job goes on (``netcut.py``);
-    - ``size`` with mode ``diskfull``: {out} is a tmpfs of that many bytes for attempt 0.
+    - ``size`` with mode ``diskfull``: {out} is a tmpfs of that many bytes for attempt 0; with ``step``
+      S too (the built-in ``disk:stepS:full,free=B``), {out} is a roomy tmpfs until rank 0 announces
+      step S, when the launcher shrinks it to what is in use plus ``size`` = B bytes
+      (``chaos.nemesis.diskfull.fill``).
     - ``step`` or ``op`` with mode ``requeue``, ``preempt`` or ``node`` (``sched``, ``--launcher sbatch``):
       Slurm requeues the job there, preempts it, or sets its node down (``chaos.nemesis.sched``).
     - ``builtin``: a built-in workload's fault as written, which is the point's id (``chaos run
@@ -170,7 +173,7 @@ class Point:
     @property
     def in_rank(self) -> bool:
         """Whether a rank fires it (everything but a full disk, which the harness mounts)."""
-        return self.mode != "diskfull"
+        return self.mode != "diskfull" or self.step is not None  # (a fill at a step: rank 0 asks for it)
 
     def env(self) -> dict[str, Any]:
         """What the boot path needs to fire this point (a node point: the announcing rank asks the
@@ -211,6 +214,10 @@ class Point:
                                     ("size_bytes", self.size), ("at_step", self.at_step), ("phase", self.phase))
                   if v is not None}
         params.update({k: v for k, v in extra.items() if v is not None})
+        if fam == "diskfull" and self.step is not None:  # the built-in fault's own entry: its step and free bytes
+            params = {"free": self.size, **{k: v for k, v in extra.items() if v is not None}}
+            return {"kind": "diskfull", "rank": None, "step": self.step, "attempt": self.attempt, "params": params,
+                    "spec": self.own_id}
         return {"kind": kind, "rank": None if fam == "diskfull" else self.rank, "step": self.step,
                 "attempt": self.attempt, "params": params, "spec": self.own_id}
 

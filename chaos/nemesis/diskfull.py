@@ -12,6 +12,10 @@ what the job left is copied back onto the real {out} and the tmpfs is unmounted 
 in a ``finally``, so also on an error or Ctrl-C (``explore`` unmounts anything left
 under its root once more before it removes the root).
 
+The built-in workload's ``disk:stepS:full,free=B`` is a point too (``--as-job``): {out} is a
+roomy tmpfs (:func:`roomy_size`) until rank 0 announces step S and asks; then :func:`fill`
+shrinks it to the pages it holds plus B bytes, and the tmpfs grows back before the restart.
+
 Needs root and tmpfs (:func:`available`, ``faults.disk.can_mount_tmpfs``); elsewhere the
 point is skipped with that reason.
 """
@@ -19,14 +23,17 @@ point is skipped with that reason.
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import random
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.model.jobspec import JobSpec, Point
+from chaos.model.jobspec import FILL_DONE, JobSpec, Point
 from chaos.nemesis.atrest import merged_records
 from chaos.nemesis.family import Family
 from chaos.nemesis.sites import Facts, Traces
@@ -97,6 +104,47 @@ def grown_size(size: int) -> int:
     """What the tmpfs is remounted to before the restart: room for the whole job (a size is at
     least a quarter of the peak, less one page) and more; a tmpfs holds only what is written."""
     return max(8 * size, 64 << 20)
+
+
+def roomy_size() -> int:
+    """A tmpfs size the job cannot fill (half the machine's memory, the kernel's own default), for a disk
+    that fills only at a step: a tmpfs holds only what is written, whatever its size."""
+    return max(64 << 20, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 // PAGE * PAGE)
+
+
+def fill(out: str, free: int, req: dict[str, Any], trace_dir: str) -> dict[str, Any]:
+    """Fill {out}'s tmpfs now, leaving ``free`` bytes (whole pages, at least that many), then answer the rank.
+
+    Called by ``chaos.launch.job.run_attempt`` when rank 0 announced the step of a built-in
+    ``disk:stepS:full,free=B`` point and asked (``FILL_REQUEST``). No filler file is written (the
+    job would see it): the tmpfs is remounted to the pages it holds plus ``free``. A copy still
+    writing can take a page between the measure and the remount, which the kernel then refuses
+    (EINVAL below what it holds): measured again, five times at most. The record says what was in
+    use, the size set, and the bytes free after; or why the disk could not be filled.
+    """
+    record: dict[str, Any] = {"step": req.get("step"), "rank": req.get("rank"), "free_bytes": int(free)}
+    for _ in range(5):
+        st = os.statvfs(out)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        size = used + _pages(int(free)) * PAGE
+        try:
+            disk.mount(None, out, None, MS_REMOUNT, f"size={size}")
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                continue
+            record["error"] = f"{{out}}'s tmpfs could not be remounted at {size} bytes: {exc}"
+            break
+        after = os.statvfs(out)
+        record.update({"in_use_bytes": used, "remounted_to": size, "free_after": after.f_bavail * after.f_frsize,
+                       "ts": time.time()})
+        break
+    else:
+        record["error"] = "{out} kept growing while it was being filled (five tries)"
+    final = os.path.join(trace_dir, FILL_DONE)
+    with open(final + ".tmp", "w") as f:
+        f.write(json.dumps({"full": "error" not in record, "error": record.get("error")}))
+    os.replace(final + ".tmp", final)
+    return record
 
 
 @dataclass

@@ -209,19 +209,26 @@ def _at_rest(run: Run, point: Point, fam: family.AtRestFamily, prepared: Any, se
 
 
 def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
-    """Attempt 0 on a ``point.size``-byte tmpfs {out}, grown before the restarts; skipped where none mounts."""
-    size = int(point.size or 0)
+    """Attempt 0 on a ``point.size``-byte tmpfs {out}, grown before the restarts; skipped where none mounts.
+
+    A disk filled at a step (``point.step``, the built-in ``disk:stepS:full,free=B``): attempt 0 on a
+    roomy tmpfs, which the launcher shrinks to what it holds plus B bytes when rank 0 announces the
+    step (``diskfull.fill``), grown back before the restarts."""
+    at_step = point.step is not None
+    size = diskfull.roomy_size() if at_step else int(point.size or 0)
+    what = (f"{{out}} filled at step {point.step}, leaving {point.size} byte(s)" if at_step else
+            f"{{out}} on a {size}-byte tmpfs")
     ok, why = diskfull.available()
     if not ok:
-        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs", {"size_bytes": size},
+        applied = atrest.Applied(what, {"size_bytes": size},
                                  skipped=f"a real full disk cannot be made here: {why}", outcome="unsupported")
         return PointRecord(point, run.out, run.attempts, {}, None, applied)
-    grown = diskfull.grown_size(size)
+    grown = size if at_step else diskfull.grown_size(size)
     stack = contextlib.ExitStack()
     try:
         fs = stack.enter_context(diskfull.tmpfs_out(run.out, size, run.scratch))
     except (OSError, FaultError) as exc:
-        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs", {"size_bytes": size},
+        applied = atrest.Applied(what, {"size_bytes": size},
                                  skipped=f"the tmpfs could not be mounted over {{out}}: {exc}", outcome="unsupported")
         return PointRecord(point, run.out, run.attempts, {}, None, applied)
     with stack:
@@ -238,12 +245,21 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
     if untraced:
         record["untraced"] = untraced
     first_try = run.attempts[0]
+    if at_step:
+        filled = first_try.fill
+        record["filled"] = filled
+        if filled is None or filled.get("error"):
+            why = (filled or {}).get("error") or f"rank 0 announced no step {point.step} in attempt 0"
+            applied = atrest.Applied(what, record, skipped=f"the disk was never filled: {why}", outcome=(
+                "unsupported" if filled else "not_reached"))
+            return PointRecord(point, run.out, run.attempts, traces, after_kill, applied, None, untraced)
+        what += f" (its tmpfs shrunk to {filled['remounted_to']} bytes, {filled['in_use_bytes']} in use)"
     said = clip(cause(first_try.tail(12000))) if not first_try.ok else ""
     full = _ENOSPC.search(first_try.tail(12000))
     if hit:
         first = hit[0]
         record["first_enospc"] = {k: first.get(k) for k in ("rank", "ord", "op", "rel", "seq")}
-        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs: rank {first['rank']}'s {first['op']} of "
+        applied = atrest.Applied(f"{what}: rank {first['rank']}'s {first['op']} of "
                                  f"{first.get('rel')} (event {first.get('ord')}) got ENOSPC; remounted at "
                                  f"{grown} bytes before the restart", record)
     elif not first_try.ok or full:
@@ -255,12 +271,12 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
         record["untraced_enospc"] = {"attempt_0": first_try.describe, "cause": said or None,
                                      "output": full.group(0) if full else None}
         seen = f"; {atrest.untraced_line(untraced)}" if untraced else ""
-        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs: no traced event got ENOSPC, but {how}, where "
+        applied = atrest.Applied(f"{what}: no traced event got ENOSPC, but {how}, where "
                                  f"the fault-free run finished: the full disk hit a writer the tracer does not "
                                  f"see{seen}; remounted at {grown} bytes before the restart", record)
     else:
-        applied = atrest.Applied(f"{{out}} on a {size}-byte tmpfs, never hit by a traced event", record,
-                                 idle=f"the job never hit ENOSPC on a {size}-byte tmpfs {{out}} (no traced event "
+        applied = atrest.Applied(f"{what}, never hit by a traced event", record,
+                                 idle=f"the job never hit ENOSPC on {what} (no traced event "
                                       "failed with it, attempt 0 finished with no ENOSPC in its output, and every "
                                       "oracle passed): the full disk did nothing")
     return PointRecord(point, run.out, run.attempts, traces, after_kill, applied, None, untraced)

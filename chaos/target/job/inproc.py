@@ -46,6 +46,9 @@ subclassing, not by editing it:
   reached the job: its own handler ran (the wait relays the signal to it and sees it), or
   the default action ended the process. The point lands exactly there, in attempt 0 only
   (a rerun after Slurm's requeue is attempt 1 and more: ``sbatchwrap``);
+- a full disk at a step (the built-in ``disk:stepS:full,free=B``) leaves a request for the
+  launcher, which shrinks {out}'s tmpfs to what it holds plus B bytes (``nemesis/diskfull.py``),
+  and waits, up to ``FILL_WAIT_S``, for its answer: the job's next write meets the full disk;
 - a ``stop`` point (at an announced step, or right after event N) records it, leaves a
   request for the launcher and stops this process with SIGSTOP: a hung process, whose
   threads all freeze where they are while its peers and children run on
@@ -81,6 +84,7 @@ HALT_WAIT_S = 20.0  # a halted rank waits this long for the launcher to stop it,
 TERM_WAIT_S = 10.0  # a term point waits this long for the launcher's SIGTERM, then carries on
 NET_WAIT_S = 10.0   # a net point waits this long for the launcher's cut, then carries on
 SCHED_WAIT_S = 30.0  # a sched point waits this long for Slurm's SIGTERM, then carries on
+FILL_WAIT_S = 10.0  # a disk filled at a step: the rank waits this long for the launcher, then carries on
 _FSYNCS = ("fsync", "fdatasync")
 _NEEDS_SPACE = ("write", "mkdir", "rename", "link")  # and an open that creates its file
 
@@ -146,6 +150,7 @@ class JobInterposer(Interposer):
         self._net_fired = False  # a net point fires once
         self._sched_fired = False  # a sched point fires once
         self._stop_fired = False  # a stop point fires once (a SIGCONT from outside lets the job go on)
+        self._fill_fired = False  # a disk fills once (a step announced twice: probe.step and a --loss-regex line)
         self._deferred: tuple[str, dict[str, Any]] | None = None  # a corruption waiting for its step (at_step)
         self._requests = os.path.dirname(trace_path)
         self._imports: tuple[frozenset[str], dict[str, str]] | None = None  # (modules, environ) at install
@@ -418,6 +423,9 @@ class JobInterposer(Interposer):
         if p.get("mode") == "stop":
             self._stop({"op": "step", "step_n": p["step"], "source": info.get("kind")})
             return
+        if p.get("mode") == "diskfull":
+            self._fill(p["step"], info.get("kind"))
+            return
         self._record({"event": "fired", "action": "kill", "op": "step", "when": "kill", "step_n": p["step"],
                       "source": info.get("kind")})
         self._die()
@@ -459,12 +467,18 @@ class JobInterposer(Interposer):
             return
         self._net_fired = True
         self._ask({"action": "net", "when": "net", **where}, S.NET_REQUEST, {"rank": self.rank, **where})
-        answer = os.path.join(self._requests, S.NET_DOWN)
-        deadline = time.monotonic() + NET_WAIT_S
-        note = f"no network cut came within {NET_WAIT_S:g} s: the job carried on"
+        self._await(S.NET_DOWN, NET_WAIT_S, "the network cut request", "no network cut came")
+
+    def _await(self, answer: str, timeout_s: float, asked: str, missing: str) -> None:
+        """Wait up to ``timeout_s`` for the launcher's ``answer`` to a request the job must not run past (a
+        cut, a full disk), holding the interposer's lock only where the caller does (a cut right after
+        an event); then note which it was, and the job goes on."""
+        path = os.path.join(self._requests, answer)
+        deadline = time.monotonic() + timeout_s
+        note = f"{missing} within {timeout_s:g} s: the job carried on"
         while time.monotonic() < deadline:
-            if os.path.exists(answer):
-                note = "the launcher answered the network cut request"
+            if os.path.exists(path):
+                note = f"the launcher answered {asked}"
                 break
             time.sleep(0.005)
         self._record({"event": "note", "note": note})
@@ -482,6 +496,16 @@ class JobInterposer(Interposer):
         self._ask({"action": "stop", "when": "stop", **where}, S.STOP_REQUEST,
                   {"rank": self.rank, "pid": os.getpid(), **where})
         os.kill(os.getpid(), signal.SIGSTOP)
+
+    def _fill(self, step: int, source: Any) -> None:
+        """Ask the launcher to fill {out}'s disk (the built-in ``disk:stepS:full``) and wait until it is full:
+        the job's next write meets the full disk, as the built-in rank's does."""
+        if self._fill_fired:
+            return
+        self._fill_fired = True
+        self._ask({"action": "fill", "op": "step", "when": "diskfull", "step_n": step, "source": source},
+                  S.FILL_REQUEST, {"rank": self.rank, "step": step})
+        self._await(S.FILL_DONE, FILL_WAIT_S, "the request to fill the disk", "the disk was not filled")
 
     def _sched(self, where: dict[str, Any]) -> None:
         """Ask the sbatch launcher to have Slurm strike the job, and wait until its SIGTERM is here."""
