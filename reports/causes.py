@@ -57,8 +57,9 @@ FAMILY = {"crash": "kill", "kill": "kill", "corrupt": "corrupt", "powerloss": "p
           "term": "term", "diskfull": "diskfull", "netcut": "net", "node_loss": "node", "stale": "stale",
           "swap": "swap", "payload": "payload", "reorder": "reorder", "sched": "sched",
           "rendezvous_host_loss": "node", "node_link_cut": "node", "stop": "stop",
-          # a built-in I/O fault run as a job's point (Point.builtin): its own kind
-          "shortwrite": "kill", "eio": "errno", "enospc": "errno", "fsyncfail": "errno", "slowio": "errno"}
+          # a built-in fault run as a job's point (Point.builtin): its own kind
+          "shortwrite": "kill", "eio": "errno", "enospc": "errno", "fsyncfail": "errno", "slowio": "errno",
+          "bitflip": "corrupt", "truncate": "corrupt", "zero": "corrupt", "delete": "corrupt"}
 # Which family's point best shows a cause: a plain kill replays with nothing else going on.
 REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "reorder", "corrupt", "stale", "swap", "payload",
                         "net", "node", "sched", "stop")
@@ -496,8 +497,8 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
         return torn_file(landed) if outcome == "hard_failure" and path else unknown(landed)
     if family == "corrupt":
         key = file_key(_s(applied.get("file")) or path)
-        landed = f"{when or 'corruption'} of {key}" + (" at rest" if "at_step" in applied or
-                                                      params.get("at_step") is not None else "")
+        landed = f"{when or 'corruption'} of {key}" + (" at rest" if "at_step" in applied or "checkpoint_step" in applied
+                                                      or params.get("at_step") is not None else "")
         kind = {"hard_failure": "corrupt_fatal", "silent_divergence": "no_checksum",
                 "lost_work": "no_fallback"}.get(outcome)
         return (family, kind, key, "", landed) if kind else unknown(landed)

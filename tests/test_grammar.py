@@ -65,7 +65,7 @@ def test_a_fault_only_a_job_can_take_is_refused_naming_the_other_option(text: st
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("bitflip:step=3", "a fault of the built-in workload (--fault)"),
+    ("restart:rank=0,step=3", "a fault of the built-in workload (--fault)"),
     ("kill:rank=0,step=5,lost=true", "with nothing else"),  # (phase=NAME alone is a job's too)
     ("rank0:step5:kill,phase=vote,lost=true", "takes no KEY=VALUE settings"),
     ("frob:x=1", "malformed --point"),

@@ -426,12 +426,13 @@ def unreachable(job: JobSpec, ref: Reference, point: Point) -> str | None:
         if point.op > max(ords):
             return (f"rank {point.rank}'s fault-free run traced {len(ords)} file event(s), op{min(ords)} to "
                     f"op{max(ords)}")
-    if point.step is not None:
+    step = point.step if point.step is not None else point.at_step if point.builtin is not None else None
+    if step is not None:
         last = ref.golden.last_steps.get(point.rank)
         if last is None:
             return (f"rank {point.rank} announced no step in the fault-free run (give --step-regex or "
                     "--loss-regex, or call chaos.probe.step)")
-        if point.step > last:
+        if step > last:
             return f"rank {point.rank}'s last step announced in the fault-free run was {last}"
     return None
 

@@ -306,6 +306,23 @@ def _save_power_point(text: str) -> Point | None:
     return Point(0, "power", step=fault.step, builtin=fault.spec())
 
 
+def _rest_point(text: str) -> Point | None:
+    """The built-in ``ckpt:stepS:KIND[,settings]`` (``KIND:step=S,...``: a file of the newest checkpoint
+    struck at rest) as a job's point: every copy halts when rank 0 announces step S
+    (``chaos.nemesis.newest``); None where ``text`` is not that fault."""
+    head = text.partition(",")[0]
+    if not (head.startswith("ckpt:") or head.partition(":")[0] in _REST and "=" in text.partition(":")[2]):
+        return None
+    if "+rank" in text:
+        raise ConfigError(f"--point {text!r}: a fault of the newest checkpoint takes no second fault "
+                          "(+rankR:opN:MODE)")
+    fault = parse_fault(text)
+    if fault.attempt:
+        raise ConfigError(f"--point {text!r}: a job's checkpoint is struck in the first attempt; attempt= is the "
+                          "built-in workload's")
+    return Point(0, fault.kind, at_step=fault.step, builtin=fault.spec(), settings=fault.params)
+
+
 def _disk_step_point(text: str) -> Point | None:
     """The built-in ``disk:stepS:full,free=B`` (``diskfull:step=S,free=B``) as a job's point: {out}'s
     tmpfs filled up when rank 0 announces step S, leaving B bytes; None where ``text`` is not that fault."""
@@ -325,7 +342,8 @@ def parse_point(text: str) -> Point:
     kill, SIGTERM or network cut in the built-in fault's spelling (``kill:rank=0,step=5``), or a
     built-in I/O fault in either spelling (:func:`_io_point`), or the power cuts of a whole save
     (``all:step8:power``, :func:`_save_power_point`), or a disk filled at a step
-    (``disk:step8:full,free=4096``, :func:`_disk_step_point`)."""
+    (``disk:step8:full,free=4096``, :func:`_disk_step_point`), or a file of the newest checkpoint struck
+    at rest (``ckpt:step8:bitflip,bits=2``, :func:`_rest_point`)."""
     stripped = text.strip()
     if (io := _io_point(stripped)) is not None:
         return io
@@ -333,6 +351,8 @@ def parse_point(text: str) -> Point:
         return save
     if (disk := _disk_step_point(stripped)) is not None:
         return disk
+    if (rest := _rest_point(stripped)) is not None:
+        return rest
     if _PLACE.match(stripped) or not _KEYVALUE.match(stripped):
         one = _THEN.sub("", stripped)  # (a second fault takes no setting either)
         if "," in one.partition("@")[0] and _PLACE.match(one) and not _PHASE_POINT.fullmatch(one):

@@ -49,6 +49,10 @@ class Point:
         shortwrite, eio, enospc, fsyncfail, slowio), fired by the job's tracer through the
         interposer's own ``rule`` (``Fault.io_rule``) at the exact op it names, counted as the
         built-in rank counts it;
+      - with an at-rest mode (bitflip, truncate, zero, delete, stale, swap, payload), ``at_step`` S
+        and no ``op``, the built-in ``ckpt:stepS:KIND`` (its ``settings``: bits, region, file, seed,
+        format ...): every copy halts when rank 0 announces step S, and a file of the newest
+        checkpoint is struck as the built-in fault says (``chaos.nemesis.newest``);
       - with mode ``power`` and ``step`` S, the power cuts of the whole save at step S
         (``all:step8:power,max_states=60,seed=0``): a stand-in that never runs, replaced once the
         fault-free run is traced by the ``power`` points of that save (:attr:`whole_save`).
@@ -92,6 +96,7 @@ class Point:
     # a built-in fault (see above): as written, and for an I/O fault the interposer's rule, as sorted items
     builtin: str | None = None
     rule: tuple[tuple[str, Any], ...] | None = None
+    settings: tuple[tuple[str, Any], ...] = ()  # the built-in fault's own key=value settings (seed, bits, file ...)
     attempt: int = 0  # the attempt it fires in: 0, or 1 for the second fault of a point (``then``)
     # a second fault, in the restart the first one caused: a kill at the resume's event ``then.op``
     # (``rank0:op17:after+rank0:op4:before``) or a power cut right after it (``...+rank0:op4:power``):
@@ -182,7 +187,7 @@ class Point:
             return {"rank": self.rank, "mode": "net", "op": None, "step": self.step}
         env = {"rank": self.rank, "mode": self.mode, "op": self.op, "step": self.step}
         if self.at_step is not None:
-            env["at_step"] = self.at_step
+            env["at_step"] = self.at_step  # (without an op: the built-in ckpt:stepS:KIND halts at the step)
         if self.anchor is not None:
             env["anchor"] = [self.kind, self.path, self.nth]
         if self.attempt:
@@ -208,6 +213,10 @@ class Point:
                 **{k: k for k in AT_REST_KINDS}}[fam]  # an at-rest family's kind is its name
         if self.rule is not None:
             return _io_fault(self, extra)
+        if self.builtin is not None and self.op is None and self.at_step is not None:  # the built-in ckpt:stepS:KIND
+            params = {"when": self.mode, **{k: v for k, v in extra.items() if v is not None}, **dict(self.settings)}
+            return {"kind": self.mode, "rank": None, "step": self.at_step, "attempt": self.attempt, "params": params,
+                    "spec": self.own_id}
         when = None if fam in ("power", "diskfull", "net", "stop", *AT_REST_KINDS) else self.mode
         params = {k: v for k, v in (("op", self.op), ("when", when), ("event", self.kind),
                                     ("path", self.path), ("seq", self.seq), ("nth", self.nth),

@@ -100,6 +100,8 @@ def digit_key(rel: str) -> str:
 def when(point: Point) -> str:
     if point.at_step is None:
         return f"after event {point.op} completed it"
+    if point.op is None:  # the built-in ckpt:stepS:KIND: the newest checkpoint's file (chaos.nemesis.newest)
+        return f"at rest, once rank {point.rank} announced step {point.at_step}"
     return f"at rest, once rank {point.rank} announced step {point.at_step} (event {point.op} completed it)"
 
 

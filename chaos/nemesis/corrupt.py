@@ -89,16 +89,21 @@ def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int,
         return Applied(f"{point.mode} of {rel}", record, skipped=f"{rel}: {C.why_unchanged(rec)}", excluded=[rel])
     if point.at_step is not None:
         record["at_step"] = point.at_step
-        return Applied(f"{rel}: {_describe(point.mode, rec)} at rest, once rank {point.rank} announced step "
+        return Applied(f"{rel}: {describe(point.mode, rec)} at rest, once rank {point.rank} announced step "
                        f"{point.at_step} (event {point.op} completed it)", record, excluded=[rel])
-    return Applied(f"{rel}: {_describe(point.mode, rec)} after event {point.op} completed it", record,
+    return Applied(f"{rel}: {describe(point.mode, rec)} after event {point.op} completed it", record,
                    excluded=[rel])
 
 
-def _describe(family: str, rec: C.CorruptionRecord) -> str:
+def describe(family: str, rec: C.CorruptionRecord) -> str:
+    """What a corruption did, in words (``bit 5 of byte 40 flipped``). Called by :func:`apply` and by
+    ``chaos.nemesis.newest`` (the built-in ``ckpt:`` fault's edit)."""
     p = rec.params
     if family == "bitflip":
-        return ", ".join(f"bit {b} of byte {o} flipped" for o, b in p["bits"])
+        said = [f"bit {b} of byte {o}" for o, b in p["bits"]]
+        if len(said) > 4:  # (the built-in's bits=16: the record has every one)
+            return f"{len(said)} bits flipped ({', '.join(said[:3])} and {len(said) - 3} more)"
+        return ", ".join(f"{s} flipped" for s in said)
     if family == "truncate":
         return f"truncated from {rec.size_before} to {rec.size_after} bytes"
     if family == "zero":

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.model.fault import Fault
+from chaos.nemesis import newest
 
 TMPFS_BYTES = 1 << 30  # room for several checkpoints; tmpfs only uses what is written
 
@@ -278,7 +279,7 @@ class Environment:
         """
         from chaos.plan.loadtrace import choose
         from faults import FaultError
-        from faults.corrupt import apply, plan_corruption, why_unchanged
+        from faults.corrupt import why_unchanged
 
         if isinstance(files, str):
             return _idle("no target", files)
@@ -316,13 +317,7 @@ class Environment:
                 return _idle("no target", "no older checkpoint directory to take a stale copy from", target=rel,
                              choice=choice)
         try:
-            plan = plan_corruption(
-                ckpt_dir, fault.kind, seed, scratch_root=root,
-                pattern=glob.escape(os.path.basename(target)), region=fault.param("region", "any"),
-                n_bits=int(fault.param("bits", 1)), fraction=fault.param("fraction"),
-                zero_len=int(fault.param("length", 64)), older_dir=older,
-                offset=fault.param("offset"), at=fault.param("at"))
-            rec = apply(plan)
+            rec = newest.edit(fault, ckpt_dir, target, root, older)
         except FaultError as exc:
             return _idle("no target", str(exc), target=rel, choice=choice)
         record = rec.to_dict()

@@ -57,15 +57,23 @@ def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int,
     format (:func:`payload_format`): loading it creates a marker under ``scratch``/``MARKERS``, which
     ``explore`` looks for after every restart (:func:`check_marker`) and the judge's
     ``no_code_execution`` oracle reads. A file that is no pickle and no torch zip is skipped."""
-    from faults import payload as P
-
     site = atrest.site_file(point, halt, out, seed, "plant a payload in")
     if isinstance(site, Applied):
         return site
     rel, base = site
-    s = base["seed"]
+    return plant_in(point, out, scratch, rel, base["seed"])
+
+
+def plant_in(point: Point, out: str, scratch: str, rel: str, s: int, fmt: str | None = None,
+             variant: str | None = None) -> Applied:
+    """Plant the payload in ``rel`` with seed ``s``: in ``fmt`` where the caller says (the built-in
+    ``ckpt:stepS:payload,format=...``, ``chaos.nemesis.newest``), else in the file's own format, and
+    skipped where it has none. Its marker goes under ``scratch``/``MARKERS``."""
+    from faults import payload as P
+
+    base = {"family": "payload", "file": rel, "seed": s}
     path = os.path.join(out, rel)
-    fmt = payload_format(path)
+    fmt = fmt or payload_format(path)
     if fmt is None:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -77,7 +85,7 @@ def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int,
     marker = os.path.join(marker_dir, re.sub(r"[^\w.-]", "_", point.id))
     size = os.path.getsize(path)
     try:
-        rec = P.plant(path, fmt, marker, seed=s, scratch_root=out, marker_root=scratch)
+        rec = P.plant(path, fmt, marker, seed=s, scratch_root=out, marker_root=scratch, variant=variant)
     except FaultError as exc:
         return Applied(f"payload in {rel}", base, skipped=f"{rel}: {exc}", outcome="unsupported", excluded=[rel])
     record = {**base, "format": fmt, "corruption": atrest.relative(rec.to_dict(), out),

@@ -127,17 +127,13 @@ def mid_save_points(traces: Traces, facts: Facts | None, mode: str) -> list[Poin
     return ops + [Point(rank, mode, step=n) for rank, steps in announced_steps(traces) for n in steps]
 
 
-def save_events(traces: Traces, step: int) -> set[tuple[int, int]]:
-    """(rank, ordinal) of every attempt-0 file event of the save at ``step``: what the built-in
-    ``all:stepS:power`` cuts at (``chaos.plan.translate``).
-
-    A rank's event belongs to the step its rank last announced before it: by a ``chaos.phases``
-    phase that names a step (a checkpointer's ``write_shards``, ``commit``, ``retention``; the
-    built-in workload's ``save``: its commit thread's work after training moved on included),
-    or, for a rank that announces no such phase, by ``chaos.probe.step`` (a job that saves right
-    after it announced the step).
-    """
-    out: set[tuple[int, int]] = set()
+def save_steps(traces: Traces) -> dict[tuple[int, int], int]:
+    """(rank, ordinal) -> the step whose save an attempt-0 file event belongs to: the step its rank last
+    announced before it, by a ``chaos.phases`` phase that names a step (a checkpointer's ``write_shards``,
+    ``commit``, ``retention``; the built-in workload's ``save``: its commit thread's work after training
+    moved on included) or, for a rank that announces no such phase, by ``chaos.probe.step`` (a job that
+    saves right after it announced the step). Events before any announcement belong to none."""
+    out: dict[tuple[int, int], int] = {}
     for (rank, attempt), recs in traces.items():
         if attempt != 0:
             continue
@@ -151,9 +147,15 @@ def save_events(traces: Traces, step: int) -> set[tuple[int, int]]:
             elif (r.get("event") == "phase" and not phased and r.get("name") == PROBE_PHASE
                   and info.get("kind") in STEP_KINDS and isinstance(info.get("n"), int)):
                 current = info["n"]
-            elif r.get("event") == "op" and current == step and isinstance(r.get("ord"), int):
-                out.add((rank, r["ord"]))
+            elif r.get("event") == "op" and current is not None and isinstance(r.get("ord"), int):
+                out[(rank, r["ord"])] = current
     return out
+
+
+def save_events(traces: Traces, step: int) -> set[tuple[int, int]]:
+    """(rank, ordinal) of every attempt-0 file event of the save at ``step`` (:func:`save_steps`): what
+    the built-in ``all:stepS:power`` cuts at (``chaos.plan.translate``)."""
+    return {key for key, s in save_steps(traces).items() if s == step}
 
 
 def announced_steps(traces: Traces) -> list[tuple[int, list[int]]]:

@@ -73,7 +73,7 @@ from chaos.launch import preload, sbatch, spares, zygote
 from chaos.launch.output import cause, clip
 from chaos.launch.preload import Choice
 from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
-from chaos.nemesis import atrest, diskfull, family, netcut, nodes, power
+from chaos.nemesis import atrest, diskfull, family, netcut, newest, nodes, power
 from chaos.nemesis.sites import event_keys
 from chaos.plan import pointset, resumepoints, translate
 from chaos.plan.pointset import Facts
@@ -202,9 +202,12 @@ def _halting(point: Point) -> family.AtRestFamily:
 def _at_rest(run: Run, point: Point, fam: family.AtRestFamily, prepared: Any, seed: int) -> atrest.Applied | None:
     """After a halted attempt 0: what the point's family does to {out} (a corruption, a stale copy,
     a swap, a payload, reordered writes, a power loss); None when the point never fired."""
-    halt = atrest.halt_record(read_traces(run.scratch, run.out), point.rank)
+    traces = read_traces(run.scratch, run.out)
+    halt = atrest.halt_record(traces, point.rank)
     if halt is None:
         return None
+    if point.builtin is not None:  # the built-in ckpt:stepS:KIND: the newest checkpoint's file, its own edit
+        return newest.apply(point, run.out, run.scratch, halt, seed, traces)
     return fam.apply(point, run.out, run.scratch, halt, seed, prepared)
 
 

@@ -17,7 +17,8 @@ subclassing, not by editing it:
 - a point fires *before* event N (the event is not performed), *after* it (its record
   is on disk, then SIGKILL), or *torn* (a write stores the first half of its bytes,
   then SIGKILL, through the interposer's own ``short_write`` rule);
-- a corruption or power-loss point *halts* right after event N: the rank records it,
+- a corruption or power-loss point *halts* right after event N (the built-in ``ckpt:stepS:KIND``,
+  which names no event: once the rank announces step S): the rank records it,
   leaves a request in the trace directory and waits, frozen, until the launcher has
   stopped every copy (torchrun's agent included, so it cannot restart the workers
   before the harness has edited {out}); SIGKILL itself after ``HALT_WAIT_S`` without one;
@@ -409,6 +410,10 @@ class JobInterposer(Interposer):
         if self._deferred is not None and info.get("n") == p.get("at_step"):
             self._enter()  # held until the copies are stopped: no thread writes past the halt
             self._halt(*self._deferred, step=info.get("n"))
+        if (p.get("op") is None and self._anchor is None and p.get("at_step") is not None  # the built-in ckpt:stepS:KIND
+                and info.get("n") == p["at_step"] and p.get("mode") in S.HALT_MODES):
+            self._enter()
+            self._halt("step", {"ord": None}, step=info.get("n"))
         if p.get("step") is None or info.get("n") != p["step"] or p.get("phase"):
             return  # (a phase point is the interposer's phase rule: it fires at the phase, not the step)
         if p.get("mode") == "term":
