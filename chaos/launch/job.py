@@ -92,6 +92,9 @@ class AttemptOutcome:
     node: dict[str, Any] | None = None    # a node point answered (--nodes, nodes.py): the loss or cut, each agent's end
     stop: dict[str, Any] | None = None    # a stop point's process stopped itself: where, how the attempt ended
     fill: dict[str, Any] | None = None    # a disk filled at a step (disk:stepS:full): in use, the size set, free after
+    # the built-in linger=S: the other copies ran on for up to S seconds once one failed (``stopped``: those
+    # still running after it, SIGKILLed)
+    lingered: float | None = None
     slurm: dict[str, Any] | None = None   # --launcher sbatch (sbatch.py): the Slurm job, its run, a sched point's action
     prestarted: bool = False  # its copies were spares started ahead, held at the gate until it began
     forked: bool = False  # its copies were forked by the exploration's zygote (zygote.py), modules loaded
@@ -129,6 +132,8 @@ class AttemptOutcome:
             how = " / ".join(f"killed by {signal.Signals(-c).name}" if c < 0 else f"exited {c}" for c in codes)
             return head + f"{how} within the {t['grace_s']:g} s grace"
         ended = self._ended()
+        if self.lingered is not None:
+            ended += f" (the others ran on for up to {self.lingered:g} s first, as a launcher's monitor interval allows)"
         what = (self.slurm or {}).get("what")
         return f"{what}: {ended}" if what else ended
 
@@ -172,6 +177,10 @@ class AttemptOutcome:
             d["node"] = self.node
         if self.stop is not None:
             d["stop"] = self.stop
+        if self.fill is not None:
+            d["fill"] = self.fill
+        if self.lingered is not None:
+            d["lingered_s"] = self.lingered
         if self.slurm is not None:
             d["slurm"] = self.slurm
         if self.prestarted:
@@ -481,6 +490,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             or point.mode == "diskfull" and point.step is not None)
         grace_end: float | None = None
         hold_end: float | None = None
+        linger_end: float | None = None
         halted_at = next_ready = 0.0
         ready: Callable[[S.Point, str, str], bool] | None = None
         settle_end: float | None = None
@@ -504,8 +514,9 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                             break  # every copy is killed below, at once
                         next_ready = time.monotonic() + HALT_READY_POLL_S  # reading traces takes CPU the others need
                 if point.mode == "term" and outcome.term is None and (req := requests(trace_dir, S.TERM_REQUEST)):
-                    outcome.term = _send_term(procs, trace_dir, req[0], job.grace_s)
-                    grace_end = time.monotonic() + job.grace_s
+                    grace = point.grace_s if point.grace_s is not None else job.grace_s
+                    outcome.term = _send_term(procs, trace_dir, req[0], grace)
+                    grace_end = time.monotonic() + grace
                 if point.mode == "net" and outcome.net is None and (req := requests(trace_dir, S.NET_REQUEST)):
                     outcome.net = netcut.cut(lab if in_lab else None, req[0], job.net_hold_s, trace_dir, out)
                     if "down" in outcome.net:
@@ -539,8 +550,13 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                     if time.monotonic() > settle_end:
                         break
             elif failed:
-                stop_ended = "failed"
-                break  # one rank failed: stop the others, as torchrun's agent does
+                linger = point.linger_s if point is not None and attempt == point.attempt else 0.0
+                if linger and linger_end is None:  # the built-in linger=S: a launcher's monitor interval
+                    linger_end = time.monotonic() + linger
+                    outcome.lingered = linger
+                if linger_end is None or time.monotonic() > linger_end:
+                    stop_ended = "failed"
+                    break  # one rank failed: stop the others, as torchrun's agent does
             if time.monotonic() > deadline:
                 outcome.timed_out = True
                 stop_ended = "timeout"

@@ -356,6 +356,8 @@ def parse_point(text: str) -> Point:
     if _PLACE.match(stripped) or not _KEYVALUE.match(stripped):
         one = _THEN.sub("", stripped)  # (a second fault takes no setting either)
         if "," in one.partition("@")[0] and _PLACE.match(one) and not _PHASE_POINT.fullmatch(one):
+            if one == stripped and _STEP_PROCESS.match(one):  # a kill, SIGTERM, hang or cut with its own settings
+                return _process_point(parse_fault(one), text)
             raise ConfigError(f"--point {text!r}: a job's point takes no KEY=VALUE settings (a SIGTERM's grace is "
                               "--grace, a cut's length --net-hold); settings are for a built-in fault (--fault)")
         return _read_point(text)
@@ -365,13 +367,41 @@ def parse_point(text: str) -> Point:
                           f"are {_POINT_FORMS}")
     if kind not in _JOB_KINDS:
         raise ConfigError(f"malformed --point {text!r}: expected {_POINT_FORMS}")
-    fault = _read_fault(stripped)
-    phase = fault.param("phase") if _JOB_KINDS[kind] in PHASE_MODES else None
-    if {k for k, _v in fault.params} - ({"phase"} if phase else set()) or fault.attempt or fault.rank is None or fault.step is None:
-        raise ConfigError(f"--point {text!r}: a job's {kind} is {kind}:rank=R,step=N with nothing else "
-                          "(rankR:stepN:" + _JOB_KINDS[kind] + "; a kill, stop or netdrop may add phase=NAME); other "
-                          "settings are the built-in workload's")
+    return _process_point(_read_fault(stripped), text)
+
+
+# the settings a job's step kill, SIGTERM, hang or cut takes from the built-in fault: a phase of the
+# save; a SIGTERM's own grace (--grace for the others); how long the other copies run on once the
+# struck one is gone before the launcher stops them (linger, a launcher's monitor interval)
+_PROCESS_SETTINGS = {"kill": {"phase", "linger"}, "term": {"grace", "linger"}, "stop": {"phase", "linger"},
+                     "netdrop": {"phase"}}
+_STEP_PROCESS = re.compile(r"rank\d+:step\d+:(kill|term|stop|net),")
+
+
+def _process_point(fault: Fault, text: str) -> Point:
+    """A step kill, SIGTERM, hang or network cut read as a built-in fault (``kill:rank=1,step=5,linger=3``,
+    ``rank0:step5:term,grace=2``) as a job's point: with settings beyond a phase it keeps the fault as
+    written (``Point.builtin``) and its settings, which the launcher honours (``Point.grace_s``,
+    ``Point.linger_s``)."""
+    kind = fault.kind
+    if kind not in _PROCESS_SETTINGS:
+        raise ConfigError(f"--point {text!r}: {kind} is a fault of the built-in workload (--fault); a job's points "
+                          f"are {_POINT_FORMS}")
+    if fault.param("lost"):
+        raise ConfigError(f"--point {text!r}: lost=true (the job restarted on fewer ranks) is the built-in "
+                          "workload's: a job's restart runs every rank again")
+    keys = {k for k, _v in fault.params}
+    if keys - _PROCESS_SETTINGS[kind] or fault.attempt or fault.rank is None or fault.step is None:
+        raise ConfigError(f"--point {text!r}: a job's {kind} is {kind}:rank=R,step=N (rankR:stepN:{_JOB_KINDS[kind]}) "
+                          f"with at most {', '.join(sorted(_PROCESS_SETTINGS[kind]))}; other settings are the "
+                          "built-in workload's")
+    phase = fault.param("phase")
     if phase is not None and not _PHASE_NAME.fullmatch(str(phase)):
         raise ConfigError(f"--point {text!r}: phase={phase!r} is no phase name (letters, digits, _ . -)")
-    return Point(fault.rank, _JOB_KINDS[kind], step=fault.step, phase=None if phase is None else str(phase))
+    settings = tuple((k, v) for k, v in fault.params if k != "phase")
+    for key, value in settings:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ConfigError(f"--point {text!r}: {key} must be a number of seconds, at least 0")
+    return Point(fault.rank, _JOB_KINDS[kind], step=fault.step, phase=None if phase is None else str(phase),
+                 builtin=fault.spec() if settings else None, settings=settings)
 

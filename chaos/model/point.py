@@ -146,6 +146,17 @@ class Point:
         return f"rank{self.rank}:op{self.op}:{self.mode}" + (f":s{self.state}" if self.state is not None else "") + on
 
     @property
+    def grace_s(self) -> float | None:
+        """A SIGTERM's own grace (the built-in ``term:...,grace=S``); None: the job's ``--grace``."""
+        grace = dict(self.settings).get("grace")
+        return None if grace is None else float(grace)
+
+    @property
+    def linger_s(self) -> float:
+        """How long the other copies run on once the struck one is gone (the built-in ``linger=S``), 0: none."""
+        return float(dict(self.settings).get("linger", 0.0))
+
+    @property
     def whole_save(self) -> bool:
         """A stand-in for the power cuts of the whole save at ``step`` (the built-in ``all:stepS:power``):
         ``chaos.plan.translate.points_for`` replaces it by that save's ``power`` points before any runs."""
@@ -223,6 +234,7 @@ class Point:
                                     ("size_bytes", self.size), ("at_step", self.at_step), ("phase", self.phase))
                   if v is not None}
         params.update({k: v for k, v in extra.items() if v is not None})
+        params.update(dict(self.settings))  # a built-in fault's own (a SIGTERM's grace, a linger)
         if fam == "diskfull" and self.step is not None:  # the built-in fault's own entry: its step and free bytes
             params = {"free": self.size, **{k: v for k, v in extra.items() if v is not None}}
             return {"kind": "diskfull", "rank": None, "step": self.step, "attempt": self.attempt, "params": params,

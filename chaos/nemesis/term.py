@@ -22,5 +22,9 @@ def notes(job: JobSpec, traces: Traces, facts: Facts, points: list[Point]) -> li
     return [] if points else ["SIGTERM is not explored: the job announced no step (chaos.probe.step or --step-regex)"]
 
 
-FAMILY = Family(name="term", points=points, notes=notes, params=lambda job, point, seed: {"grace_s": job.grace_s},
+def _params(job: JobSpec, point: Point, seed: int) -> dict[str, float]:
+    return {"grace_s": point.grace_s if point.grace_s is not None else job.grace_s}
+
+
+FAMILY = Family(name="term", points=points, notes=notes, params=_params,
                 restarts_torchrun=True, preempts=True)
