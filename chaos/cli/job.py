@@ -475,7 +475,8 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
         for note in ref.notes:
             _say(f"  note: {note}")
         progress["found"] = len(ref.points)
-        progress["planned"] = len(only) if only else min(len(ref.points), args.max_points or len(ref.points))
+        progress["planned"] = (sum(len(ref.expand(job, p)) for p in only) if only else  # (all:stepS:power: many)
+                               min(len(ref.points), args.max_points or len(ref.points)))
         progress["planned"] += 0 if only else args.resume_points  # at most: each a passing point struck again
         said = cost_line(progress["planned"], ref.seconds, args.jobs, args.budget, args.max_points)
         if said:
