@@ -18,9 +18,13 @@ its trace: ``rank0:op17:before``, ``rank0:op9:power:s2``, ``rank0:op9:stale:step
 
 The older spelling of a built-in fault, ``KIND:key=value`` (``kill:rank=1,step=11``), is read
 for both too, and is what a built-in scenario's replay command still prints; a job's step
-kill, SIGTERM and network cut may be written that way (``kill:rank=0,step=5``). A place one
-target cannot take is refused naming the other (``--point`` or ``--fault``), every error
-naming the text. Called by the command line (``chaos.cli``), the planners and the replay
+kill, SIGTERM and network cut may be written that way (``kill:rank=0,step=5``). Every
+built-in fault but ``restart`` and a kill's ``lost=true`` is also a job's point, its id the
+fault as written (``Point.builtin``), so ``chaos run --as-job --fault ...`` runs it: a step
+kill, SIGTERM or hang with its ``grace=``/``linger=``, an I/O fault (the interposer rule it
+names), ``ckpt:stepS:KIND`` (the newest checkpoint struck at rest), ``disk:stepS:full`` and
+``all:stepS:power`` (a stand-in for the power cuts of that save). A place one target cannot
+take is refused naming the other (``--point`` or ``--fault``), every error naming the text. Called by the command line (``chaos.cli``), the planners and the replay
 of a results file.
 """
 
