@@ -279,7 +279,8 @@ def _diskfull_chain(job: JobSpec, run: Run, point: Point) -> PointRecord:
                                  f"see{seen}; remounted at {grown} bytes before the restart", record)
     else:
         applied = atrest.Applied(f"{what}, never hit by a traced event", record,
-                                 idle=f"the job never hit ENOSPC on {what} (no traced event "
+                                 idle=f"the job never hit ENOSPC on "
+                                      f"{what if at_step else f'a {size}-byte tmpfs {{out}}'} (no traced event "
                                       "failed with it, attempt 0 finished with no ENOSPC in its output, and every "
                                       "oracle passed): the full disk did nothing")
     return PointRecord(point, run.out, run.attempts, traces, after_kill, applied, None, untraced)
