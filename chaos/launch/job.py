@@ -532,7 +532,9 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                 if now >= next_frozen:
                     next_frozen = now + FROZEN_POLL_S
                     if stop.frozen(outcome.stop.get("pid"), [p.pid for p in procs], mark):  # type: ignore[union-attr]
-                        stop_ended = "frozen"
+                        # a copy that failed by itself since the poll above is gone from /proc too: it, not
+                        # the freeze, ended the attempt
+                        stop_ended = "failed" if any(p.poll() not in (None, 0) for p in procs) else "frozen"
                         break  # nothing of the attempt can run: every copy is killed below
                 if stop_quiet.hung(now) is not None:
                     stop_ended = "silent"
