@@ -69,6 +69,7 @@ def test_a_linger_lets_the_other_rank_commit_what_a_kill_left_torn(tmp_path: Pat
     got = {s["id"]: s for s in doc["scenarios"]}
     lingered = got["rank1:step6:kill,linger=3,phase=shard_half"]
     assert lingered["outcome"] == "hard_failure", lingered["summary"]
+    assert lingered["summary"].startswith("the resume copy 1 exited 1"), lingered["summary"]  # a plain kill's line
     assert "ran on for up to 3 s first" in str(lingered["attempts"][0]["outcome"])
     assert lingered["attempts"][0]["lingered_s"] == 3
     at_once = got["rank1:step6:kill,phase=shard_half"]

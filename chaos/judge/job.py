@@ -669,7 +669,7 @@ def _fault(rec: PointRecord, fired: list[dict[str, Any]]) -> tuple[str | None, d
         return rec.applied.what, rec.applied.to_dict()
     if p.mode == "term" and rec.attempts and rec.attempts[0].term is not None:
         return rec.attempts[0].describe, {"what": rec.attempts[0].describe, **rec.attempts[0].term}
-    if p.builtin is not None and fired:
+    if p.rule is not None and fired:  # a built-in I/O fault (its rule); not any built-in spelling
         what = _io_line(p, fired, rec.out)
         return what, {"what": what, "fired": fired}
     if p.family == "errno" and fired:
@@ -689,7 +689,7 @@ def _fault(rec: PointRecord, fired: list[dict[str, Any]]) -> tuple[str | None, d
 
 
 def _io_line(p: Point, fired: list[dict[str, Any]], out: str) -> str:
-    """What a built-in I/O fault's rule did in the job (``Point.builtin``), in the words of the errno points'."""
+    """What a built-in I/O fault's rule did in the job (``Point.rule``), in the words of the errno points'."""
     f = fired[0]
     spec = f.get("spec") if isinstance(f.get("spec"), dict) else {}
     at = f"{f.get('op')} of {_short(f.get('path'), out)} (event {f.get('ord')})"
@@ -774,7 +774,7 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
                else "no trace from the killed attempt: the tracer was not installed (see the job's output)")
         if traced and p.step is not None:
             why = f"the point was not reached: rank {p.rank} announced no step {p.step} in the armed attempt"
-        if traced and p.builtin is not None:
+        if traced and p.rule is not None:
             why = f"the point was not reached: no file event of rank {p.rank} matched {p.builtin}"
         live = _liveness(job, rec)
         return PointVerdict("skipped" if traced else "error", "not_reached" if traced else "error", why,
