@@ -426,7 +426,7 @@ def unreachable(job: JobSpec, ref: Reference, point: Point) -> str | None:
         if point.op > max(ords):
             return (f"rank {point.rank}'s fault-free run traced {len(ords)} file event(s), op{min(ords)} to "
                     f"op{max(ords)}")
-    step = point.step if point.step is not None else point.at_step if point.builtin is not None else None
+    step = point.step if point.step is not None else point.at_step if point.strikes_newest else None
     if step is not None:
         last = ref.golden.last_steps.get(point.rank)
         if last is None:

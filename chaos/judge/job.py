@@ -237,7 +237,7 @@ def _saving_step(rec: PointRecord) -> int | None:
     step), if it announced any. The built-in ``ckpt:stepS:KIND`` strikes the newest checkpoint, whose
     step ``chaos.nemesis.newest`` recorded (``checkpoint_step``)."""
     known = rec.applied.record.get("checkpoint_step") if rec.applied is not None else None
-    if rec.point.builtin is not None and isinstance(known, int):
+    if rec.point.strikes_newest and isinstance(known, int):
         return known
     n = None
     halt = halt_record(rec.traces, rec.point.rank)
@@ -415,7 +415,7 @@ def relied_on(job: JobSpec, golden: Golden, rec: PointRecord) -> list[Relied]:
     # A corrupted file spoils its whole save: every file its rank wrote for the same step
     # (ckpt-6.pt corrupted, ckpt-6.pt.sha256 beside it is no checkpoint to rely on either).
     spoiled = {(v.rank, v.step) for v in versions if v.step is not None and _holds(v.path, excluded)}
-    if rec.point.builtin is not None and applied is not None and applied.excluded and applied.ranks:
+    if rec.point.strikes_newest and applied is not None and applied.excluded and applied.ranks:
         spoiled |= {(r, _saving_step(rec)) for r in applied.ranks}  # the built-in ckpt:: every rank's newest
     usable = {v.path: v for v in versions if v.done is not None and v.since is not None and not v.append
               and not v.failed and not os.path.isabs(v.path) and not _holds(v.path, excluded)

@@ -157,6 +157,12 @@ class Point:
         return float(dict(self.settings).get("linger", 0.0))
 
     @property
+    def strikes_newest(self) -> bool:
+        """The built-in ``ckpt:stepS:KIND``: every copy halts at step ``at_step`` and a file of the newest
+        checkpoint is struck (``chaos.nemesis.newest``), not the file a traced event completed."""
+        return self.builtin is not None and self.op is None and self.at_step is not None
+
+    @property
     def whole_save(self) -> bool:
         """A stand-in for the power cuts of the whole save at ``step`` (the built-in ``all:stepS:power``):
         ``chaos.plan.translate.points_for`` replaces it by that save's ``power`` points before any runs."""
@@ -224,7 +230,7 @@ class Point:
                 **{k: k for k in AT_REST_KINDS}}[fam]  # an at-rest family's kind is its name
         if self.rule is not None:
             return _io_fault(self, extra)
-        if self.builtin is not None and self.op is None and self.at_step is not None:  # the built-in ckpt:stepS:KIND
+        if self.strikes_newest:
             params = {"when": self.mode, **{k: v for k, v in extra.items() if v is not None}, **dict(self.settings)}
             return {"kind": self.mode, "rank": None, "step": self.at_step, "attempt": self.attempt, "params": params,
                     "spec": self.own_id}

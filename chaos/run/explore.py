@@ -206,7 +206,7 @@ def _at_rest(run: Run, point: Point, fam: family.AtRestFamily, prepared: Any, se
     halt = atrest.halt_record(traces, point.rank)
     if halt is None:
         return None
-    if point.builtin is not None:  # the built-in ckpt:stepS:KIND: the newest checkpoint's file, its own edit
+    if point.strikes_newest:  # the built-in ckpt:stepS:KIND: the newest checkpoint's file, its own edit
         return newest.apply(point, run.out, run.scratch, halt, seed, traces)
     return fam.apply(point, run.out, run.scratch, halt, seed, prepared)
 
