@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, ConfigError
 from chaos.launch import containernet, containers, preload, reaper, silence, spares, zygote
+from chaos.launch.answers import answer
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.model import jobspec as S
@@ -317,8 +318,7 @@ def _send_term(procs: list[subprocess.Popen[bytes]], trace_dir: str, req: dict[s
                 sent.append(i)
             except ProcessLookupError:
                 pass
-    with open(os.path.join(trace_dir, S.TERM_SENT), "w") as f:
-        f.write(json.dumps({"sent_to": sent}))
+    answer(trace_dir, S.TERM_SENT, {"sent_to": sent})
     return {"signal": "SIGTERM", "rank": req.get("rank"), "step": req.get("step"), "grace_s": grace_s,
             "sent_to": sent, "exited_within_grace": [], "killed_after_grace": []}
 

@@ -45,6 +45,7 @@ from typing import Any
 from chaos.errors import ConfigError
 from chaos.launch import job as launch
 from chaos.launch import reaper
+from chaos.launch.answers import answer
 from chaos.model import jobspec as S
 from chaos.nemesis import sched
 
@@ -183,10 +184,7 @@ class _Watch:
         self.record = sched.begin(point.mode, self.job_id, node, reqs[0], slurm)
         if self.record.get("pending") == "requeue":
             self.due = time.monotonic() + grace_s
-        final = os.path.join(trace_dir, S.SCHED_DONE)
-        with open(final + ".tmp", "w") as f:
-            f.write(json.dumps({"done": "error" not in self.record, "error": self.record.get("error")}))
-        os.replace(final + ".tmp", final)
+        answer(trace_dir, S.SCHED_DONE, {"done": "error" not in self.record, "error": self.record.get("error")})
 
     def settle(self) -> None:
         """The point's second step once due; a requeued job's BeginTime hold lifted."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import random
 import shutil
@@ -33,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos.launch.answers import answer
 from chaos.model.jobspec import FILL_DONE, JobSpec, Point
 from chaos.nemesis.atrest import merged_records
 from chaos.nemesis.family import Family
@@ -140,10 +140,7 @@ def fill(out: str, free: int, req: dict[str, Any], trace_dir: str) -> dict[str, 
         break
     else:
         record["error"] = "{out} kept growing while it was being filled (five tries)"
-    final = os.path.join(trace_dir, FILL_DONE)
-    with open(final + ".tmp", "w") as f:
-        f.write(json.dumps({"full": "error" not in record, "error": record.get("error")}))
-    os.replace(final + ".tmp", final)
+    answer(trace_dir, FILL_DONE, {"full": "error" not in record, "error": record.get("error")})
     return record
 
 

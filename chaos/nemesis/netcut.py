@@ -39,7 +39,6 @@ out with the probe's reason, and asked for explicitly its points are skipped wit
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -48,6 +47,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from chaos.launch.answers import answer
 from chaos.launch.containernet import ContainerNetwork
 from chaos.launch.output import clip
 from chaos.model import jobspec as S
@@ -173,10 +173,7 @@ def cut(lab: NetworkLab | ContainerNetwork | None, req: dict[str, Any], hold_s: 
             net["down"] = lab.link_down(int(req.get("rank", 0)), side="host")
         except (FaultError, OSError, ValueError) as exc:
             net["error"] = f"the link could not be cut: {exc}"
-    final = os.path.join(trace_dir, S.NET_DOWN)
-    with open(final + ".tmp", "w") as f:
-        f.write(json.dumps({"down": "down" in net, "error": net.get("error")}))
-    os.replace(final + ".tmp", final)
+    answer(trace_dir, S.NET_DOWN, {"down": "down" in net, "error": net.get("error")})
     return net
 
 

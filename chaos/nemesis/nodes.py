@@ -48,7 +48,6 @@ Kubernetes: a PodChaos ``pod-kill`` per loss, a NetworkChaos ``partition`` per l
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -60,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 from chaos.errors import ChaosError, ConfigError
 from chaos.launch import job as launch
 from chaos.launch import reaper
+from chaos.launch.answers import answer
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
 from chaos.launch.silence import Silence
@@ -203,10 +203,7 @@ def _kill_node(agent: _Agent, mark: str) -> dict[str, Any]:
 
 def _answer(trace_dir: str, record: dict[str, Any]) -> None:
     """Tell the waiting rank the launcher acted (``inproc``'s net wait reads ``NET_DOWN``)."""
-    final = os.path.join(trace_dir, S.NET_DOWN)
-    with open(final + ".tmp", "w") as f:
-        f.write(json.dumps({"down": "error" not in record, "error": record.get("error")}))
-    os.replace(final + ".tmp", final)
+    answer(trace_dir, S.NET_DOWN, {"down": "error" not in record, "error": record.get("error")})
 
 
 def _link_up(lab: NetworkLab, record: dict[str, Any], why: str) -> None:
