@@ -41,11 +41,9 @@ from chaos.model.grammar import parse_fault
 from chaos.model.jobspec import Point
 from chaos.nemesis import atrest, corrupt, payload, stale, swap
 from chaos.nemesis.atrest import Applied
-from chaos.nemesis.sites import Traces, save_steps
+from chaos.nemesis.sites import Traces, op_records, save_steps
 from faults import FaultError
 from faults import corrupt as C
-
-CORRUPTIONS = ("truncate", "bitflip", "zero", "delete")  # the kinds faults.corrupt's plan edits
 
 
 def newest_files(out: str, traces: Traces, upto: int) -> tuple[int | None, list[str]]:
@@ -55,10 +53,9 @@ def newest_files(out: str, traces: Traces, upto: int) -> tuple[int | None, list[
     present = sorted(os.path.relpath(os.path.join(d, f), root) for d, _dirs, names in os.walk(root) for f in names)
     steps = save_steps(traces)
     done: dict[str, int] = {}  # file -> the step of the save that last completed it
-    events = sorted(({**r, "rank": rank} for (rank, a), recs in traces.items() if a == 0 for r in recs
-                     if r.get("event") == "op" and r.get("op") in ("close", "rename") and r.get("error") is None
-                     and isinstance(r.get("rel"), str)), key=lambda r: r.get("ts", 0.0))
-    for r in events:
+    for r in op_records(traces):
+        if r["op"] not in ("close", "rename") or not isinstance(r.get("rel"), str):
+            continue
         step = steps.get((r["rank"], r.get("ord")))
         rel = r["rel"]
         for f in present:  # (a directory's close, after its fsync, completes none of its files)
@@ -144,4 +141,4 @@ def apply(point: Point, out: str, scratch: str, halt: dict[str, Any], seed: int,
     return applied
 
 
-__all__ = ["CORRUPTIONS", "apply", "choose", "edit", "newest_files"]
+__all__ = ["apply", "choose", "edit", "newest_files"]
