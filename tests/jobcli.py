@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+CARELESS = REPO / "chaos" / "examples" / "careless_job.py"  # writes its checkpoint in place
+CAREFUL = REPO / "chaos" / "examples" / "careful_job.py"    # temp file, fsync, rename, fall back
 
 # Two ranks (RANK from --ranks 2); every 3rd step each writes its shard in two writes and fsyncs it;
 # rank 0 then "checks its own shard" (0.5 s) and commits (latest, a temp file renamed over) as soon

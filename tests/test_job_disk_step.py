@@ -17,14 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobcli import run_json
+from jobcli import CAREFUL, REPO, run_json
 
 from chaos.errors import ConfigError
 from chaos.model.grammar import parse_fault, parse_point
 from chaos.nemesis import diskfull
 
-REPO = Path(__file__).resolve().parent.parent
-CAREFUL = REPO / "chaos" / "examples" / "careful_job.py"
 needs_tmpfs = pytest.mark.skipif(not diskfull.available()[0], reason=f"no tmpfs here: {diskfull.available()[1]}")
 
 

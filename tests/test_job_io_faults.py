@@ -17,14 +17,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from jobcli import run_json
+from jobcli import CARELESS, run_json
 
 from chaos.errors import ConfigError
 from chaos.model.grammar import parse_fault, parse_point
 from chaos.model.point import Point
-
-REPO = Path(__file__).resolve().parent.parent
-CARELESS = REPO / "chaos" / "examples" / "careless_job.py"
 
 # Saves every 3rd step with a temp file renamed over; an OSError while saving is printed and
 # swallowed, and the save is acknowledged all the same: the bug an injected error shows once the

@@ -14,15 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobcli import run_json
+from jobcli import CAREFUL, CARELESS, run_json
 
 from chaos.errors import ConfigError
 from chaos.model.grammar import parse_fault, parse_point
 from chaos.nemesis.newest import choose, newest_files
-
-REPO = Path(__file__).resolve().parent.parent
-CARELESS = REPO / "chaos" / "examples" / "careless_job.py"
-CAREFUL = REPO / "chaos" / "examples" / "careful_job.py"
 
 
 def test_a_fault_of_the_newest_checkpoint_reads_in_both_spellings() -> None:

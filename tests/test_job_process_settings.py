@@ -14,13 +14,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from jobcli import EAGER, run_json
+from jobcli import CAREFUL, EAGER, run_json
 
 from chaos.errors import ConfigError
 from chaos.model.grammar import parse_point
-
-REPO = Path(__file__).resolve().parent.parent
-CAREFUL = REPO / "chaos" / "examples" / "careful_job.py"
 
 
 def test_a_grace_or_a_linger_reads_in_both_spellings_and_keeps_the_fault_as_written() -> None:

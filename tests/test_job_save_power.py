@@ -15,15 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobcli import run_json
+from jobcli import CAREFUL, CARELESS, REPO, run_json
 
 from chaos.errors import ConfigError
 from chaos.model.grammar import parse_point
-
-REPO = Path(__file__).resolve().parent.parent
-CARELESS = REPO / "chaos" / "examples" / "careless_job.py"
-
-CAREFUL = REPO / "chaos" / "examples" / "careful_job.py"
 
 
 def test_a_whole_save_s_power_cuts_read_in_both_spellings_and_stand_for_points() -> None:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jobcli import EAGER, run_json
+from jobcli import CAREFUL, EAGER, REPO, run_json
 
 from chaos.errors import ConfigError
 from chaos.model.contract import DEFAULT_STOP_SILENCE_S
@@ -34,8 +34,6 @@ from chaos.nemesis.family import families
 from chaos.plan.pointset import kinds_to_explore
 from faults import network
 
-REPO = Path(__file__).resolve().parent.parent
-CAREFUL = REPO / "chaos" / "examples" / "careful_job.py"
 
 def test_a_stop_point_reads_in_both_spellings_and_is_its_own_family() -> None:
     at_step = parse_point("rank1:step6:stop")
