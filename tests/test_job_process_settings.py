@@ -2,8 +2,8 @@
 ``grace=S`` and a ``linger=S`` (the other copies run on for up to S seconds once the struck one is
 gone, as a launcher's monitor interval lets them), so the default campaign's
 ``term:rank=0,step=5,grace=2`` and ``kill:rank=1,phase=save,step=10,linger=3`` run through the
-job pipeline (issue #28). ``lost=true`` (an elastic restart on fewer ranks) stays the built-in
-workload's, refused in one line.
+job pipeline (issue #28). A kill's ``lost=true`` (the restarts on one rank fewer) has its own
+tests: ``test_job_shrink``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def test_a_grace_or_a_linger_reads_in_both_spellings_and_keeps_the_fault_as_writ
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("kill:rank=0,step=5,lost=true", "lost=true (the job restarted on fewer ranks) is the built-in workload's"),
+    ("term:rank=0,step=5,lost=true", "not 'lost'"),
+    ("rank0:step5:kill,lost=yes", "lost must be true or false"),
     ("term:rank=0,step=5,phase=vote", "with at most grace, linger"),
     ("rank0:step5:term,grace=-1", "grace must be a number of seconds"),
     ("rank0:step5:kill,grace=2", "not 'grace'"),

@@ -91,7 +91,7 @@ from chaos.launch.output import clip
 from chaos.model.check import Check
 from chaos.model.jobspec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec
 from chaos.model.point import Point
-from chaos.nemesis import nodes
+from chaos.nemesis import nodes, shrink
 from chaos.nemesis.atrest import halt_record, opens_for_writing, under, untraced_line
 from chaos.record.jobhistory import PointRecord
 
@@ -114,6 +114,8 @@ class Golden:
     losses: dict[int, dict[int, float]] = field(default_factory=dict)  # rank -> step -> loss, fault-free run
     last_steps: dict[int, int] = field(default_factory=dict)  # rank -> the last step it announced, fault-free
     loss_source: str | None = None  # which announcements carry the losses (losscurve.source): step | loss
+    # a fault-free resize (chaos.nemesis.shrink): the step its restart resumed at, and the point that made it
+    resized_from: tuple[int, str] | None = None
 
 
 def _first_restart(rec: PointRecord, rank: int) -> int | None:
@@ -193,7 +195,7 @@ def _probe(r: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _resumed_at(rec: PointRecord, rank: int, golden: Golden | None = None) -> tuple[int | None, str, dict[str, Any]]:
+def resumed_at(rec: PointRecord, rank: int, golden: Golden | None = None) -> tuple[int | None, str, dict[str, Any]]:
     """Where rank ``rank``'s first restart started (None: unknown), how that is known, and each source
     seen where they disagree (evidence: ``--step-regex`` is never silently overruled by ``--loss-regex``)."""
     struck = max(_struck(rec))  # after a second fault, the restart after it
@@ -473,9 +475,18 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
                                      "ranks": sorted(damaged),
                                      "why": "corrupted by the harness after the job completed them"}
     ranks_seen = {r for (r, _a) in rec.traces}
+    lost = shrink.lost_rank(rec.point, rec.traces)
+    if lost is not None:  # the restarts ran on one rank fewer, those above the lost one numbered down
+        ranks_seen = {r for (r, a) in rec.traces if a > 0} or ranks_seen - {lost}
+        evidence["lost_rank"] = {"rank": lost, "why": "killed with lost=true: the restarts ran without it, rank "
+                                 f"k > {lost} of a restart being rank k + 1 of attempt 0"}
     newest: dict[int, tuple[int, str]] = {}
 
     def offer(rank: int, n: int, source: str) -> None:
+        if lost is not None:  # an attempt-0 rank: the restart's number for it (the lost one has none)
+            if rank == lost:
+                return
+            rank = rank if rank < lost else rank - 1
         if rank not in newest or n > newest[rank][0]:
             newest[rank] = (n, source)
 
@@ -496,14 +507,15 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
         evidence["complete_checkpoints_after_kill"] = complete
         if complete:  # a checkpoint on disk is every rank's to resume from
             for rank in ranks_seen:
-                offer(rank, complete[-1], "--checkpoint-glob")
+                offer(shrink.old_rank(rank, lost) if lost is not None else rank, complete[-1], "--checkpoint-glob")
     relied = relied_on(job, golden, rec)
     if relied:
         evidence["relied_on"] = [r.to_dict() for r in relied[-20:]]
     for r in relied:
         if r.step is not None:
             what = "relied on " + ("before the power loss" if cuts else "when it was stopped")
-            for rank in (ranks_seen if r.rank is None else {r.rank}):
+            every = ranks_seen if lost is None else {shrink.old_rank(k, lost) for k in ranks_seen}
+            for rank in (every if r.rank is None else {r.rank}):
                 offer(rank, r.step, f"{r.name} {what}: {r.since}; step {r.step}: {r.step_from}")
     if rec.untraced:
         evidence["untraced_changes"] = rec.untraced[:20]
@@ -520,7 +532,7 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
     worst: tuple[int, int, int, str] | None = None
     unknown: list[int] = []
     for rank, (n, source) in sorted(newest.items()):
-        at, how, seen = _resumed_at(rec, rank, golden)
+        at, how, seen = resumed_at(rec, rank, golden)
         ranks[str(rank)] = {"newest_complete": n, "source": source, "resumed_at": at, "resumed_by": how, **seen}
         if at is None:
             unknown.append(rank)
@@ -685,6 +697,11 @@ def _fault(rec: PointRecord, fired: list[dict[str, Any]]) -> tuple[str | None, d
         if after is not None:
             what += f"; the job carried on and was killed at its next step ({after.get('step_n')})"
         return what, {"what": what, "fired": fired}
+    if p.lost and fired and rec.attempts:
+        size = len(rec.attempts[-1].logs) if len(rec.attempts) > 1 else None
+        ran = f"the restarts ran on {size} rank(s)" if size is not None else "the job was not restarted"
+        what = f"{_kill_line(p, fired)}{f' (phase {p.phase})' if p.phase else ''}, lost for good: {ran}"
+        return what, {"what": what, "fired": fired, "lost_rank": p.rank, "restart_ranks": size}
     return None, None
 
 
@@ -708,6 +725,52 @@ def _io_line(p: Point, fired: list[dict[str, Any]], out: str) -> str:
     if after is not None:
         did += f"; the job carried on and was killed at its next step ({after.get('step_n')})"
     return did
+
+
+def _resized(rec: PointRecord, name: str) -> tuple[Golden | None, Check | None]:
+    """The fault-free resize a point whose rank was lost for good is judged against (``rec.resized``), or
+    the ``name`` check's not-judged line where there is none."""
+    if isinstance(rec.resized, Golden) and rec.resized.resized_from is not None:
+        return rec.resized, None
+    why = rec.resized if isinstance(rec.resized, str) else "no fault-free resize was run for this point"
+    return None, Check(name, "not_judged", f"the job resumed on one rank fewer, and {why}")
+
+
+def _resized_results(job: JobSpec, rec: PointRecord) -> Check:
+    """After a rank lost for good: the result files against the fault-free resize's, not the golden run's
+    (each rank of a smaller world trains on other batches)."""
+    ref, unjudged = _resized(rec, "result_files")
+    if ref is None or ref.resized_from is None:
+        return unjudged or Check("result_files", "not_judged", "no fault-free resize")
+    step, made_by = ref.resized_from
+    got = _results(job, ref, rec)
+    got.summary = got.summary.replace("the fault-free run's", f"the fault-free resize's from step {step}")
+    if got.result == "fail":
+        got.summary += f" (against the fault-free resize from step {step}, {made_by})"
+    if isinstance(got.evidence, dict):
+        got.evidence["reference"] = {"resumed_at": step, "point": made_by, "out": ref.out,
+                                     "why": "the same job shrunk after a clean stop right after that save"}
+    return got
+
+
+def _resized_loss(job: JobSpec, golden: Golden, rec: PointRecord, lost: int) -> Check:
+    """After a rank lost for good: attempt 0's losses against the golden run, the restarts' against the
+    fault-free resize's restart."""
+    ref, unjudged = _resized(rec, "loss_continuity")
+    before = _loss(job, golden, dataclasses.replace(rec, traces={k: v for k, v in rec.traces.items() if k[1] == 0}))
+    if before.failed or ref is None or ref.resized_from is None:
+        return before if before.failed or unjudged is None else unjudged
+    size = job.world_size - 1
+    # the restarts alone, after an empty attempt 0: the first of them is a resume (its spike window judged)
+    restarts = {(0, 0): [], **{k: v for k, v in rec.traces.items() if k[1] > 0}}
+    after = _loss(dataclasses.replace(job, ranks=size), ref, dataclasses.replace(rec, traces=restarts))
+    evidence = {"before_the_loss": before.evidence, "after_the_loss": after.evidence,
+                "reference": {"resumed_at": ref.resized_from[0], "point": ref.resized_from[1]}}
+    where = f"on {size} rank(s) after rank {lost} was lost, against the fault-free resize from step {ref.resized_from[0]}"
+    if after.result != "pass":
+        return Check("loss_continuity", after.result, f"{where}: {after.summary}", evidence)
+    return Check("loss_continuity", before.result, f"before the loss, {before.summary}; {where}, {after.summary}",
+                 evidence)
 
 
 def _kill_line(p: Point, fired: list[dict[str, Any]]) -> str:
@@ -819,6 +882,10 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
         oracles["result_files"] = Check("result_files", "not_judged", "the job did not finish")
         oracles["durability"] = _durability(job, golden, rec) if rec.attempts else Check(
             "durability", "not_judged", "the job did not finish")
+    elif (lost := shrink.lost_rank(p, rec.traces)) is not None:  # the restarts ran on one rank fewer
+        oracles["result_files"] = _resized_results(job, rec)
+        oracles["loss_continuity"] = _resized_loss(job, golden, rec, lost)
+        oracles["durability"] = _durability(job, golden, rec)
     else:
         oracles["result_files"] = _results(job, golden, rec)
         oracles["loss_continuity"] = _loss(job, golden, rec)

@@ -19,9 +19,10 @@ its trace: ``rank0:op17:before``, ``rank0:op9:power:s2``, ``rank0:op9:stale:step
 The older spelling of a built-in fault, ``KIND:key=value`` (``kill:rank=1,step=11``), is read
 for both too, and is what a built-in scenario's replay command still prints; a job's step
 kill, SIGTERM and network cut may be written that way (``kill:rank=0,step=5``). Every
-built-in fault but ``restart`` and a kill's ``lost=true`` is also a job's point, its id the
-fault as written (``Point.builtin``), so ``chaos run --as-job --fault ...`` runs it: a step
-kill, SIGTERM or hang with its ``grace=``/``linger=``, an I/O fault (the interposer rule it
+built-in fault but ``restart`` is also a job's point, its id the fault as written
+(``Point.builtin``), so ``chaos run --as-job --fault ...`` runs it: a step kill, SIGTERM or hang
+with its ``grace=``/``linger=``, a kill's ``lost=true`` (the restarts run on one rank fewer:
+``chaos.nemesis.shrink``), an I/O fault (the interposer rule it
 names), ``ckpt:stepS:KIND`` (the newest checkpoint struck at rest), ``disk:stepS:full`` and
 ``all:stepS:power`` (a stand-in for the power cuts of that save). A place one target cannot
 take is refused naming the other (``--point`` or ``--fault``), every error naming the text. Called by the command line (``chaos.cli``), the planners and the replay
@@ -376,8 +377,9 @@ def parse_point(text: str) -> Point:
 
 # the settings a job's step kill, SIGTERM, hang or cut takes from the built-in fault: a phase of the
 # save; a SIGTERM's own grace (--grace for the others); how long the other copies run on once the
-# struck one is gone before the launcher stops them (linger, a launcher's monitor interval)
-_PROCESS_SETTINGS = {"kill": {"phase", "linger"}, "term": {"grace", "linger"}, "stop": {"phase", "linger"},
+# struck one is gone before the launcher stops them (linger, a launcher's monitor interval); a kill's
+# rank lost for good (lost=true: the restarts run on one rank fewer, chaos.nemesis.shrink)
+_PROCESS_SETTINGS = {"kill": {"phase", "linger", "lost"}, "term": {"grace", "linger"}, "stop": {"phase", "linger"},
                      "netdrop": {"phase"}}
 _STEP_PROCESS = re.compile(r"rank\d+:step\d+:(kill|term|stop|net),")
 
@@ -391,9 +393,6 @@ def _process_point(fault: Fault, text: str) -> Point:
     if kind not in _PROCESS_SETTINGS:
         raise ConfigError(f"--point {text!r}: {kind} is a fault of the built-in workload (--fault); a job's points "
                           f"are {_POINT_FORMS}")
-    if fault.param("lost"):
-        raise ConfigError(f"--point {text!r}: lost=true (the job restarted on fewer ranks) is the built-in "
-                          "workload's: a job's restart runs every rank again")
     keys = {k for k, _v in fault.params}
     if keys - _PROCESS_SETTINGS[kind] or fault.attempt or fault.rank is None or fault.step is None:
         raise ConfigError(f"--point {text!r}: a job's {kind} is {kind}:rank=R,step=N (rankR:stepN:{_JOB_KINDS[kind]}) "
@@ -402,8 +401,12 @@ def _process_point(fault: Fault, text: str) -> Point:
     phase = fault.param("phase")
     if phase is not None and not _PHASE_NAME.fullmatch(str(phase)):
         raise ConfigError(f"--point {text!r}: phase={phase!r} is no phase name (letters, digits, _ . -)")
-    settings = tuple((k, v) for k, v in fault.params if k != "phase")
+    settings = tuple((k, v) for k, v in fault.params if k != "phase" and not (k == "lost" and v is False))
     for key, value in settings:
+        if key == "lost":
+            if value is not True:
+                raise ConfigError(f"--point {text!r}: lost must be true or false, got {value!r}")
+            continue
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise ConfigError(f"--point {text!r}: {key} must be a number of seconds, at least 0")
     return Point(fault.rank, _JOB_KINDS[kind], step=fault.step, phase=None if phase is None else str(phase),

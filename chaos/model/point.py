@@ -157,6 +157,12 @@ class Point:
         return float(dict(self.settings).get("linger", 0.0))
 
     @property
+    def lost(self) -> bool:
+        """A kill with ``lost=true``: the rank never comes back and the restarts run on one rank fewer
+        (``chaos.nemesis.shrink``)."""
+        return dict(self.settings).get("lost") is True
+
+    @property
     def strikes_newest(self) -> bool:
         """The built-in ``ckpt:stepS:KIND``: every copy halts at step ``at_step`` and a file of the newest
         checkpoint is struck (``chaos.nemesis.newest``), not the file a traced event completed."""

@@ -3,6 +3,7 @@
 environment.py  what a built-in scenario's faults need around the ranks (mounts, labs, corruption)
 family.py       the protocol of a fault family, and the registry of them
 kill.py         SIGKILL before or after a traced file event, torn mid-write, or at a step
+shrink.py       a kill with lost=true: the rank lost for good, the restarts on one rank fewer
 term.py         SIGTERM at a step, SIGKILL after the grace: a preemption
 ioerror.py      a file event raises EIO or ENOSPC (the errno family)
 corrupt.py      bit rot in a completed file: a bit flipped, truncated, zeroed, deleted

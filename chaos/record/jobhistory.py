@@ -57,6 +57,9 @@ class PointRecord:
     # files under {out} that attempt 0 changed and no traced event explains (atrest.untraced_changes)
     untraced: list[dict[str, Any]] = field(default_factory=list)
     second: Any = None  # atrest.Applied of a second fault the harness made in the restart (a power cut)
+    # a rank lost for good (lost=true): the fault-free resize's judge.Golden the restart is compared with,
+    # or why there is none (chaos.nemesis.shrink; built by chaos.run.explore)
+    resized: Any = None
 
     def at_cut(self) -> dict[str, dict[str, int]] | None:
         """The --checkpoint-glob matches as the job left them, before any edit by the harness."""

@@ -67,13 +67,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from chaos.errors import ChaosError, ConfigError
 from chaos.judge import losscurve
 from chaos.judge.compare import first_difference
-from chaos.judge.job import Golden, PointVerdict, judge, last_steps, step_of
+from chaos.judge.job import Golden, PointVerdict, judge, last_steps, resumed_at, step_of
 from chaos.launch import job as launch
 from chaos.launch import preload, sbatch, spares, zygote
 from chaos.launch.output import cause, clip
 from chaos.launch.preload import Choice
 from chaos.model.jobspec import HALT_MODES, TORCHRUN_STRIDE, JobSpec, Point
-from chaos.nemesis import atrest, diskfull, family, netcut, newest, nodes, power
+from chaos.nemesis import atrest, diskfull, family, netcut, newest, nodes, power, shrink
 from chaos.nemesis.sites import event_keys
 from chaos.plan import pointset, resumepoints, translate
 from chaos.plan.pointset import Facts
@@ -178,12 +178,15 @@ def _restarts(job: JobSpec, run: Run, point: Point, watch: Callable[[int], None]
     SIGTERM'd job is restarted even when it exited 0: it was preempted, not finished.
     ``watch(attempt)`` runs after each restart (an at-rest family's ``watch``: a payload's marker).
     A point with a second fault (``point.then``) arms it in the first restart, and has one
-    restart more than ``--max-restarts`` for it."""
+    restart more than ``--max-restarts`` for it. After a rank lost for good (a kill with
+    ``lost=true``) the restarts run on one rank fewer (``shrink.restart_job``)."""
     fam = family.families()[point.family]
     if fam.scheduler_restarts:
         return  # Slurm reran the job itself (sched): its runs are attempt 0's launch's attempts already
     if job.torchrun and not fam.restarts_torchrun:
         return  # a node point's agents that all failed are relaunched, as a scheduler restarts a failed job
+    if point.lost:
+        job = shrink.restart_job(job, point, read_traces(run.scratch, run.out))
     for attempt in range(1, job.max_restarts + (2 if point.then is not None else 1)):
         if run.attempts[-1].ok and not (attempt == 1 and fam.preempts):
             break
@@ -466,6 +469,8 @@ class Reference:
     # preload.choose's answer: zygote_only modules with their variables, and why spares preload nothing then
     preload_choice: Choice = field(default_factory=Choice)
     net_engine: bool = False  # --launcher docker: a lab is a network of the engine, not namespaces (containernet)
+    # step K -> the fault-free resize from K's checkpoint (resized_reference), or why there is none
+    resized: dict[int, Golden | str] = field(default_factory=dict, repr=False)
 
     def lookup(self, job: JobSpec, point: Point) -> Point:
         """A replayed point with what the fault-free run did there (any kind, asked for or not).
@@ -506,6 +511,57 @@ class Reference:
                            "points and the second fault-free run; the host's for the others" if self.netlab
                 else "each node's torchrun agent in its own network namespace (a NetworkLab per run)"
                 if self.nodes else "the host's"}
+
+
+_RESIZE_LOCK = threading.Lock()
+
+
+def resized_reference(job: JobSpec, ref: Reference, root: str, rec: PointRecord) -> Golden | str | None:
+    """What the restart of a point whose rank was lost for good is compared with: the fault-free resize
+    from the checkpoint that restart resumed at (``shrink.reference_point``), run once per step in
+    ``root/resized-K`` and kept in ``ref.resized``; or why there is none (a string the judge says);
+    None where no rank was lost (the kill never fired).
+
+    Called by :func:`_run_points` after a ``lost=true`` point's chain, before it is judged. Only a
+    restart whose ranks all resumed at one step K has one; the fault-free run must then lose its
+    rank, finish, and have every rank of its restart resume at K too."""
+    lost = shrink.lost_rank(rec.point, rec.traces)
+    if lost is None or job.ranks is None:
+        return None
+    size = job.ranks - 1
+    steps = {resumed_at(rec, rank, ref.golden)[0] for rank in range(size)}
+    if len(steps) != 1 or None in steps:
+        shown = ", ".join("unknown" if s is None else str(s) for s in sorted(steps, key=lambda s: -1 if s is None else s))
+        return f"the restart's {size} rank(s) did not all resume at one known step (resumed at: {shown})"
+    step = int(next(iter(steps)))  # type: ignore[arg-type]
+    with _RESIZE_LOCK:
+        if step not in ref.resized:
+            ref.resized[step] = _resize_run(job, ref, root, step, size)
+        return ref.resized[step]
+
+
+def _resize_run(job: JobSpec, ref: Reference, root: str, step: int, size: int) -> Golden | str:
+    """Run the fault-free resize from ``step`` (:func:`resized_reference`) and read it as a Golden."""
+    point = shrink.reference_point(job, step)
+    run = new_run(root, f"resized-{step}")
+    got = run_chain(job, run, point)
+    if shrink.lost_rank(point, got.traces) is None:
+        return (f"the fault-free run never reached {point.id} (the resize from step {step}): "
+                f"no run on {size} rank(s) from that checkpoint to compare with")
+    if not got.attempts[-1].ok:
+        return f"the fault-free resize from step {step} ({point.id}) {got.attempts[-1].describe}"
+    first = min((a for (_r, a) in got.traces if a > 0), default=None)
+    if first is None:
+        return f"the fault-free resize from step {step} ({point.id}) left no trace of its restart"
+    for rank in range(size):
+        at = resumed_at(got, rank, ref.golden)[0]
+        if at != step:
+            return (f"the fault-free resize ({point.id}, a clean stop right after the save of step {step}) resumed "
+                    f"rank {rank} at step {at}, not {step}: no run on {size} rank(s) from that checkpoint")
+    losses = losscurve.curves(got.traces, first, kind=ref.golden.loss_source)
+    return Golden(out=run.out, results=result_files(job, run.out), tolerance=ref.golden.tolerance, checkpoints={},
+                  acks=ref.golden.acks, losses=losses, last_steps=last_steps(got.traces, first),
+                  loss_source=ref.golden.loss_source, resized_from=(step, point.id))
 
 
 def enumerate_points(job: JobSpec, traces: dict[tuple[int, int], list[dict[str, Any]]],
@@ -911,7 +967,7 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
             return None
         t0 = time.monotonic()
         run = new_run(root, f"point-{first + i:05d}")
-        run.prestart = warm and not in_lab(ref.netlab, point)
+        run.prestart = warm and not in_lab(ref.netlab, point) and not point.lost  # (its restart: one rank fewer)
         run.replay_from = replay_from(point)
         if warm and jobs == 1 and i + 1 < len(chosen) and not in_lab(ref.netlab, chosen[i + 1]):
             nxt = new_run(root, f"point-{first + i + 1:05d}")
@@ -934,6 +990,18 @@ def _run_points(job: JobSpec, ref: Reference, chosen: list[Point], root: str, se
                 results.append(res)
             return res
         assert rec is not None
+        if point.lost:
+            try:
+                rec.resized = resized_reference(job, ref, root, rec)
+            except BaseException:
+                if not launch.cancelled():
+                    raise
+                rec.resized = "the exploration was interrupted while the fault-free resize ran"
+        if launch.cancelled():  # (during the fault-free resize)
+            res = interrupted_result(job, point, run, rec, seed, time.monotonic() - t0)
+            with lock:
+                results.append(res)
+            return res
         res = PointResult(job, point, judge(job, ref.golden, rec), rec, seed, time.monotonic() - t0)
         with lock:
             durations.append(res.seconds)
