@@ -56,14 +56,14 @@ OUTCOME_ORDER = ("code_execution", "hard_failure", "silent_divergence", "lost_wo
 FAMILY = {"crash": "kill", "kill": "kill", "corrupt": "corrupt", "powerloss": "power", "ioerror": "errno",
           "term": "term", "diskfull": "diskfull", "netcut": "net", "node_loss": "node", "stale": "stale",
           "swap": "swap", "payload": "payload", "reorder": "reorder", "sched": "sched",
-          "rendezvous_host_loss": "node", "node_link_cut": "node", "stop": "stop",
+          "rendezvous_host_loss": "node", "node_link_cut": "node", "stop": "stop", "restart": "restart",
           # a built-in fault run as a job's point (Point.builtin): its own kind
           "shortwrite": "kill", "eio": "errno", "enospc": "errno", "fsyncfail": "errno", "slowio": "errno",
           "bitflip": "corrupt", "truncate": "corrupt", "zero": "corrupt", "delete": "corrupt"}
 # Which family's point best shows a cause: a plain kill replays with nothing else going on.
 REPRESENTATIVE_ORDER = ("kill", "errno", "term", "diskfull", "power", "reorder", "corrupt", "stale", "swap", "payload",
-                        "net", "node", "sched", "stop")
-FAMILY_ORDER = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node", "sched", "stop")  # as chaos.model.jobspec lists them
+                        "net", "node", "sched", "stop", "restart")
+FAMILY_ORDER = ("kill", "corrupt", "power", "errno", "term", "diskfull", "net", "node", "sched", "stop", "restart")  # as chaos.model.jobspec lists them
 POINTS_SHOWN = 8  # point ids a console block lists before "and N more"
 NO_FIX = "no fix known for this kind: see the representative's evidence"
 
@@ -147,7 +147,8 @@ _FAMILY_WORDS = {"kill": "a kill", "corrupt": "a corruption", "power": "a power 
                  "term": "a SIGTERM", "diskfull": "a full disk", "net": "a network cut", "node": "a node fault",
                  "stale": "a stale copy", "swap": "a swap of two ranks' files", "payload": "a planted payload",
                  "reorder": "writes reordered before a power cut",
-                 "sched": "a Slurm requeue, preemption or node loss", "stop": "a hung process (SIGSTOP)"}
+                 "sched": "a Slurm requeue, preemption or node loss", "stop": "a hung process (SIGSTOP)",
+                 "restart": "a container restarted in place"}
 
 # A line of output that quotes an exception (``[rank0]: ValueError: ...``); its type (``EOFError`` too).
 # Every pattern here runs in time linear in its input: a results file is untrusted.
@@ -431,7 +432,8 @@ def _power(sc: dict[str, Any], outcome: str, files: _Files, line: str) -> tuple[
 _MODE_KIND = {"before": "crash", "after": "crash", "torn": "crash", "bitflip": "corrupt", "truncate": "corrupt",
               "zero": "corrupt", "delete": "corrupt", "power": "powerloss", "enospc": "ioerror", "eio": "ioerror",
               "kill": "kill", "term": "term", "net": "netcut", "requeue": "sched", "preempt": "sched", "node": "sched",
-              "stale": "stale", "swap": "swap", "payload": "payload", "reorder": "reorder", "stop": "stop"}
+              "stale": "stale", "swap": "swap", "payload": "payload", "reorder": "reorder", "stop": "stop",
+              "restart": "restart"}
 
 
 def _from_id(pid: str, anchored: str) -> tuple[str, dict[str, Any]]:
@@ -547,10 +549,11 @@ def _classify(sc: dict[str, Any], files: _Files, line: str) -> tuple[str, str, s
         landed = f"kill at the {_s(params.get('phase'))} phase of a save"
     else:
         landed = {"kill": "kill between saves", "term": "SIGTERM", "stop": "hang between saves",
+                  "restart": "container restart between saves",
                   "sched": f"Slurm {when or 'requeue'} between saves"}.get(family, f"{family} fault")
     if family == "term" and outcome == "hard_failure" and "preemption_exit" in _failing_oracles(sc):
         return family, "term_exit0", "", "", landed
-    if family in ("kill", "term", "sched"):
+    if family in ("kill", "term", "sched", "restart"):
         if outcome == "lost_work":
             return family, "ignores_newest", "", "", landed
         if outcome == "silent_divergence":

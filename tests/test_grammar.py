@@ -65,7 +65,7 @@ def test_a_fault_only_a_job_can_take_is_refused_naming_the_other_option(text: st
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("restart:rank=0,step=3", "a fault of the built-in workload (--fault)"),
+    ("hang:rank=0,step=3", "malformed --point"),
     ("kill:rank=0,step=5,lost=yes", "lost must be true or false"),
     ("rank0:step5:kill,phase=vote,lost=no", "lost must be true or false"),
     ("rank0:op5:before,phase=vote", "takes no KEY=VALUE settings"),

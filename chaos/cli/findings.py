@@ -45,7 +45,7 @@ FAMILY_WORDS = {"kill": "kill", "corrupt": "corruption at rest", "power": "power
                 "net": "network cut", "node": "node loss", "stale": "stale copy of an older save",
                 "swap": "two ranks' files swapped", "payload": "code planted in the checkpoint",
                 "reorder": "writes reordered before a power cut", "sched": "Slurm requeue / preemption / node loss", "stop": "a hung process (SIGSTOP)",
-                "resume": "a second fault (a kill or a power cut) inside the resume after a first fault"}
+                "restart": "a container restarted in place", "resume": "a second fault (a kill or a power cut) inside the resume after a first fault"}
 VERDICT_WORDS = {"code_execution": "code execution", "hard_failure": "hard failure", "silent_divergence": "silent divergence", "lost_work": "lost work",
                  "pass": "held", "error": "harness error", "skipped": "not tested"}
 PEER_ANSWERS = ("yes", "no", "partly")

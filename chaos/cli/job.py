@@ -41,7 +41,7 @@ from chaos.model.jobspec import (
     Point,
     check_sbatch_options,
 )
-from chaos.nemesis import shrink
+from chaos.nemesis.family import families
 
 if TYPE_CHECKING:
     from chaos.run.explore import Interrupted, Reference
@@ -446,8 +446,9 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
     only = [parse_point(p) for p in args.point] or None
     if only and job.nodes is None and any(p.family == "node" for p in only):
         raise ConfigError(f"--point {next(p.id for p in only if p.family == 'node')}: a node point needs --nodes N")
-    for point in only or []:
-        if (why := shrink.refusal(job, point)) is not None:
+    for point in only or []:  # a family's own refusal: a kill's lost=true without --ranks N, a restart without docker
+        refuse = families()[point.family].refusal if point.family in families() else None
+        if refuse is not None and (why := refuse(job, point)) is not None:
             raise ConfigError(f"--point {point.replay_id}: {why}")
     _check_ci_outputs(args)
     executor = None

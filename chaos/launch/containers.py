@@ -45,7 +45,8 @@ any container of the attempt still on the engine.
 Who calls what: ``cli.job.build`` calls :func:`check` (a missing client, engine or image is a
 ConfigError before anything runs); ``job.run_attempt`` calls :func:`wrap` for every copy
 (``job._plan``), :func:`stop` in its clean-up (before and after the clients are reaped), then
-:func:`returncode` and :func:`start_error`; ``job.kill_all`` calls :func:`sweep` when an
+:func:`returncode` and :func:`start_error`; ``chaos.nemesis.restart`` calls :func:`restart` when a
+restart point fires (the engine restarts that copy's container in place); ``job.kill_all`` calls :func:`sweep` when an
 exploration ends or is interrupted.
 """
 
@@ -322,6 +323,24 @@ def stop(mark: str, seen: set[str] | None = None) -> list[str]:
             if _remove(api, c["Id"]):
                 left.append(name)
     return left
+
+
+def restart(name: str, timeout_s: float) -> dict[str, Any]:
+    """``docker restart -t T`` of one copy's container, through the engine (``chaos.nemesis.restart``):
+    its processes are stopped (SIGTERM, SIGKILL after ``timeout_s``; at once with 0) and its command
+    started again in it, the copy's client still attached. What the engine said: the container's
+    start time and main process before and after, or the error."""
+    import docker
+
+    api = _engine()[0].api
+    try:
+        before = api.inspect_container(name)["State"]
+        api.restart(name, timeout=int(timeout_s))
+        after = api.inspect_container(name)["State"]
+    except docker.errors.DockerException as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"started_at_before": before.get("StartedAt"), "started_at": after.get("StartedAt"),
+            "pid_before": before.get("Pid"), "pid": after.get("Pid"), "running": bool(after.get("Running"))}
 
 
 def settle(names: list[str], within_s: float = SETTLE_S) -> list[str]:

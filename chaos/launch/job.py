@@ -52,8 +52,9 @@ from chaos.launch import containernet, containers, preload, reaper, silence, spa
 from chaos.launch.answers import answer
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
+from chaos.model import contract
 from chaos.model import jobspec as S
-from chaos.nemesis import diskfull, family, netcut, stop
+from chaos.nemesis import diskfull, family, netcut, restart, stop
 from chaos.scratch import cache_root
 from faults import shim
 from faults.errors import Unsupported
@@ -93,6 +94,7 @@ class AttemptOutcome:
     node: dict[str, Any] | None = None    # a node point answered (--nodes, nodes.py): the loss or cut, each agent's end
     stop: dict[str, Any] | None = None    # a stop point's process stopped itself: where, how the attempt ended
     fill: dict[str, Any] | None = None    # a disk filled at a step (disk:stepS:full): in use, the size set, free after
+    restart: dict[str, Any] | None = None  # a rank's container restarted in place by the engine (nemesis.restart)
     # the built-in linger=S: the other copies ran on for up to S seconds once one failed (``stopped``: those
     # still running after it, SIGKILLed)
     lingered: float | None = None
@@ -180,6 +182,8 @@ class AttemptOutcome:
             d["stop"] = self.stop
         if self.fill is not None:
             d["fill"] = self.fill
+        if self.restart is not None:
+            d["restart"] = self.restart
         if self.lingered is not None:
             d["lingered_s"] = self.lingered
         if self.slurm is not None:
@@ -486,7 +490,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
             exits.watch(proc)
         deadline = started + job.timeout_s
         armed = point is not None and attempt == point.attempt and (
-            point.mode in S.HALT_MODES or point.mode in ("term", "net", "stop")
+            point.mode in S.HALT_MODES or point.mode in ("term", "net", "stop", "restart")
             or point.mode == "diskfull" and point.step is not None)
         grace_end: float | None = None
         hold_end: float | None = None
@@ -523,6 +527,9 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                         hold_end = time.monotonic() + job.net_hold_s
                 if point.mode == "diskfull" and outcome.fill is None and (req := requests(trace_dir, S.FILL_REQUEST)):
                     outcome.fill = diskfull.fill(out, int(point.size or 0), req[0], trace_dir)
+                if (point.mode == "restart" and outcome.restart is None
+                        and (req := requests(trace_dir, contract.RESTART_REQUEST))):
+                    outcome.restart = restart.carry_out(req[0], outcome.containers or [], point, trace_dir)
                 if point.mode == "stop" and outcome.stop is None and (req := requests(trace_dir, S.STOP_REQUEST)):
                     outcome.stop = stop.begin(req[0], job)
                     stop_quiet = silence.Silence(outcome.stop["silence_s"], trace_dir, outcome.logs, time.monotonic())

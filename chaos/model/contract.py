@@ -38,10 +38,10 @@ HALT_MODES = tuple(m for modes in HALT_FAMILIES.values() for m in modes)
 # or loses its node, at a step or right after a file event; the rank asks, the sbatch launcher acts.
 SCHED_MODES = ("requeue", "preempt", "node")
 OP_MODES = (*MODES, *HALT_MODES, *ERRNO_MODES, "net", *SCHED_MODES, "stop")
-STEP_MODES = ("kill", "term", "net", *SCHED_MODES, "stop")
-# ``--faults``: the families a job is explored with (default: every one that applies here; ``stop`` only
-# when asked for, ``chaos.nemesis.stop``).
-FAULT_KINDS = ("kill", *HALT_FAMILIES, "errno", "term", "diskfull", "net", "sched", "stop")
+STEP_MODES = ("kill", "term", "net", *SCHED_MODES, "stop", "restart")
+# ``--faults``: the families a job is explored with (default: every one that applies here; ``stop`` and
+# ``restart`` only when asked for, ``chaos.nemesis.stop`` / ``chaos.nemesis.restart``).
+FAULT_KINDS = ("kill", *HALT_FAMILIES, "errno", "term", "diskfull", "net", "sched", "stop", "restart")
 DEFAULT_GRACE_S = 5.0
 DEFAULT_NET_HOLD_S = 5.0  # --net-hold: how long a cut rank's link stays down before the copies are SIGKILLed
 DEFAULT_STOP_SILENCE_S = 10.0  # a stop point without --hang-timeout: the silence after which the attempt is hung
@@ -88,6 +88,13 @@ SCHED_DONE = "sched-done"        # the sbatch launcher's answer: what Slurm was 
 STOP_REQUEST = "stop-request"    # this rank stops itself (SIGSTOP) right after leaving it: watch for the hang
 FILL_REQUEST = "fill-request"    # fill {out}'s tmpfs now, leaving the point's bytes free (disk:stepS:full fired)
 FILL_DONE = "fill-done"          # the launcher's answer: the disk is full (or why it is not)
+RESTART_REQUEST = "restart-request"  # have the engine restart this rank's container in place (--launcher docker)
+RESTART_DONE = "restart-done"        # the launcher's answer: what the engine did (or why it did nothing)
+RESTART_FIRED = "restart-fired-r{rank}-a{attempt}"  # the point fired: the restarted process's tracer does not again
+# The process the engine started again in a restarted container traces as attempt IN_PLACE_BASE + its attempt:
+# a restart of its own, after the attempt it belongs to and before the harness's next one in time, never
+# before it in number for a rank the harness restarted too
+IN_PLACE_BASE = 10_000
 
 
 def loss_groups(regex: str) -> tuple[int | str, int | str]:

@@ -19,9 +19,10 @@ its trace: ``rank0:op17:before``, ``rank0:op9:power:s2``, ``rank0:op9:stale:step
 The older spelling of a built-in fault, ``KIND:key=value`` (``kill:rank=1,step=11``), is read
 for both too, and is what a built-in scenario's replay command still prints; a job's step
 kill, SIGTERM and network cut may be written that way (``kill:rank=0,step=5``). Every
-built-in fault but ``restart`` is also a job's point, its id the fault as written
-(``Point.builtin``), so ``chaos run --as-job --fault ...`` runs it: a step kill, SIGTERM or hang
-with its ``grace=``/``linger=``, a kill's ``lost=true`` (the restarts run on one rank fewer:
+built-in fault is also a job's point, its id the fault as written (``Point.builtin``), so
+``chaos run --as-job --fault ...`` runs it: a step kill, SIGTERM or hang with its
+``grace=``/``linger=``, a container restarted in place (``restart``, ``--launcher docker``:
+``chaos.nemesis.restart``), a kill's ``lost=true`` (the restarts run on one rank fewer:
 ``chaos.nemesis.shrink``), an I/O fault (the interposer rule it
 names), ``ckpt:stepS:KIND`` (the newest checkpoint struck at rest), ``disk:stepS:full`` and
 ``all:stepS:power`` (a stand-in for the power cuts of that save). A place one target cannot
@@ -207,14 +208,15 @@ _IO = ("crash", "eio", "enospc", "fsyncfail", "shortwrite", "slowio")
 _REST = ("truncate", "bitflip", "zero", "delete", "stale", "swap", "payload")
 _PLACE = re.compile(r"(rank\d+|node\d+|disk|ckpt|all):")
 _KEYVALUE = re.compile(r"[a-z]+(:|$)")  # KIND:key=value (a built-in fault's older spelling), or KIND alone
-_JOB_KINDS = {"kill": "kill", "term": "term", "netdrop": "net", "stop": "stop"}  # what a job takes in the older spelling
+_JOB_KINDS = {"kill": "kill", "term": "term", "netdrop": "net", "stop": "stop", "restart": "restart"}  # what a job takes in the older spelling
 # the one setting a job's point takes: a step kill, hang or network cut at a named phase of the save
 # (chaos.phases), where the checkpointer announces it
 _PHASE_NAME = re.compile(r"[A-Za-z_][\w.-]*")
-PHASE_MODES = ("kill", "stop", "net")
+PHASE_MODES = ("kill", "stop", "net", "restart")
 _PHASE_POINT = re.compile(rf"rank(\d+):step(\d+):({'|'.join(PHASE_MODES)}),phase=({_PHASE_NAME.pattern})")
-_POINT_FORMS = ("rankR:opN:MODE, rankR:stepN:kill|term|net|stop (or kill:rank=R,step=N, term:rank=R,step=N, "
-                "netdrop:rank=R,step=N, stop:rank=R,step=N), disk:full:BYTES or nodeN:stepS:MODE")
+_POINT_FORMS = ("rankR:opN:MODE, rankR:stepN:kill|term|net|stop|restart (or kill:rank=R,step=N, term:rank=R,step=N, "
+                "netdrop:rank=R,step=N, stop:rank=R,step=N, restart:rank=R,step=N), disk:full:BYTES or "
+                "nodeN:stepS:MODE")
 
 
 def parse_fault(text: str) -> Fault:
@@ -380,8 +382,9 @@ def parse_point(text: str) -> Point:
 # struck one is gone before the launcher stops them (linger, a launcher's monitor interval); a kill's
 # rank lost for good (lost=true: the restarts run on one rank fewer, chaos.nemesis.shrink)
 _PROCESS_SETTINGS = {"kill": {"phase", "linger", "lost"}, "term": {"grace", "linger"}, "stop": {"phase", "linger"},
+                     "restart": {"phase", "timeout"},
                      "netdrop": {"phase"}}
-_STEP_PROCESS = re.compile(r"rank\d+:step\d+:(kill|term|stop|net),")
+_STEP_PROCESS = re.compile(r"rank\d+:step\d+:(kill|term|stop|net|restart),")
 
 
 def _process_point(fault: Fault, text: str) -> Point:

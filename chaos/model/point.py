@@ -183,7 +183,7 @@ class Point:
             return "diskfull"
         if self.mode == "term":
             return "term"
-        if self.mode in ("net", "stop"):
+        if self.mode in ("net", "stop", "restart"):
             return self.mode
         if self.rule is not None:  # a built-in I/O fault: a death at an exact op is a kill, the rest the errno kind's
             return "kill" if self.mode in ("crash", "shortwrite") else "errno"
@@ -232,7 +232,7 @@ class Point:
         if fam == "node":
             return _node_fault(self, extra)
         kind = {"kill": "crash" if self.step is None else "kill", "corrupt": "corrupt", "power": "powerloss",
-                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut", "sched": "sched", "stop": "stop",
+                "errno": "ioerror", "term": "term", "diskfull": "diskfull", "net": "netcut", "sched": "sched", "stop": "stop", "restart": "restart",
                 **{k: k for k in AT_REST_KINDS}}[fam]  # an at-rest family's kind is its name
         if self.rule is not None:
             return _io_fault(self, extra)

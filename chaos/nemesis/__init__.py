@@ -18,6 +18,8 @@ diskfull.py     a real full disk: {out} on a size-limited tmpfs
 netcut.py       a network cut between a job's ranks
 nodes.py        a job on simulated nodes, and a node's loss or link cut
 sched.py        through Slurm (--launcher sbatch): the job requeued, preempted, or its node set down
+stop.py         a hung rank (SIGSTOP) while the rest of the job runs on
+restart.py      a rank's container restarted in place by the engine (--launcher docker)
 
 The primitives they use live in ``faults``; the launchers (``chaos.launch``) call their
 hooks during an attempt, ``chaos.run`` between attempts.

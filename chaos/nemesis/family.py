@@ -66,7 +66,7 @@ from chaos.nemesis.sites import Facts, Traces
 # The order a job's points are enumerated in, family by family (and so the order a seeded
 # sample draws from): the in-rank families, the halting ones in the contract's order, then
 # those the launcher carries out.
-ORDER = ("kill", "term", "errno", *HALT_FAMILIES, "diskfull", "net", "node", "sched", "stop")
+ORDER = ("kill", "term", "errno", *HALT_FAMILIES, "diskfull", "net", "node", "sched", "stop", "restart")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +81,9 @@ class Family:
     # (job): why it is not explored here unless asked for ('' leaves it out without a note), None if it is
     unavailable: Callable[[JobSpec], str | None] | None = None
     needs_facts: bool = False                                     # no points where the run left no Facts
+    # (job, point): why a --point of this family cannot run on this job (None: it can); chaos.cli.job asks
+    # before any run (a kill's lost=true without --ranks, a restart without --launcher docker)
+    refusal: Callable[[JobSpec, Point], str | None] | None = None
     # -- running a point (chaos.run.explore) --
     # (job, point, seed): what the results' fault entry records beyond the point (a hold, a grace, a seed)
     params: Callable[[JobSpec, Point, int], dict[str, Any]] | None = None

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from chaos.model.jobspec import JobSpec, Point
+from chaos.nemesis import shrink
 from chaos.nemesis.family import Family
 from chaos.nemesis.sites import Anchors, Facts, Traces, announced_steps, event_keys
 
@@ -31,4 +32,4 @@ def points(job: JobSpec, traces: Traces, facts: Facts | None) -> list[Point]:
     return ops + [Point(rank, "kill", step=n) for rank, steps in announced_steps(traces) for n in steps]
 
 
-FAMILY = Family(name="kill", points=points)
+FAMILY = Family(name="kill", points=points, refusal=shrink.refusal)

@@ -86,6 +86,7 @@ TERM_WAIT_S = 10.0  # a term point waits this long for the launcher's SIGTERM, t
 NET_WAIT_S = 10.0   # a net point waits this long for the launcher's cut, then carries on
 SCHED_WAIT_S = 30.0  # a sched point waits this long for Slurm's SIGTERM, then carries on
 FILL_WAIT_S = 10.0  # a disk filled at a step: the rank waits this long for the launcher, then carries on
+RESTART_WAIT_S = 120.0  # a restart point waits this long to be killed by the engine's restart, then carries on
 _FSYNCS = ("fsync", "fdatasync")
 _NEEDS_SPACE = ("write", "mkdir", "rename", "link")  # and an open that creates its file
 
@@ -391,11 +392,13 @@ class JobInterposer(Interposer):
     def _on_phase(self, name: str, info: dict[str, Any]) -> None:
         super()._on_phase(name, info)
         p = self.point
-        if (p is not None and p.get("phase") == name and p.get("mode") in ("stop", "net") and not self._busy()
-                and info.get("step") == p.get("step")):  # a hang or a cut where the checkpointer says it is
+        if (p is not None and p.get("phase") == name and p.get("mode") in ("stop", "net", "restart")
+                and not self._busy() and info.get("step") == p.get("step")):  # where the checkpointer says it is
             where = {"op": "step", "step_n": p["step"], "phase": name, "source": "phase"}
             if p["mode"] == "stop":
                 self._stop(where)
+            elif p["mode"] == "restart":
+                self._restart(where)
             else:
                 self._net(where)
             return
@@ -427,6 +430,9 @@ class JobInterposer(Interposer):
             return
         if p.get("mode") == "stop":
             self._stop({"op": "step", "step_n": p["step"], "source": info.get("kind")})
+            return
+        if p.get("mode") == "restart":
+            self._restart({"op": "step", "step_n": p["step"], "source": info.get("kind")})
             return
         if p.get("mode") == "diskfull":
             self._fill(p["step"], info.get("kind"))
@@ -501,6 +507,18 @@ class JobInterposer(Interposer):
         self._ask({"action": "stop", "when": "stop", **where}, S.STOP_REQUEST,
                   {"rank": self.rank, "pid": os.getpid(), **where})
         os.kill(os.getpid(), signal.SIGSTOP)
+
+    def _restart(self, where: dict[str, Any]) -> None:
+        """Ask the launcher to have the engine restart this rank's container (``chaos.nemesis.restart``),
+        and wait to be killed by it. The process the engine starts again finds the marker and runs on."""
+        marker = os.path.join(self._requests, S.RESTART_FIRED.format(rank=self.rank, attempt=self._attempt))
+        if os.path.exists(marker):
+            return  # the restarted process: the point fired in the one before it
+        with open(marker, "w"):
+            pass
+        self._ask({"action": "restart", "when": "restart", **where}, S.RESTART_REQUEST,
+                  {"rank": self.rank, "pid": os.getpid(), **where})
+        self._await(S.RESTART_DONE, RESTART_WAIT_S, "the container restart request", "no container restart came")
 
     def _fill(self, step: int, source: Any) -> None:
         """Ask the launcher to fill {out}'s disk (the built-in ``disk:stepS:full``) and wait until it is full:
@@ -774,16 +792,21 @@ def install() -> JobInterposer | None:
             point = p
     tdir = env[S.ENV_TRACE_DIR]
     pid = os.getpid()
-    trace = os.path.join(tdir, f"trace-r{rank}-a{attempt}-p{pid}.jsonl")
+    # a container the engine restarted in place (chaos.nemesis.restart) runs its process again, often
+    # under the same pid: it writes a trace of its own, never after a line the first one's death tore
+    again = (point is not None and point.get("mode") == "restart"
+             and os.path.exists(os.path.join(tdir, S.RESTART_FIRED.format(rank=rank, attempt=attempt))))
+    traced = S.IN_PLACE_BASE + attempt if again else attempt  # (contract.IN_PLACE_BASE)
+    trace = os.path.join(tdir, f"trace-r{rank}-a{traced}-p{pid}.jsonl")
     ix = JobInterposer(env[S.ENV_OUT], rank, trace, point).install()
     ix.child = bool(env.get(S.ENV_BOOTED))  # started by a traced rank (CHAOS_JOB_CHILDREN=1)
     _installed = ix
     env[S.ENV_BOOTED] = str(pid)
-    env[S.PROBE_FILE_ENV] = os.path.join(tdir, f"probe-r{rank}-a{attempt}-p{pid}.jsonl")
+    env[S.PROBE_FILE_ENV] = os.path.join(tdir, f"probe-r{rank}-a{traced}-p{pid}.jsonl")
     if "chaosio" in env.get("LD_PRELOAD", ""):  # the native tracer (launch.job.job_env)
         from chaos.target.job import native
 
-        why = native.attach(ix, rank, attempt, tdir, point)
+        why = native.attach(ix, rank, traced, tdir, point)
         if why is not None:
             ix.note_native_off(why)
     ix.note_start(attempt)  # after attach: the variable it exports is the harness's, not the job's
