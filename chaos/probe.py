@@ -1,10 +1,15 @@
-"""Optional probe for a user's own job: four calls that let every oracle see inside it.
+"""Optional probe for a user's own job: a few calls that let every oracle see inside it.
 
     from chaos import probe
-    probe.resumed(step)          # after loading a checkpoint (never called: started from scratch)
+    probe.resumed(step, state)   # after loading a checkpoint (never called: started from scratch)
     probe.step(n, loss)          # each training step
+    probe.saving(n, state)       # a save of step n begins, from this state
     probe.saved(n)               # a save is acknowledged: durable, the job relies on it
     probe.state(obj)             # a fingerprint of any state (bytes, str, or anything repr()-able)
+
+The ``state`` of ``saving`` and ``resumed`` is optional for ``resumed``; given to both, the
+judge checks that what a resume loaded is exactly what the save of that step was made from
+(``committed_state``): a fingerprint of it is recorded, never the state itself.
 
 Outside ``chaos run -- COMMAND`` every call is a no-op (one environment lookup), so the
 probe can stay in production code. It imports nothing beyond the standard library and
@@ -49,14 +54,24 @@ def step(n: int, loss: float | None = None) -> None:
     _emit("step", n=int(n), loss=None if loss is None else float(loss))
 
 
+def saving(n: int, state: Any) -> None:
+    """A save of step ``n`` begins, made from ``state``: a resume that loads step ``n`` must load exactly
+    that (compared by fingerprint: :func:`fingerprint`)."""
+    if os.environ.get(PROBE_FILE_ENV):
+        _emit("saving", n=int(n), **fingerprint(state))
+
+
 def saved(n: int) -> None:
     """The checkpoint of step ``n`` is acknowledged: a resume must not start before it."""
     _emit("saved", n=int(n))
 
 
-def resumed(n: int) -> None:
-    """The job resumed from the checkpoint of step ``n``."""
-    _emit("resumed", n=int(n))
+def resumed(n: int, state: Any = None) -> None:
+    """The job resumed from the checkpoint of step ``n``; with ``state``, what it loaded (its fingerprint)."""
+    if state is None or not os.environ.get(PROBE_FILE_ENV):
+        _emit("resumed", n=int(n))
+    else:
+        _emit("resumed", n=int(n), **fingerprint(state))
 
 
 def state(obj: Any, name: str = "state") -> None:
@@ -69,4 +84,32 @@ def state(obj: Any, name: str = "state") -> None:
     _emit("state", name=name, sha256=hashlib.sha256(data).hexdigest())
 
 
-__all__ = ["PROBE_FILE_ENV", "resumed", "saved", "state", "step"]
+MAX_KEYS = 512  # a mapping's keys fingerprinted one by one (evidence: which key differs), at most this many
+
+
+def _digest(obj: Any) -> str:
+    """SHA-256 of ``obj``: bytes as they are, str as UTF-8, else canonical JSON (sorted keys), else its repr."""
+    import hashlib
+
+    if isinstance(obj, bytes):
+        data = obj
+    elif isinstance(obj, str):
+        data = obj.encode()
+    else:
+        try:
+            data = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
+        except (TypeError, ValueError):
+            data = repr(obj).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def fingerprint(obj: Any) -> dict[str, Any]:
+    """What ``saving`` and ``resumed`` record of a state: ``sha256`` of all of it, and for a mapping with
+    string keys (at most :data:`MAX_KEYS`) ``keys``: each key's value's, so a difference names its key."""
+    out: dict[str, Any] = {"sha256": _digest(obj)}
+    if isinstance(obj, dict) and len(obj) <= MAX_KEYS and all(isinstance(k, str) for k in obj):
+        out["keys"] = {k: _digest(v) for k, v in obj.items()}
+    return out
+
+
+__all__ = ["PROBE_FILE_ENV", "fingerprint", "resumed", "saved", "saving", "state", "step"]

@@ -34,7 +34,7 @@ CORPUS = Path(__file__).resolve().parent / "checkpointers" / "selfcheck" / "jobs
 # one planted defect per job oracle, and a recovery defect only a second fault in a resume shows
 PLANTED = {"job:no_fallback": "liveness", "job:no_checksum": "result_files", "job:unlogged_rng": "loss_continuity",
            "job:oldest_first": "durability", "job:term_exit0": "preemption_exit", "job:unpickles": "no_code_execution",
-           "job:compacts_first": "durability"}
+           "job:compacts_first": "durability", "job:float32_load": "committed_state"}
 
 
 def test_the_corpus_plants_one_defect_for_every_job_oracle() -> None:
@@ -122,7 +122,7 @@ def test_a_loss_said_by_the_probe_and_printed_is_read_from_one_source() -> None:
 # ---------------------------------------------------------------------- the checkpointer corpus, as jobs
 CHECKPOINTERS = CORPUS.parent
 # every checkpointer that declares CHAOS_AS_JOB: the job family and oracle meant to catch it inside the workload
-AS_JOB = {"as-job:no_optimizer": ("kill", "result_files"), "as-job:tensors_only": ("kill", "result_files"),
+AS_JOB = {"as-job:no_optimizer": ("kill", "committed_state"), "as-job:tensors_only": ("kill", "result_files"),
           "as-job:async_no_snapshot": ("kill", "result_files"), "as-job:in_place": ("errno", "durability"),
           "as-job:no_checksum": ("payload", "no_code_execution"),
           "as-job:pickled_manifest": ("payload", "no_code_execution"), "as-job:no_fsync": ("power", "durability"),

@@ -98,6 +98,8 @@ def load_latest(out: str, prefix: str, rank: int | None = None) -> dict | None:
 
 
 def save(out: str, prefix: str, state: dict, keep: int) -> None:
+    if probe:
+        probe.saving(state["step"], state)  # what a resume of this step must load, exactly
     atomic_write_json(os.path.join(out, f"{prefix}-{state['step']:06d}.json"),
                       {"state": state, "sha256": checksum(state)})
     if probe:
@@ -128,7 +130,7 @@ def main() -> None:
         step, weights = state["step"], state["weights"]
         print(f"resumed from step {step}", flush=True)
         if probe:
-            probe.resumed(step)
+            probe.resumed(step, state)
     while step < args.steps:
         step += 1
         weights, loss = train_step(weights, step + rank)

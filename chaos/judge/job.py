@@ -2,11 +2,15 @@
 
 Called by ``explore.py`` after a point's last attempt with the ``PointRecord`` (what
 each attempt did, each rank's trace) and the ``Golden`` facts of the fault-free runs.
-Six oracles, each with its evidence, named as the built-in workload's are:
+Seven oracles, each with its evidence, named as the built-in workload's are:
 
 - ``liveness``: the job finished (every copy of the last attempt exited 0) within its
   restarts. Otherwise *hard_failure*: the resume raised or never finished; the
   evidence is each attempt's outcome and the end of the last one's output.
+- ``committed_state``, only where the job announces its state (``probe.saving(n, state)``,
+  ``probe.resumed(n, state)``; the built-in workload run as a job does, tensor by tensor):
+  each resume loaded exactly what the same rank's save of that step was made from.
+  Otherwise *silent_divergence*, naming the first differing key.
 - ``result_files``: each ``--result-file`` equals the fault-free run's (compare.py).
   Otherwise *silent_divergence*: it finished, and what it produced is different.
 - ``durability``: the resume started at or after the newest checkpoint the job could
@@ -157,6 +161,55 @@ def _liveness(job: JobSpec, rec: PointRecord) -> Check:
     if last_line:
         why += f": {clip(last_line)}"
     return Check("liveness", "fail", why, evidence)
+
+
+def _committed_state(rec: PointRecord) -> Check | None:
+    """Each resume that announced what it loaded (``probe.resumed(n, state)``) loaded exactly the state the
+    same rank's save of step n was made from (``probe.saving(n, state)``), the newest such save announced
+    before it; None where the job announces no state at all (not asked).
+
+    The built-in workload asks it of its fingerprints (``chaos.judge.oracles.committed_state``); run as a
+    job, it announces the same fingerprints through the probe, and so does any job that calls it."""
+    saves: dict[tuple[int, int], list[tuple[float, int, dict[str, Any]]]] = {}
+    loads: list[tuple[float, int, int, dict[str, Any]]] = []
+    for (rank, a), recs in rec.traces.items():
+        for r in recs:
+            info = _probe(r)
+            if info is None or not isinstance(info.get("sha256"), str) or not isinstance(info.get("n"), int):
+                continue
+            if info.get("kind") == "saving":
+                saves.setdefault((rank, info["n"]), []).append((float(r.get("ts") or 0.0), a, info))
+            elif info.get("kind") == "resumed":
+                loads.append((float(r.get("ts") or 0.0), rank, a, info))
+    if not saves and not loads:
+        return None
+    if not loads:
+        return Check("committed_state", "not_judged", "no resume announced the state it loaded "
+                     "(probe.resumed(n, state)): nothing loaded to compare")
+    if not saves:
+        return Check("committed_state", "not_judged", "the job announces the state it loads but not the state it "
+                     "saves (probe.saving(n, state)): nothing to compare it with")
+    checked = []
+    for ts, rank, a, info in sorted(loads, key=lambda x: x[0]):
+        n = info["n"]
+        where = {"rank": rank, "attempt": a, "step": n}
+        before = [s for s in saves.get((rank, n), []) if s[0] <= ts]
+        if not before:
+            return Check("committed_state", "fail", f"rank {rank} (attempt {a}) loaded step {n}, which no save of "
+                         "that rank announced before it", {**where, "checked": checked})
+        _ts, saved_in, want = before[-1]
+        if want["sha256"] != info["sha256"]:
+            mine, theirs = info.get("keys") or {}, want.get("keys") or {}
+            keys = sorted(set(mine) | set(theirs))
+            differ = [k for k in keys if mine.get(k) != theirs.get(k)]
+            which = f" (first differing key: {differ[0]!r})" if differ else ""
+            return Check("committed_state", "fail", f"rank {rank} (attempt {a}) loaded step {n}, but not the state "
+                         f"its save of step {n} (attempt {saved_in}) was made from{which}",
+                         {**where, "saved_in_attempt": saved_in, "differing_keys": differ[:20], "loaded": info["sha256"],
+                          "saved": want["sha256"], "checked": checked})
+        checked.append(where)
+    return Check("committed_state", "pass", f"{len(checked)} load(s) each exactly the state saved at its step",
+                 {"checked": checked})
 
 
 def _results(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
@@ -878,6 +931,9 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
             line += f" ({untraced_line(rec.untraced)})"  # what the failure may come from, that no event shows
         return PointVerdict(v, outcome, line, oracles, fault)
 
+    committed = _committed_state(rec)
+    if committed is not None:
+        oracles["committed_state"] = committed
     if oracles["liveness"].failed:
         oracles["result_files"] = Check("result_files", "not_judged", "the job did not finish")
         oracles["durability"] = _durability(job, golden, rec) if rec.attempts else Check(

@@ -34,6 +34,9 @@ ORACLES: tuple[Oracle, ...] = (
            workload=True, job="code_execution"),
     Oracle("liveness", "the job finished within its restarts; when it did not, the evidence says which load or "
                        "save broke", workload=True, job="hard_failure"),
+    Oracle("committed_state", "whatever a restart (or the final check) loaded is exactly a state that was saved "
+                              "(a job: `probe.resumed(n, state)` against `probe.saving(n, state)`)",
+           workload=True, job="silent_divergence"),
     Oracle("result_files", "each `--result-file` equals the fault-free run's: safetensors and torch files tensor "
                            "by tensor, JSON by key", job="silent_divergence"),
     Oracle("loss_continuity", "every step's loss follows the fault-free run's (at its own world size): exactly "
@@ -45,8 +48,6 @@ ORACLES: tuple[Oracle, ...] = (
     Oracle("preemption_exit", "a SIGTERMed attempt exits non-zero unless it had finished: a job that exits 0 "
                               "mid-run is never restarted by a supervisor (term points)", job="hard_failure"),
     Oracle("bit_exact", "the final state equals the golden run's tensor by tensor, and every step's loss too",
-           workload=True),
-    Oracle("committed_state", "whatever a restart (or the final check) loaded is exactly a state that was saved",
            workload=True),
     Oracle("no_false_ack", "a save that an injected error or a full disk hit is not acknowledged", workload=True),
     Oracle("final_durability", "at the end, a fresh launch loads the newest acknowledged save, exactly",

@@ -332,8 +332,9 @@ def train(spec: RankSpec, conn: Any, log: EventLog, listener: Any = None) -> dic
         loaded = ckpt.load_latest(trainer.template())
         if loaded is not None:
             step, state = loaded
-            log.emit("resume", step=int(step), seconds=time.time() - t0, fingerprint=statehash.fingerprint(state))
-            probe.resumed(int(step))
+            loaded_fp = statehash.fingerprint(state)
+            log.emit("resume", step=int(step), seconds=time.time() - t0, fingerprint=loaded_fp)
+            probe.resumed(int(step), loaded_fp)  # (as a job: committed_state compares it with probe.saving's)
             trainer.load_state_dict(state)
             if trainer.step != int(step):
                 log.emit("warning", message=f"load_latest said step {step} but the state says {trainer.step}")
@@ -358,7 +359,9 @@ def train(spec: RankSpec, conn: Any, log: EventLog, listener: Any = None) -> dic
             if pending:
                 pending = _acknowledge(ckpt, log, pending)
             state = trainer.state_dict()
-            log.emit("save_call", step=trainer.step, fingerprint=statehash.fingerprint(state))
+            saved_fp = statehash.fingerprint(state)
+            log.emit("save_call", step=trainer.step, fingerprint=saved_fp)
+            probe.saving(trainer.step, saved_fp)
             phases.phase("save", step=trainer.step)
             t0 = time.time()
             ckpt.save(trainer.step, state)
