@@ -142,8 +142,8 @@ def test_the_built_in_restart_fault_runs_as_a_job_in_containers(docker_engine, t
     assert _ours(docker_engine.client()) == []
 
 
-@pytest.mark.parametrize("timeout", ["0", "1"])
-def test_the_engine_s_restart_record_carries_its_signal(timeout: str) -> None:
+@pytest.mark.parametrize(("timeout", "engine_s"), [("0", 0.0), ("1", 1.0), ("0.5", 1.0)])
+def test_the_engine_s_restart_record_carries_its_grace_in_whole_seconds(timeout: str, engine_s: float) -> None:
     point = parse_point(f"rank0:step3:restart,timeout={timeout}")
     assert families()["restart"].recorded(JobSpec(("x", "{out}"), launcher="docker"), point, 0) == \
-        {"timeout_s": float(timeout)}
+        {"timeout_s": engine_s}

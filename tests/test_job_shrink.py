@@ -8,7 +8,9 @@ every shard of that step and takes the slice its rank holds in the world it now 
 reshards (a shard shorter than its slice reads as zeros where it ends: the tolerant reader's bug). Each value's update is the same whatever the world size, so a resharded resume that
 loaded the right numbers ends as the fault-free resize does, but each rank's loss and result file
 differ from the fault-free run at full size. ``careless`` writes its shard in place and rank 0
-commits as soon as every shard file exists, complete or not.
+commits as soon as every shard file exists, complete or not. The job announces the slice each
+save is made from and each resume loaded (``probe.saving``, ``probe.resumed``): a resharded load
+must equal what the fault-free resize's rank loaded (``committed_state``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ ELASTIC = """
                 got = [float(x) for x in f.read().split()]
             full += got + [0.0] * (len(part(r, meta["ranks"])) - len(got))  # a short shard: read as zeros
         step, w = meta["step"], [full[i] for i in part(rank, size)]
-        probe.resumed(step)
+        probe.resumed(step, w)
     while step < steps:
         step += 1
         lo = part(rank, size).start
@@ -61,6 +63,7 @@ ELASTIC = """
         time.sleep(0.05)
         if step % every:
             continue
+        probe.saving(step, w)
         text = "".join(f"{x!r}\\n" for x in w)
         name = shard(step, rank) + ("" if careless else ".tmp")
         with open(name, "w") as f:
@@ -153,6 +156,9 @@ def test_a_rank_lost_for_good_resumes_the_job_on_fewer_ranks_judged_against_the_
     assert oracles["result_files"]["evidence"]["checked"] == ["final-0.json"]
     assert oracles["loss_continuity"]["result"] == "pass"
     assert "against the fault-free resize from step 3" in oracles["loss_continuity"]["summary"]
+    committed = oracles["committed_state"]  # a resharded load: what the fault-free resize's rank 0 loaded
+    assert committed["result"] == "pass" and committed["evidence"]["checked"] == [
+        {"rank": 0, "attempt": 1, "step": 3, "against": "the fault-free resize"}], committed
     durable = oracles["durability"]
     assert durable["result"] == "pass" and set(durable["evidence"]["ranks"]) == {"0"}
     assert durable["evidence"]["ranks"]["0"]["resumed_at"] == 3 and durable["evidence"]["lost_rank"]["rank"] == 1
@@ -173,6 +179,8 @@ def test_the_lost_rank_s_torn_shard_committed_by_a_careless_rank_0_fails_the_shr
     assert files["result"] == "fail" and files["evidence"]["file"] == "final-0.json", files
     assert files["evidence"]["reference"]["point"] == "rank1:step7:kill,lost=true"
     assert bad["oracles"]["loss_continuity"]["result"] == "fail"
+    assert "on one rank fewer) loaded step 6, but not what the same rank of the fault-free resize" in \
+        bad["oracles"]["committed_state"]["summary"]
     assert bad["outcome"] == "silent_divergence", bad["outcome"]
     careful = _run(tmp_path / "b", elastic, 2, "--point", "kill:rank=1,step=6,phase=shard_half,linger=3,lost=true")
     (good,) = careful["scenarios"]

@@ -118,8 +118,10 @@ class Golden:
     losses: dict[int, dict[int, float]] = field(default_factory=dict)  # rank -> step -> loss, fault-free run
     last_steps: dict[int, int] = field(default_factory=dict)  # rank -> the last step it announced, fault-free
     loss_source: str | None = None  # which announcements carry the losses (losscurve.source): step | loss
-    # a fault-free resize (chaos.nemesis.shrink): the step its restart resumed at, and the point that made it
+    # a fault-free resize (chaos.nemesis.shrink): the step its restart resumed at, and the point that made it;
+    # and what each rank of that restart announced it loaded (probe.resumed(n, state): its fingerprint)
     resized_from: tuple[int, str] | None = None
+    loaded: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def _first_restart(rec: PointRecord, rank: int) -> int | None:
@@ -169,7 +171,9 @@ def _committed_state(rec: PointRecord) -> Check | None:
     before it; None where the job announces no state at all (not asked).
 
     The built-in workload asks it of its fingerprints (``chaos.judge.oracles.committed_state``); run as a
-    job, it announces the same fingerprints through the probe, and so does any job that calls it."""
+    job, it announces the same fingerprints through the probe, and so does any job that calls it. After
+    a rank was lost for good (``chaos.nemesis.shrink``) a restart's rank holds a resharded state, no
+    rank's save: it must load what the same rank of the fault-free resize loaded (``rec.resized``)."""
     saves: dict[tuple[int, int], list[tuple[float, int, dict[str, Any]]]] = {}
     loads: list[tuple[float, int, int, dict[str, Any]]] = []
     for (rank, a), recs in rec.traces.items():
@@ -189,10 +193,24 @@ def _committed_state(rec: PointRecord) -> Check | None:
     if not saves:
         return Check("committed_state", "not_judged", "the job announces the state it loads but not the state it "
                      "saves (probe.saving(n, state)): nothing to compare it with")
-    checked = []
+    checked: list[dict[str, Any]] = []
+    lost = shrink.lost_rank(rec.point, rec.traces)
+    resized = rec.resized if isinstance(rec.resized, Golden) and rec.resized.resized_from is not None else None
+    unjudged: list[dict[str, Any]] = []
     for ts, rank, a, info in sorted(loads, key=lambda x: x[0]):
         n = info["n"]
         where = {"rank": rank, "attempt": a, "step": n}
+        if lost is not None and a > 0:  # a resharded load: the fault-free resize's is the one to equal
+            want_load = resized.loaded.get(rank) if resized is not None else None
+            if want_load is None or want_load.get("n") != n:
+                unjudged.append(where)
+                continue
+            if want_load.get("sha256") != info["sha256"]:
+                return Check("committed_state", "fail", f"rank {rank} (attempt {a}, on one rank fewer) loaded step "
+                             f"{n}, but not what the same rank of the fault-free resize from step {n} loaded",
+                             {**where, "reference": resized.resized_from if resized else None, "checked": checked})
+            checked.append({**where, "against": "the fault-free resize"})
+            continue
         before = [s for s in saves.get((rank, n), []) if s[0] <= ts]
         if not before:
             return Check("committed_state", "fail", f"rank {rank} (attempt {a}) loaded step {n}, which no save of "
@@ -208,8 +226,12 @@ def _committed_state(rec: PointRecord) -> Check | None:
                          {**where, "saved_in_attempt": saved_in, "differing_keys": differ[:20], "loaded": info["sha256"],
                           "saved": want["sha256"], "checked": checked})
         checked.append(where)
-    return Check("committed_state", "pass", f"{len(checked)} load(s) each exactly the state saved at its step",
-                 {"checked": checked})
+    if not checked:
+        return Check("committed_state", "not_judged", "every load was on one rank fewer, and no fault-free resize "
+                     "announced what it loaded at that step", {"not_judged": unjudged})
+    note = f"; {len(unjudged)} load(s) on one rank fewer not judged (no fault-free resize's to equal)" if unjudged else ""
+    return Check("committed_state", "pass", f"{len(checked)} load(s) each exactly the state saved at its step{note}",
+                 {"checked": checked, **({"not_judged": unjudged} if unjudged else {})})
 
 
 def _results(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:

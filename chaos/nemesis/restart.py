@@ -30,6 +30,7 @@ restart`` or a ``--point``). The protocol: :mod:`chaos.nemesis.family`.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -49,8 +50,9 @@ def marker(trace_dir: str, rank: int, attempt: int) -> str:
 
 
 def timeout_s(point: Point) -> float:
-    """How long the engine waits after SIGTERM before SIGKILL (the built-in ``timeout=T``; 0: SIGKILL at once)."""
-    return float(dict(point.settings).get("timeout", 0))
+    """How long the engine waits after SIGTERM before SIGKILL (the built-in ``timeout=T``; 0: SIGKILL at once),
+    in whole seconds as the engine takes it (a fraction rounds up)."""
+    return float(math.ceil(float(dict(point.settings).get("timeout", 0))))
 
 
 def refusal(job: JobSpec, point: Point) -> str | None:
