@@ -209,9 +209,9 @@ def test_judge_drops_bit_exact_in_tolerance_mode_and_says_why():
 
 
 def _scope_fired(trace):
-    from chaos.record.history import _SaveScope
+    from chaos.record.savescope import SaveScope
 
-    scope, fired = _SaveScope(), []
+    scope, fired = SaveScope(), []
     for rec in trace:
         scope.see(rec)
         if rec["event"] == "fired":
