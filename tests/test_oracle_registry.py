@@ -20,10 +20,11 @@ def test_the_built_in_judge_asks_exactly_the_registry_workload_oracles() -> None
 def test_the_job_judge_orders_its_outcomes_by_the_registry() -> None:
     assert job.VERDICT_ORDER is registry.VERDICT_ORDER and jobselfcheck.job_oracles() == registry.of_job()
     assert registry.of_job() == ["no_code_execution", "liveness", "committed_state", "result_files",
-                                 "loss_continuity", "durability", "preemption_exit"]
+                                 "loss_continuity", "no_false_ack", "durability", "preemption_exit"]
     assert job.FAILURES == ("code_execution", "hard_failure", "silent_divergence", "lost_work")
     # a question both targets ask is one row, with one line saying what it checks
     both = {o.name for o in registry.ORACLES if o.workload and o.job}
-    assert both == {"no_code_execution", "liveness", "committed_state", "loss_continuity", "durability"}
+    assert both == {"no_code_execution", "liveness", "committed_state", "loss_continuity", "no_false_ack",
+                    "durability"}
     assert all(o.checks and (o.workload or o.job) for o in registry.ORACLES)
     assert len(registry.BY_NAME) == len(registry.ORACLES)

@@ -34,7 +34,8 @@ CORPUS = Path(__file__).resolve().parent / "checkpointers" / "selfcheck" / "jobs
 # one planted defect per job oracle, and a recovery defect only a second fault in a resume shows
 PLANTED = {"job:no_fallback": "liveness", "job:no_checksum": "result_files", "job:unlogged_rng": "loss_continuity",
            "job:oldest_first": "durability", "job:term_exit0": "preemption_exit", "job:unpickles": "no_code_execution",
-           "job:compacts_first": "durability", "job:float32_load": "committed_state"}
+           "job:compacts_first": "durability", "job:float32_load": "committed_state",
+           "job:swallows_errors": "no_false_ack"}
 
 
 def test_the_corpus_plants_one_defect_for_every_job_oracle() -> None:

@@ -2,7 +2,7 @@
 
 Called by ``explore.py`` after a point's last attempt with the ``PointRecord`` (what
 each attempt did, each rank's trace) and the ``Golden`` facts of the fault-free runs.
-Seven oracles, each with its evidence, named as the built-in workload's are:
+Up to eight oracles, each with its evidence, named as the built-in workload's are:
 
 - ``liveness``: the job finished (every copy of the last attempt exited 0) within its
   restarts. Otherwise *hard_failure*: the resume raised or never finished; the
@@ -11,6 +11,10 @@ Seven oracles, each with its evidence, named as the built-in workload's are:
   ``probe.resumed(n, state)``; the built-in workload run as a job does, tensor by tensor):
   each resume loaded exactly what the same rank's save of that step was made from.
   Otherwise *silent_divergence*, naming the first differing key.
+- ``no_false_ack``, only where an I/O error was injected: a save the error hurt (data that
+  save had made and not yet made durable, ``chaos.record.savescope``) is not acknowledged by
+  ``probe.saved(n)`` after it, unless a later resume loaded that step; after a failed fsync of
+  its data, never. Otherwise *lost_work*: the job relied on a checkpoint that is not there.
 - ``result_files``: each ``--result-file`` equals the fault-free run's (compare.py).
   Otherwise *silent_divergence*: it finished, and what it produced is different.
 - ``durability``: the resume started at or after the newest checkpoint the job could
@@ -98,6 +102,7 @@ from chaos.model.point import Point
 from chaos.nemesis import nodes, shrink
 from chaos.nemesis.atrest import halt_record, opens_for_writing, under, untraced_line
 from chaos.record.jobhistory import PointRecord
+from chaos.record.savescope import INJURIES, SaveScope
 
 # Which outcome a failing point gets: that of the first failing oracle in the registry's order
 # (chaos.judge.registry, where each oracle's one line and outcome live).
@@ -232,6 +237,60 @@ def _committed_state(rec: PointRecord) -> Check | None:
     note = f"; {len(unjudged)} load(s) on one rank fewer not judged (no fault-free resize's to equal)" if unjudged else ""
     return Check("committed_state", "pass", f"{len(checked)} load(s) each exactly the state saved at its step{note}",
                  {"checked": checked, **({"not_judged": unjudged} if unjudged else {})})
+
+
+def _no_false_ack(rec: PointRecord) -> Check | None:
+    """A save an injected error hurt is not acknowledged (``probe.saved(n)``) by the attempt it hit, unless a
+    later resume loaded that step (a retry that worked); never after a failed fsync of its data. None where
+    no error was injected (not asked).
+
+    The built-in workload's ``no_false_ack`` with the same reader of the trace (``SaveScope``): an error
+    hurts the save in progress (``probe.saving(n, state)``, or a ``save`` phase) only where it hit data
+    that save made and had not yet made durable."""
+    injured: list[dict[str, Any]] = []
+    aside: list[dict[str, Any]] = []
+    acked: set[tuple[int, int, int]] = set()  # (rank, attempt, step) acknowledged after an injury of that save
+    announced = False
+    for (rank, a), recs in sorted(rec.traces.items()):
+        scope = SaveScope()
+        hurt_here: set[int] = set()  # the steps of this trace's injured saves so far
+        for r in recs:
+            scope.see(r)
+            announced = announced or scope.step is not None
+            if r.get("event") == "fired" and r.get("action") in INJURIES:
+                hit = scope.injury(r).get("save_changes") or []
+                entry = {"rank": rank, "attempt": a, "step": scope.step, "failed_sync": r.get("op") in _FSYNCS,
+                         "what": f"{r['action']} at the {r.get('op')} of {_short(r.get('path'), rec.out)}"}
+                if hit and scope.step is not None:
+                    injured.append({**entry, "save_changes": [_short(h, rec.out) for h in hit]})
+                    hurt_here.add(scope.step)
+                else:
+                    aside.append(entry)
+            elif ((info := _probe(r)) is not None and info.get("kind") == "saved" and isinstance(info.get("n"), int)
+                  and info["n"] in hurt_here):  # (an acknowledgement before the error is no lie)
+                acked.add((rank, a, info["n"]))
+    if not injured and not aside:
+        return None
+    if not announced:
+        return Check("no_false_ack", "not_judged", "which save an injected error hit is unknown: the job announces "
+                     "no save as it begins (probe.saving(n, state), or a chaos.phases 'save' phase)", {"aside": aside})
+    loaded = {info["n"] for (_r, a), recs in rec.traces.items() if a > 0 for r in recs
+              if (info := _probe(r)) is not None and info.get("kind") == "resumed"}
+    for hurt in injured:
+        if (hurt["rank"], hurt["attempt"], hurt["step"]) not in acked:
+            continue
+        said = f"rank {hurt['rank']} acknowledged its save of step {hurt['step']} (probe.saved)"
+        if hurt["failed_sync"]:
+            return Check("no_false_ack", "fail", f"{said} although an fsync of its data failed ({hurt['what']}): "
+                         "after a failed fsync the data may be gone", hurt)
+        if hurt["step"] not in loaded:
+            return Check("no_false_ack", "fail", f"{said} although it failed: {hurt['what']}", hurt)
+    note = f"; {len(aside)} injur(ies) of nothing the save in progress made" if aside else ""
+    return Check("no_false_ack", "pass", f"{len(injured)} injured save(s), none acknowledged falsely{note}",
+                 {"injured": injured, "aside": aside})
+
+
+_FSYNCS = ("fsync", "fdatasync")
 
 
 def _results(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
@@ -953,9 +1012,9 @@ def judge(job: JobSpec, golden: Golden, rec: PointRecord) -> PointVerdict:
             line += f" ({untraced_line(rec.untraced)})"  # what the failure may come from, that no event shows
         return PointVerdict(v, outcome, line, oracles, fault)
 
-    committed = _committed_state(rec)
-    if committed is not None:
-        oracles["committed_state"] = committed
+    for name, asked in (("committed_state", _committed_state(rec)), ("no_false_ack", _no_false_ack(rec))):
+        if asked is not None:  # (only where the job announces what they need, or an error was injected)
+            oracles[name] = asked
     if oracles["liveness"].failed:
         oracles["result_files"] = Check("result_files", "not_judged", "the job did not finish")
         oracles["durability"] = _durability(job, golden, rec) if rec.attempts else Check(

@@ -43,13 +43,15 @@ ORACLES: tuple[Oracle, ...] = (
                               "where the fault-free runs agreed, else within the band (0.5 %), with no spike after "
                               "a resume (a job: `probe.step(n, loss)` or `--loss-regex`, one source a run)",
            workload=True, job="silent_divergence"),
+    Oracle("no_false_ack", "a save that an injected error or a full disk hit is not acknowledged (a job: "
+                           "`probe.saved(n)` after an error hit the save `probe.saving(n, state)` began)",
+           workload=True, job="lost_work"),
     Oracle("durability", "the resume started at or after the newest checkpoint acknowledged (a job: relied on) "
                          "and still intact", workload=True, job="lost_work"),
     Oracle("preemption_exit", "a SIGTERMed attempt exits non-zero unless it had finished: a job that exits 0 "
                               "mid-run is never restarted by a supervisor (term points)", job="hard_failure"),
     Oracle("bit_exact", "the final state equals the golden run's tensor by tensor, and every step's loss too",
            workload=True),
-    Oracle("no_false_ack", "a save that an injected error or a full disk hit is not acknowledged", workload=True),
     Oracle("final_durability", "at the end, a fresh launch loads the newest acknowledged save, exactly",
            workload=True),
     Oracle("checksum_detection", "each at-rest corruption is detected by the next load (and fallen back from), "

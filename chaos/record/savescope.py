@@ -1,8 +1,8 @@
 """Which paths the save in progress made, read from one rank's trace in order: what an injected error hurt.
 
-Both targets' traces come from the same in-rank I/O interposer, so one reader can serve both;
-the built-in workload's record reads it (``chaos.record.history``: each fired error gets
-``save_changes``, which ``chaos.judge.oracles.no_false_ack`` reads).
+Both targets' traces come from the same in-rank I/O interposer, so one reader serves both: the
+built-in workload's record (``chaos.record.history``: each fired error gets ``save_changes``, which
+``chaos.judge.oracles.no_false_ack`` reads) and a job's (``chaos.judge.job``'s ``no_false_ack``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def writes(rec: dict[str, Any]) -> bool:
 class SaveScope:
     """Which paths the save in progress made, read from one rank's trace in order.
 
-    A save starts at the workload's ``save`` phase. An injected error hurts *that save*
+    A save starts at the workload's ``save`` phase, or a job's ``probe.saving(n, state)``. An injected error hurts *that save*
     only where it hits data the save made and had not yet made durable: a write or
     truncate; a rename, unlink or rmdir of something the save created; an fsync of a
     file or directory holding changes of the save that no successful fsync covered yet
@@ -48,8 +48,10 @@ class SaveScope:
 
     def see(self, rec: dict[str, Any]) -> None:
         event = rec.get("event")
-        if event == "phase" and rec.get("name") == "save":
-            self.step = (rec.get("info") or {}).get("step")
+        info = rec.get("info") if isinstance(rec.get("info"), dict) else {}
+        saving = event == "phase" and rec.get("name") == "chaos.probe" and info.get("kind") == "saving"
+        if event == "phase" and (rec.get("name") == "save" or saving):  # a job's probe.saving(n, state) too
+            self.step = info.get("n") if saving else info.get("step")
             self.created.clear()
             self.unsynced.clear()
             return

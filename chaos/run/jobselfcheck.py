@@ -2,8 +2,8 @@
 
 :mod:`chaos.run.selfcheck` scores the built-in workload's oracles against checkpointer
 classes with one planted defect each. A user's job is judged by other oracles
-(``chaos.judge.job``: liveness, committed_state, result_files, loss_continuity, durability,
-preemption_exit, no_code_execution), and those need the same proof that they catch what
+(``chaos.judge.job``: liveness, committed_state, result_files, loss_continuity, no_false_ack,
+durability, preemption_exit, no_code_execution), and those need the same proof that they catch what
 they claim to. Here the corpus is a directory of small training jobs: ``correct.py`` (a
 job that must pass every point) and one module per defect, each that job with one thing
 changed. Every module declares how it is run, as literals read with :mod:`ast` (nothing
