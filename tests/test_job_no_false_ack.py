@@ -75,8 +75,11 @@ def test_an_error_after_the_acknowledgement_or_outside_the_save_is_no_lie() -> N
     assert got is not None and got.result == "pass" and "1 injur(ies) of nothing the save in progress made" in got.summary
 
 
-def test_not_asked_without_an_error_and_not_judged_without_a_save_announced() -> None:
+def test_not_asked_without_an_error_nor_of_a_kill_and_not_judged_without_a_save_announced() -> None:
     assert _no_false_ack(_record({(0, 0): _save(6, None)})) is None
+    torn = PointRecord(Point(0, "torn", op=3), OUT, [AttemptOutcome(0, [])],
+                       {(0, 0): _save(6, _fired("short_write", "write", "ckpt-6.tmp"), ack=False)})
+    assert _no_false_ack(torn) is None  # a torn write's record, then the kill: nothing to acknowledge
     bare = [_op("open", "ckpt.tmp", created=True, mode="w"), _fired("eio", "write", "ckpt.tmp"), _probe("saved", 6)]
     got = _no_false_ack(_record({(0, 0): bare}))
     assert got is not None and got.result == "not_judged" and "announces no save as it begins" in got.summary

@@ -123,8 +123,8 @@ def test_a_loss_said_by_the_probe_and_printed_is_read_from_one_source() -> None:
 # ---------------------------------------------------------------------- the checkpointer corpus, as jobs
 CHECKPOINTERS = CORPUS.parent
 # every checkpointer that declares CHAOS_AS_JOB: the job family and oracle meant to catch it inside the workload
-AS_JOB = {"as-job:no_optimizer": ("kill", "committed_state"), "as-job:tensors_only": ("kill", "result_files"),
-          "as-job:async_no_snapshot": ("kill", "result_files"), "as-job:in_place": ("errno", "durability"),
+AS_JOB = {"as-job:no_optimizer": ("kill", "committed_state"), "as-job:tensors_only": ("kill", "committed_state"),
+          "as-job:async_no_snapshot": ("kill", "committed_state"), "as-job:in_place": ("errno", "durability"),
           "as-job:no_checksum": ("payload", "no_code_execution"),
           "as-job:pickled_manifest": ("payload", "no_code_execution"), "as-job:no_fsync": ("power", "durability"),
           "as-job:no_dir_fsync": ("power", "durability")}

@@ -246,7 +246,10 @@ def _no_false_ack(rec: PointRecord) -> Check | None:
 
     The built-in workload's ``no_false_ack`` with the same reader of the trace (``SaveScope``): an error
     hurts the save in progress (``probe.saving(n, state)``, or a ``save`` phase) only where it hit data
-    that save made and had not yet made durable."""
+    that save made and had not yet made durable. Asked of an errno point only: a kill's torn write
+    fires the same ``short_write`` record, and no process acknowledges anything after its death."""
+    if rec.point.family != "errno":
+        return None
     injured: list[dict[str, Any]] = []
     aside: list[dict[str, Any]] = []
     acked: set[tuple[int, int, int]] = set()  # (rank, attempt, step) acknowledged after an injury of that save

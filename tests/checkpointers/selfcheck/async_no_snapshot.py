@@ -26,7 +26,7 @@ EXPECTED_CATCH = {"kill-between-saves": ("committed_state",)}
 # does (chaos.run.jobselfcheck): JobSpec fields and max_points, a literal; and the job families and
 # oracles that must catch the defect there.
 CHAOS_AS_JOB = {"faults": ("kill",), "max_points": 4}
-EXPECTED_JOB_CATCH = {"kill": ("result_files",)}
+EXPECTED_JOB_CATCH = {"kill": ("committed_state",)}
 
 
 class AsyncNoSnapshotCheckpointer(Correct):
