@@ -90,7 +90,8 @@ def test_a_model_only_checkpointer_run_as_a_job_diverges_naming_the_leaf(tmp_pat
     doc = json.loads(results.read_text())
     [point] = doc["scenarios"]
     assert (point["id"], point["verdict"], point["outcome"]) == ("rank0:step3:kill", "fail", "silent_divergence")
-    assert "fingerprint.data/position" in point["summary"]
+    assert "first differing key: 'data/position'" in point["summary"]  # committed_state names the lost leaf
+    assert "fingerprint.data/position" in point["oracles"]["result_files"]["summary"]
     assert "--point rank0:step3:kill -- " in point["replay"] and " -m chaos.target.workload " in point["replay"]
 
 

@@ -57,7 +57,11 @@ def test_a_model_only_checkpointer_diverges_as_a_job_naming_the_leaf_it_lost(tmp
     bad = explore(tmp_path / "model-only", "--checkpointer", MODEL_ONLY)
     [point] = bad["scenarios"]
     assert (point["verdict"], point["outcome"]) == ("fail", "silent_divergence"), point["summary"]
-    assert "fingerprint.data/position" in point["summary"]  # the first leaf the resume lost, named
+    # the first leaf the resume lost, named by what it loaded (committed_state, the workload's own
+    # fingerprints through the probe) and by the final state it left (result_files)
+    assert "loaded step" in point["summary"] and "first differing key: 'data/position'" in point["summary"]
+    assert point["oracles"]["committed_state"]["result"] == "fail"
+    assert "fingerprint.data/position" in point["oracles"]["result_files"]["summary"]
 
 
 def test_the_reference_checkpointers_own_root_survives_a_power_loss(tmp_path: Path) -> None:
