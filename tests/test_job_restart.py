@@ -108,6 +108,8 @@ def test_a_container_restarted_in_place_reruns_the_first_command_line_and_loses_
     record = first["restart"]
     assert record["container"] == first["containers"][0] and record["started_at"] != record["started_at_before"]
     assert first["returncodes"] == [0]  # the client stayed attached to the restarted container, which finished
+    live = fresh["oracles"]["liveness"]
+    assert live["summary"] == "the job finished after 0 restart(s) and 1 in place (its container restarted by the engine)"
     durable = fresh["oracles"]["durability"]
     assert durable["evidence"]["ranks"]["0"]["newest_complete"] == 2, durable
     assert durable["evidence"]["ranks"]["0"]["resumed_at"] == 1, durable

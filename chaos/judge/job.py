@@ -97,6 +97,7 @@ from chaos.judge.registry import FAILURES, VERDICT_ORDER
 from chaos.launch.output import cause as _cause
 from chaos.launch.output import clip
 from chaos.model.check import Check
+from chaos.model.contract import IN_PLACE_BASE
 from chaos.model.jobspec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec
 from chaos.model.point import Point
 from chaos.nemesis import nodes, shrink
@@ -153,9 +154,13 @@ def _liveness(job: JobSpec, rec: PointRecord) -> Check:
     relaunched = f" (the harness relaunched torchrun {len(rec.attempts) - 1} time(s))" if len(rec.attempts) > 1 else ""
     if job.torchrun:
         evidence["torchelastic_restarts"] = len(restarts)
+    in_place = sorted({a for (_r, a) in rec.traces if a >= IN_PLACE_BASE})  # a container the engine restarted
+    if in_place:
+        evidence["restarted_in_place"] = len(in_place)
     if last.ok:
         how = (f"torchelastic restarted the workers {len(restarts)} time(s){relaunched} and the job finished"
-               if job.torchrun else f"the job finished after {len(rec.attempts) - 1} restart(s)")
+               if job.torchrun else f"the job finished after {len(rec.attempts) - 1} restart(s)"
+               + (f" and {len(in_place)} in place (its container restarted by the engine)" if in_place else ""))
         return Check("liveness", "pass", how, evidence)
     evidence["output_tail"] = last.tail()
     if job.torchrun:
