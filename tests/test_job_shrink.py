@@ -122,6 +122,7 @@ def test_lost_true_reads_in_both_spellings_and_keeps_the_fault_as_written() -> N
 @pytest.mark.parametrize(("args", "says"), [
     (("--ranks", "1"), "lost=true needs --ranks 2 or more"),
     ((), "lost=true needs --ranks 2 or more"),
+    (("--ranks", "2", "--executor", "slurm"), "not with --executor slurm"),
 ])
 def test_a_job_that_cannot_shrink_is_refused_before_any_run(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "chaos.cli.main", "run", "--scratch", str(tmp_path), *args,

@@ -450,6 +450,9 @@ def _run(args: argparse.Namespace, job: JobSpec, stop: _Stop | None = None) -> i
         refuse = families()[point.family].refusal if point.family in families() else None
         if refuse is not None and (why := refuse(job, point)) is not None:
             raise ConfigError(f"--point {point.replay_id}: {why}")
+        if point.lost and args.executor == "slurm":  # (explore.resized_reference runs in this process only)
+            raise ConfigError(f"--point {point.replay_id}: lost=true is judged against a fault-free resize this "
+                              "process runs; not with --executor slurm, whose tasks run the points elsewhere")
     _check_ci_outputs(args)
     executor = None
     if args.executor == "slurm":
