@@ -116,7 +116,8 @@ def test_lost_true_reads_in_both_spellings_and_keeps_the_fault_as_written() -> N
     phased = parse_point("kill:rank=1,step=6,phase=shard_half,linger=3,lost=true")
     assert parse_point(phased.id) == phased and (phased.phase, phased.linger_s, phased.lost) == ("shard_half", 3.0, True)
     assert not parse_point("kill:rank=1,step=6,lost=false").lost
-    assert shrink.old_rank(0, 1) == 0 and shrink.old_rank(1, 1) == 2 and shrink.old_rank(1, 0) == 2
+    assert shrink.new_rank(0, 1) == 0 and shrink.new_rank(2, 1) == 1 and shrink.new_rank(2, 0) == 1
+    assert shrink.new_rank(1, 1) is None  # the lost rank has no number in the restarts
 
 
 @pytest.mark.parametrize(("args", "says"), [

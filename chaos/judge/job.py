@@ -97,7 +97,7 @@ from chaos.judge.registry import FAILURES, VERDICT_ORDER
 from chaos.launch.output import cause as _cause
 from chaos.launch.output import clip
 from chaos.model.check import Check
-from chaos.model.contract import IN_PLACE_BASE
+from chaos.model.contract import IN_PLACE_BASE, SYNC_OPS
 from chaos.model.jobspec import STEP_KINDS, TORCHRUN_STRIDE, JobSpec
 from chaos.model.point import Point
 from chaos.nemesis import nodes, shrink
@@ -205,7 +205,7 @@ def _committed_state(rec: PointRecord) -> Check | None:
                      "saves (probe.saving(n, state)): nothing to compare it with")
     checked: list[dict[str, Any]] = []
     lost = shrink.lost_rank(rec.point, rec.traces)
-    resized = rec.resized if isinstance(rec.resized, Golden) and rec.resized.resized_from is not None else None
+    resized = _resized(rec, "committed_state")[0]
     unjudged: list[dict[str, Any]] = []
     for ts, rank, a, info in sorted(loads, key=lambda x: x[0]):
         n = info["n"]
@@ -267,7 +267,7 @@ def _no_false_ack(rec: PointRecord) -> Check | None:
             announced = announced or scope.step is not None
             if r.get("event") == "fired" and r.get("action") in INJURIES:
                 hit = scope.injury(r).get("save_changes") or []
-                entry = {"rank": rank, "attempt": a, "step": scope.step, "failed_sync": r.get("op") in _FSYNCS,
+                entry = {"rank": rank, "attempt": a, "step": scope.step, "failed_sync": r.get("op") in SYNC_OPS,
                          "what": f"{r['action']} at the {r.get('op')} of {_short(r.get('path'), rec.out)}"}
                 if hit and scope.step is not None:
                     injured.append({**entry, "save_changes": [_short(h, rec.out) for h in hit]})
@@ -282,8 +282,7 @@ def _no_false_ack(rec: PointRecord) -> Check | None:
     if not announced:
         return Check("no_false_ack", "not_judged", "which save an injected error hit is unknown: the job announces "
                      "no save as it begins (probe.saving(n, state), or a chaos.phases 'save' phase)", {"aside": aside})
-    loaded = {info["n"] for (_r, a), recs in rec.traces.items() if a > 0 for r in recs
-              if (info := _probe(r)) is not None and info.get("kind") == "resumed"}
+    loaded = {info["n"] for info in rec.probes(lambda a: a > 0, "resumed")}
     for hurt in injured:
         if (hurt["rank"], hurt["attempt"], hurt["step"]) not in acked:
             continue
@@ -296,9 +295,6 @@ def _no_false_ack(rec: PointRecord) -> Check | None:
     note = f"; {len(aside)} injur(ies) of nothing the save in progress made" if aside else ""
     return Check("no_false_ack", "pass", f"{len(injured)} injured save(s), none acknowledged falsely{note}",
                  {"injured": injured, "aside": aside})
-
-
-_FSYNCS = ("fsync", "fdatasync")
 
 
 def _results(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
@@ -616,21 +612,19 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
         evidence["not_relied_on"] = {"files": excluded, "acknowledged_from_step": saving,
                                      "ranks": sorted(damaged),
                                      "why": "corrupted by the harness after the job completed them"}
-    ranks_seen = {r for (r, _a) in rec.traces}
+    ranks_seen = {r for (r, _a) in rec.traces}  # (after a lost rank: attempt 0's numbers, as offered below)
     lost = shrink.lost_rank(rec.point, rec.traces)
     if lost is not None:  # the restarts ran on one rank fewer, those above the lost one numbered down
-        ranks_seen = {r for (r, a) in rec.traces if a > 0} or ranks_seen - {lost}
+        ranks_seen = {r for (r, a) in rec.traces if a == 0}
         evidence["lost_rank"] = {"rank": lost, "why": "killed with lost=true: the restarts ran without it, rank "
                                  f"k > {lost} of a restart being rank k + 1 of attempt 0"}
     newest: dict[int, tuple[int, str]] = {}
 
     def offer(rank: int, n: int, source: str) -> None:
-        if lost is not None:  # an attempt-0 rank: the restart's number for it (the lost one has none)
-            if rank == lost:
-                return
-            rank = rank if rank < lost else rank - 1
-        if rank not in newest or n > newest[rank][0]:
-            newest[rank] = (n, source)
+        """What attempt-0 rank ``rank`` could rely on, kept under the number its restart runs as."""
+        mine = rank if lost is None else shrink.new_rank(rank, lost)
+        if mine is not None and (mine not in newest or n > newest[mine][0]):
+            newest[mine] = (n, source)
 
     struck = _struck(rec)
     for (rank, a), recs in rec.traces.items():
@@ -649,15 +643,14 @@ def _durability(job: JobSpec, golden: Golden, rec: PointRecord) -> Check:
         evidence["complete_checkpoints_after_kill"] = complete
         if complete:  # a checkpoint on disk is every rank's to resume from
             for rank in ranks_seen:
-                offer(shrink.old_rank(rank, lost) if lost is not None else rank, complete[-1], "--checkpoint-glob")
+                offer(rank, complete[-1], "--checkpoint-glob")
     relied = relied_on(job, golden, rec)
     if relied:
         evidence["relied_on"] = [r.to_dict() for r in relied[-20:]]
     for r in relied:
         if r.step is not None:
             what = "relied on " + ("before the power loss" if cuts else "when it was stopped")
-            every = ranks_seen if lost is None else {shrink.old_rank(k, lost) for k in ranks_seen}
-            for rank in (every if r.rank is None else {r.rank}):
+            for rank in (ranks_seen if r.rank is None else {r.rank}):
                 offer(rank, r.step, f"{r.name} {what}: {r.since}; step {r.step}: {r.step_from}")
     if rec.untraced:
         evidence["untraced_changes"] = rec.untraced[:20]

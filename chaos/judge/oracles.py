@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chaos.model.check import Check
+from chaos.model.contract import SYNC_OPS
 from chaos.model.statehash import first_difference
 from chaos.record.golden import GoldenRun, ResizedReference
 from chaos.record.history import RunRecord
@@ -259,7 +260,7 @@ def _injured_saves(record: RunRecord) -> tuple[list[dict[str, Any]], list[dict[s
         if f.get("action") in ("enospc", "eio", "fsync_fail", "short_write") and f.get("step") is not None:
             what = f"{f['action']} at {f.get('op')} of {f.get('path')}"
             entry = {"attempt": f["attempt"], "step": int(f["step"]), "what": what,
-                     "failed_sync": f.get("op") in ("fsync", "fdatasync")}
+                     "failed_sync": f.get("op") in SYNC_OPS}
             hit = f.get("save_changes")
             if _auxiliary(record, f.get("path")):
                 aside.append(entry)

@@ -3,9 +3,9 @@
 A rank that asks the launcher for something it must not run past (a network cut, a full disk,
 Slurm's action, a SIGTERM) leaves a request in the trace directory (``inproc.JobInterposer._ask``)
 and waits for an answer file of a name the contract gives (``NET_DOWN``, ``FILL_DONE``,
-``SCHED_DONE``, ``TERM_SENT``). :func:`answer` writes it whole, then renames it into view, so
+``SCHED_DONE``, ``TERM_SENT``, ``RESTART_DONE``). :func:`answer` writes it whole, then renames it into view, so
 the rank never reads half of one. Called by ``netcut.cut``, ``nodes`` (a node's cut),
-``diskfull.fill``, ``sbatch`` and ``job._send_term``.
+``diskfull.fill``, ``restart.carry_out``, ``sbatch`` and ``job._send_term``.
 """
 
 from __future__ import annotations

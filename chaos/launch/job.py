@@ -52,7 +52,6 @@ from chaos.launch import containernet, containers, preload, reaper, silence, spa
 from chaos.launch.answers import answer
 from chaos.launch.output import log_cause
 from chaos.launch.ports import free_port
-from chaos.model import contract
 from chaos.model import jobspec as S
 from chaos.nemesis import diskfull, family, netcut, restart, stop
 from chaos.scratch import cache_root
@@ -528,7 +527,7 @@ def run_attempt(job: S.JobSpec, out: str, scratch: str, attempt: int, point: S.P
                 if point.mode == "diskfull" and outcome.fill is None and (req := requests(trace_dir, S.FILL_REQUEST)):
                     outcome.fill = diskfull.fill(out, int(point.size or 0), req[0], trace_dir)
                 if (point.mode == "restart" and outcome.restart is None
-                        and (req := requests(trace_dir, contract.RESTART_REQUEST))):
+                        and (req := requests(trace_dir, S.RESTART_REQUEST))):
                     outcome.restart = restart.carry_out(req[0], outcome.containers or [], point, trace_dir)
                 if point.mode == "stop" and outcome.stop is None and (req := requests(trace_dir, S.STOP_REQUEST)):
                     outcome.stop = stop.begin(req[0], job)

@@ -10,6 +10,7 @@ as every traced rank starts: nothing here may import ``dataclasses``, ``typing``
 
 from __future__ import annotations
 
+import os
 import re
 
 from chaos.errors import ConfigError
@@ -88,6 +89,7 @@ SCHED_DONE = "sched-done"        # the sbatch launcher's answer: what Slurm was 
 STOP_REQUEST = "stop-request"    # this rank stops itself (SIGSTOP) right after leaving it: watch for the hang
 FILL_REQUEST = "fill-request"    # fill {out}'s tmpfs now, leaving the point's bytes free (disk:stepS:full fired)
 FILL_DONE = "fill-done"          # the launcher's answer: the disk is full (or why it is not)
+SYNC_OPS = ("fsync", "fdatasync")  # the traced ops that make a file's data durable (a failed one may lose it)
 RESTART_REQUEST = "restart-request"  # have the engine restart this rank's container in place (--launcher docker)
 RESTART_DONE = "restart-done"        # the launcher's answer: what the engine did (or why it did nothing)
 RESTART_FIRED = "restart-fired-r{rank}-a{attempt}"  # the point fired: the restarted process's tracer does not again
@@ -95,6 +97,13 @@ RESTART_FIRED = "restart-fired-r{rank}-a{attempt}"  # the point fired: the resta
 # a restart of its own, after the attempt it belongs to and before the harness's next one in time, never
 # before it in number for a rank the harness restarted too
 IN_PLACE_BASE = 10_000
+
+
+def restart_marker(trace_dir: str, rank: int, attempt: int) -> str:
+    """The file that says rank ``rank``'s restart point of ``attempt`` fired already (:data:`RESTART_FIRED`):
+    the tracer of the process the engine restarted finds it and neither fires again nor writes into the
+    first process's trace. Written and read by the rank's tracer (``chaos.target.job.inproc``)."""
+    return os.path.join(trace_dir, RESTART_FIRED.format(rank=rank, attempt=attempt))
 
 
 def loss_groups(regex: str) -> tuple[int | str, int | str]:

@@ -70,6 +70,8 @@ from chaos.model.contract import (  # noqa: F401 - the contract, re-exported for
     OP_MODES,
     OUT,
     PROBE_FILE_ENV,
+    RESTART_DONE,
+    RESTART_REQUEST,
     ROT_MODES,
     SCHED_DONE,
     SCHED_MODES,

@@ -36,13 +36,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos.model.contract import SYNC_OPS
 from chaos.model.jobspec import JobSpec, Point
 from chaos.nemesis import atrest
 from chaos.nemesis.atrest import Applied
 from chaos.nemesis.family import AtRestFamily
 from chaos.nemesis.sites import Anchors, Facts, Traces, checkpoint_sites, op_records
-
-SYNCS = ("fsync", "fdatasync")
 
 
 @dataclass
@@ -110,7 +109,7 @@ class _Replay:
             if buf is not None and isinstance(n, int):
                 del buf[n:]
             files[p].durable = None
-        elif op in SYNCS and p in files:
+        elif op in SYNC_OPS and p in files:
             buf = content.get(p)
             files[p] = _File(None if buf is None else bytes(buf), why=files[p].why if buf is None else "")
         elif op == "rename":

@@ -11,18 +11,19 @@ run as containers; ``rankR:stepS:restart,timeout=T`` is the same point.
 Who does what, in the order of one point:
 
 - the rank's tracer (``chaos.target.job.inproc``) fires it when the rank announces step S (or
-  at a ``phase=`` of that step's save): it leaves a marker (:func:`marker`), the ``fired``
+  at a ``phase=`` of that step's save): it leaves a marker (``contract.restart_marker``), the ``fired``
   record and a ``restart-request`` (:data:`~chaos.model.contract.RESTART_REQUEST`), then waits;
 - the launcher (``chaos.launch.job.run_attempt``) calls :func:`carry_out`: ``docker restart
   -t T`` of that copy's container through the engine (SIGTERM, SIGKILL after T seconds; at once
   with T 0, the default), then answers (:data:`~chaos.model.contract.RESTART_DONE`). The copy's
   ``docker run`` client stays attached to the restarted container;
 - the restarted process is the same rank of the same attempt with the same point: the marker
-  tells its tracer the point fired already, so it traces into a file of its own
-  (``...-restarted.jsonl``) and runs on. When a copy then fails (the peers, whose collectives
+  tells its tracer the point fired already, so it runs on and traces as attempt
+  ``contract.IN_PLACE_BASE`` + N, a restart of its own. When a copy then fails (the peers, whose collectives
   lost the old process) the launcher stops the rest, as after any death, and
   ``chaos.run.explore`` restarts the job;
-- :func:`observe` says what the engine did, and the judge judges the restart as after a kill.
+- the family's ``observe`` hook says what the engine did, and the judge judges the restart as after
+  a kill.
 
 Only with ``--launcher docker`` (:func:`refusal`); explored only when asked for (``--faults
 restart`` or a ``--point``). The protocol: :mod:`chaos.nemesis.family`.
@@ -31,7 +32,6 @@ restart`` or a ``--point``). The protocol: :mod:`chaos.nemesis.family`.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 from chaos.launch import containers
@@ -41,12 +41,6 @@ from chaos.model.jobspec import JobSpec, Point
 from chaos.nemesis.atrest import Applied
 from chaos.nemesis.family import Family
 from chaos.nemesis.sites import Facts, Traces, announced_steps
-
-
-def marker(trace_dir: str, rank: int, attempt: int) -> str:
-    """The file that says rank ``rank``'s point of ``attempt`` fired already: the tracer of the process the
-    engine restarted finds it and neither fires again nor writes into the first process's trace."""
-    return os.path.join(trace_dir, S.RESTART_FIRED.format(rank=rank, attempt=attempt))
 
 
 def timeout_s(point: Point) -> float:

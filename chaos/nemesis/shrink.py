@@ -19,7 +19,8 @@ Only the harness's own launcher restarts on fewer ranks: a torchrun COMMAND, ``-
 
 Called by ``chaos.cli.job`` (:func:`refusal`, before any run), ``chaos.run.explore`` (the
 restarts' job, :func:`restart_job`; the fault-free resize, :func:`reference_point`) and
-``chaos.judge.job`` (:func:`lost_rank`, :func:`old_rank`).
+``chaos.judge.job`` (:func:`lost_rank`, :func:`new_rank`). ``--executor slurm`` is refused by
+``chaos.cli.job`` itself: the fault-free resize runs in the exploring process.
 """
 
 from __future__ import annotations
@@ -64,9 +65,10 @@ def restart_job(job: JobSpec, point: Point, traces: Traces) -> JobSpec:
     return dataclasses.replace(job, ranks=job.ranks - 1)
 
 
-def old_rank(rank: int, lost: int) -> int:
-    """The rank of attempt 0 that restart rank ``rank`` was, rank ``lost`` gone (ranks above it move down)."""
-    return rank if rank < lost else rank + 1
+def new_rank(rank: int, lost: int) -> int | None:
+    """What attempt 0's rank ``rank`` is numbered in the restarts, rank ``lost`` gone (ranks above it move
+    down; the lost one has no number: None)."""
+    return None if rank == lost else rank if rank < lost else rank - 1
 
 
 def reference_point(job: JobSpec, resumed: int) -> Point:
@@ -76,4 +78,4 @@ def reference_point(job: JobSpec, resumed: int) -> Point:
     return parse_point(f"rank{job.ranks - 1}:step{resumed + 1}:kill,lost=true")
 
 
-__all__ = ["lost_rank", "old_rank", "reference_point", "refusal", "restart_job"]
+__all__ = ["lost_rank", "new_rank", "reference_point", "refusal", "restart_job"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from chaos.model.contract import SYNC_OPS
+
 INJURIES = ("enospc", "eio", "fsync_fail", "short_write")
 
 
@@ -58,7 +60,7 @@ class SaveScope:
         if event != "op" or rec.get("error") is not None:
             return
         op, path = rec.get("op"), rec.get("path")
-        if op in ("fsync", "fdatasync"):
+        if op in SYNC_OPS:
             self.unsynced.pop(path, None)
         elif op in ("open", "mkdir") and (rec.get("created") or op == "mkdir"):
             self._made(path)
@@ -93,7 +95,7 @@ class SaveScope:
             hit = []
         elif op in ("write", "truncate", "open", "close") or rec.get("action") == "short_write":
             hit = [path]
-        elif op in ("fsync", "fdatasync"):
+        elif op in SYNC_OPS:
             hit = sorted(self.unsynced.get(path, ()))
         elif op in ("rename", "link", "unlink", "rmdir"):
             hit = [first] if first in self.created else []

@@ -559,9 +559,8 @@ def _resize_run(job: JobSpec, ref: Reference, root: str, step: int, size: int) -
             return (f"the fault-free resize ({point.id}, a clean stop right after the save of step {step}) resumed "
                     f"rank {rank} at step {at}, not {step}: no run on {size} rank(s) from that checkpoint")
     losses = losscurve.curves(got.traces, first, kind=ref.golden.loss_source)
-    loaded = {rank: info for (rank, a), recs in got.traces.items() if a == first for r in recs
-              if r.get("event") == "phase" and r.get("name") == "chaos.probe" and isinstance(info := r.get("info"), dict)
-              and info.get("kind") == "resumed" and isinstance(info.get("sha256"), str)}
+    loaded = {rank: said[-1] for rank in range(size)
+              if (said := [i for i in got.probes(lambda a: a == first, "resumed", rank) if isinstance(i.get("sha256"), str)])}
     return Golden(out=run.out, results=result_files(job, run.out), tolerance=ref.golden.tolerance, checkpoints={},
                   acks=ref.golden.acks, losses=losses, last_steps=last_steps(got.traces, first),
                   loss_source=ref.golden.loss_source, resized_from=(step, point.id), loaded=loaded)

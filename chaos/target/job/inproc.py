@@ -87,7 +87,6 @@ NET_WAIT_S = 10.0   # a net point waits this long for the launcher's cut, then c
 SCHED_WAIT_S = 30.0  # a sched point waits this long for Slurm's SIGTERM, then carries on
 FILL_WAIT_S = 10.0  # a disk filled at a step: the rank waits this long for the launcher, then carries on
 RESTART_WAIT_S = 120.0  # a restart point waits this long to be killed by the engine's restart, then carries on
-_FSYNCS = ("fsync", "fdatasync")
 _NEEDS_SPACE = ("write", "mkdir", "rename", "link")  # and an open that creates its file
 
 
@@ -310,7 +309,7 @@ class JobInterposer(Interposer):
         if self._target("enospc", "eio"):
             self._errored = True
             # _act_before / _do_write fire the rule: the op is not performed and raises OSError
-            return [1] if self.point["mode"] == "eio" and kind in _FSYNCS else [0]  # type: ignore[index]
+            return [1] if self.point["mode"] == "eio" and kind in S.SYNC_OPS else [0]  # type: ignore[index]
         if self._errored and self.point["mode"] == "enospc" and (  # type: ignore[index]
                 kind in _NEEDS_SPACE or kind == "open" and paths and not os.path.lexists(paths[0])):
             return [0]  # the disk is still full
@@ -511,7 +510,7 @@ class JobInterposer(Interposer):
     def _restart(self, where: dict[str, Any]) -> None:
         """Ask the launcher to have the engine restart this rank's container (``chaos.nemesis.restart``),
         and wait to be killed by it. The process the engine starts again finds the marker and runs on."""
-        marker = os.path.join(self._requests, S.RESTART_FIRED.format(rank=self.rank, attempt=self._attempt))
+        marker = S.restart_marker(self._requests, self.rank, self._attempt)
         if os.path.exists(marker):
             return  # the restarted process: the point fired in the one before it
         with open(marker, "w"):
@@ -795,7 +794,7 @@ def install() -> JobInterposer | None:
     # a container the engine restarted in place (chaos.nemesis.restart) runs its process again, often
     # under the same pid: it writes a trace of its own, never after a line the first one's death tore
     again = (point is not None and point.get("mode") == "restart"
-             and os.path.exists(os.path.join(tdir, S.RESTART_FIRED.format(rank=rank, attempt=attempt))))
+             and os.path.exists(S.restart_marker(tdir, rank, attempt)))
     traced = S.IN_PLACE_BASE + attempt if again else attempt  # (contract.IN_PLACE_BASE)
     trace = os.path.join(tdir, f"trace-r{rank}-a{traced}-p{pid}.jsonl")
     ix = JobInterposer(env[S.ENV_OUT], rank, trace, point).install()
